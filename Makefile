@@ -1,0 +1,50 @@
+# TaskPilots: `make run` starts everything on this machine, `make test` runs the checks CI runs.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The newest Python >= 3.12 we can find: python3.13, python3.12, then pyenv's versions.
+PYTHON ?= $(shell for p in python3.13 python3.12 \
+	$$(ls -d $$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python 2>/dev/null | sort -rV); do \
+	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; \
+	done)
+
+.PHONY: run test lint format venv install clean-var
+.DEFAULT_GOAL := run
+
+$(PY):
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "TaskPilots needs Python 3.12 or newer (Django 6.1 requires it)."; \
+	  echo "Install python3.12/python3.13, or with pyenv: pyenv install 3.13, then run make again."; \
+	  exit 1; fi
+	@echo "Creating $(VENV) with $(PYTHON)"
+	@"$(PYTHON)" -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	@$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt ".[dev]"
+	@touch $(STAMP)
+
+venv install: $(STAMP)
+
+run: $(STAMP)
+	@$(PY) -m taskpilots.devrun
+
+lint: $(STAMP)
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	@$(VENV)/bin/ruff check --fix .
+	@$(VENV)/bin/ruff format .
+
+test: $(STAMP)
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+	@TASKPILOTS_TESTING=1 $(PY) manage.py makemigrations --check --dry-run
+	@TASKPILOTS_TESTING=1 $(PY) -m pytest $(PYTEST_ARGS)
+
+clean-var:
+	@$(PY) -m taskpilots.embedded stop || true
+	rm -rf var/

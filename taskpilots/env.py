@@ -1,0 +1,111 @@
+"""Small typed readers for configuration from the environment.
+
+Each raises ImproperlyConfigured with the variable's name and what was expected, so a typo in a
+deployment fails at start-up instead of at the first request.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return default if value is None else value
+
+
+def env_secret(name: str, default: str | None = None) -> str | None:
+    """Read NAME, or the contents of the file named by NAME_FILE (for container secrets)."""
+    file_name = os.environ.get(f"{name}_FILE")
+    if file_name:
+        try:
+            return Path(file_name).read_text().strip()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}_FILE={file_name!r} cannot be read: {exc}") from exc
+    return env_str(name, default)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean; use 1/0, true/false, yes/no")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def env_list(name: str, default: list[str] | None = None) -> list[str]:
+    value = os.environ.get(name)
+    if value is None:
+        return list(default or [])
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def parse_database_url(url: str) -> dict:
+    """Turn postgres://user:password@host:port/name?sslmode=... into a DATABASES entry.
+
+    A host that starts with %2F (or a `host=` query parameter) is a Unix socket directory.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL scheme {parts.scheme!r} is not supported: TaskPilots runs on "
+            "PostgreSQL only (postgres://user:password@host:5432/name)"
+        )
+    name = unquote(parts.path.lstrip("/"))
+    options = dict(parse_qsl(parts.query))
+    host = unquote(parts.hostname or "") if parts.netloc else ""
+    if "%2f" in (parts.netloc or "").lower():
+        host = unquote(parts.netloc.rsplit("@", 1)[-1].split(":")[0])
+    host = options.pop("host", host)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ImproperlyConfigured(f"DATABASE_URL has an invalid port: {url!r}") from None
+    if not name:
+        raise ImproperlyConfigured("DATABASE_URL names no database (…/name at the end)")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": unquote(parts.username or "") or "postgres",
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": host,
+        "PORT": str(port or ""),
+        "OPTIONS": options,
+    }

@@ -1,0 +1,246 @@
+"""TaskPilots settings: one module, configured from the environment (see README "Configuration")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
+
+from taskpilots.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+    parse_database_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("TASKPILOTS_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DEBUG", False)
+TESTING = env_bool("TASKPILOTS_TESTING", False)
+
+_INSECURE_DEV_KEY = "dev-only-insecure-key-do-not-use-in-production-0123456789abcdef"
+SECRET_KEY = env_secret("SECRET_KEY") or ""
+if not SECRET_KEY:
+    if not (DEBUG or TESTING or env_bool("TASKPILOTS_DEV", False)):
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Set SECRET_KEY (or SECRET_KEY_FILE) to a long random string; "
+            "for local development set TASKPILOTS_DEV=1 (make run does this)."
+        )
+    SECRET_KEY = _INSECURE_DEV_KEY
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "runs",
+    "approvals",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "taskpilots.urls"
+WSGI_APPLICATION = "taskpilots.wsgi.application"
+ASGI_APPLICATION = "taskpilots.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.template.context_processors.csp",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database: PostgreSQL only. Without DATABASE_URL, the embedded server under var/ is used.
+_database_url = env_str("DATABASE_URL")
+if _database_url:
+    DATABASES = {"default": parse_database_url(_database_url)}
+else:
+    from taskpilots import embedded
+
+    DATABASES = {"default": parse_database_url(embedded.database_url(VAR_DIR))}
+    EMBEDDED_DATABASE = True
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"]["TEST"] = {"NAME": env_str("TASKPILOTS_TEST_DATABASE", None)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/console/"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if DEBUG or TESTING
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
+
+# --- Security. Production defaults; DEBUG relaxes only what breaks plain-HTTP local use.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF, CSP.NONCE],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "connect-src": [CSP.SELF],
+    "form-action": [CSP.SELF],
+    "frame-ancestors": [CSP.NONE],
+    "base-uri": [CSP.SELF],
+    "object-src": [CSP.NONE],
+}
+_secure_cookies = env_bool("TASKPILOTS_SECURE_COOKIES", not (DEBUG or TESTING))
+SESSION_COOKIE_SECURE = _secure_cookies
+CSRF_COOKIE_SECURE = _secure_cookies
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600, minimum=60)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", _secure_cookies)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if not _secure_cookies else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _secure_cookies
+SECURE_HSTS_PRELOAD = False
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("TASKPILOTS_BEHIND_PROXY", False) else None
+)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+X_FRAME_OPTIONS = "DENY"
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TASKPILOTS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024)
+
+# --- Celery. Without CELERY_BROKER_URL, kombu's filesystem transport under var/ is used: not
+# crash-safe, acceptable only because PostgreSQL is the source of truth and the sweeper re-derives
+# lost work (DESIGN.md, principle 1).
+_broker_url = env_str("CELERY_BROKER_URL")
+if _broker_url:
+    CELERY_BROKER_URL = _broker_url
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
+else:
+    _broker_dir = VAR_DIR / "broker"
+    for _sub in ("queue", "processed", "control"):
+        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+        "control_folder": str(_broker_dir / "control"),
+        "polling_interval": 0.1,
+    }
+
+# Task time limits stay far below the broker's visibility timeout (Redis redelivers an unacked
+# message after it): a task that overruns is killed before a second copy can start.
+TASK_SOFT_TIME_LIMIT = env_int("TASKPILOTS_TASK_SOFT_TIME_LIMIT", 120, minimum=5)
+TASK_TIME_LIMIT = env_int("TASKPILOTS_TASK_TIME_LIMIT", 150, minimum=10)
+BROKER_VISIBILITY_TIMEOUT = env_int("TASKPILOTS_BROKER_VISIBILITY_TIMEOUT", 3600, minimum=60)
+if TASK_TIME_LIMIT >= BROKER_VISIBILITY_TIMEOUT:
+    raise ImproperlyConfigured(
+        "TASKPILOTS_TASK_TIME_LIMIT must be below TASKPILOTS_BROKER_VISIBILITY_TIMEOUT"
+    )
+if _broker_url and _broker_url.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] = BROKER_VISIBILITY_TIMEOUT
+CELERY_TASK_DEFAULT_QUEUE = env_str("TASKPILOTS_QUEUE", "taskpilots")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_SOFT_TIME_LIMIT = TASK_SOFT_TIME_LIMIT
+CELERY_TASK_TIME_LIMIT = TASK_TIME_LIMIT
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {
+        "task": "runs.tasks.sweep",
+        "schedule": env_float("TASKPILOTS_SWEEP_INTERVAL", 3.0, minimum=0.5),
+        "options": {"expires": 30},
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# --- TaskPilots' own knobs.
+TASKPILOTS = {
+    # How long a worker may hold a step before the sweeper takes it back.
+    "LEASE_SECONDS": env_int("TASKPILOTS_LEASE_SECONDS", 60, minimum=2),
+    # How long one task may keep executing consecutive steps of a run before re-enqueueing.
+    "INLINE_BUDGET_SECONDS": env_float("TASKPILOTS_INLINE_BUDGET_SECONDS", 5.0, minimum=0),
+    # Default hard timeout of a tool call when the tool declares none.
+    "TOOL_TIMEOUT_SECONDS": env_float("TASKPILOTS_TOOL_TIMEOUT_SECONDS", 10.0, minimum=0.1),
+    # A runnable run with no live lease and no activity for this long is re-enqueued.
+    "STALE_RUN_SECONDS": env_int("TASKPILOTS_STALE_RUN_SECONDS", 10, minimum=1),
+    # How many runs one sweeper pass touches at most.
+    "SWEEP_BATCH": env_int("TASKPILOTS_SWEEP_BATCH", 500, minimum=1),
+    # Sandbox (simulated external systems) base URL for the demo workflows.
+    "SANDBOX_URL": env_str("TASKPILOTS_SANDBOX_URL", "http://127.0.0.1:8765"),
+    # Password for make run's demo users (never created in production).
+    "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        "celery": {"level": env_str("CELERY_LOG_LEVEL", "WARNING")},
+    },
+}
