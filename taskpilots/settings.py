@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -150,7 +149,7 @@ SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 8 * 3600, minimum=60)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", _secure_cookies)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if not _secure_cookies else 31536000)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = _secure_cookies
-SECURE_HSTS_PRELOAD = False
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", _secure_cookies)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 SECURE_PROXY_SSL_HEADER = (

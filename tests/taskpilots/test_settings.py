@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from taskpilots.env import env_bool, env_float, env_int, env_list, env_secret, parse_database_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "enabled"])
+def test_env_bool_rejects_garbage(monkeypatch, value):
+    monkeypatch.setenv("TP_FLAG", value)
+    with pytest.raises(ImproperlyConfigured, match="TP_FLAG"):
+        env_bool("TP_FLAG")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", True), ("no", False), ("TRUE", True)])
+def test_env_bool_reads_the_usual_spellings(monkeypatch, value, expected):
+    monkeypatch.setenv("TP_FLAG", value)
+    assert env_bool("TP_FLAG") is expected
+
+
+def test_env_int_rejects_non_numbers_and_values_below_minimum(monkeypatch):
+    monkeypatch.setenv("TP_N", "ten")
+    with pytest.raises(ImproperlyConfigured, match="not an integer"):
+        env_int("TP_N", 1)
+    monkeypatch.setenv("TP_N", "0")
+    with pytest.raises(ImproperlyConfigured, match="at least 1"):
+        env_int("TP_N", 5, minimum=1)
+    monkeypatch.setenv("TP_N", "1.5x")
+    with pytest.raises(ImproperlyConfigured):
+        env_float("TP_N", 1.0)
+
+
+def test_env_list_and_secret_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("TP_HOSTS", "a.example, b.example,,")
+    assert env_list("TP_HOSTS") == ["a.example", "b.example"]
+    secret = tmp_path / "key"
+    secret.write_text("s3cret\n")
+    monkeypatch.setenv("TP_KEY_FILE", str(secret))
+    assert env_secret("TP_KEY") == "s3cret"
+    monkeypatch.setenv("TP_KEY_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ImproperlyConfigured, match="cannot be read"):
+        env_secret("TP_KEY")
+
+
+def test_database_url_is_postgres_only():
+    with pytest.raises(ImproperlyConfigured, match="PostgreSQL only"):
+        parse_database_url("mysql://root@localhost/db")
+    with pytest.raises(ImproperlyConfigured, match="names no database"):
+        parse_database_url("postgres://u@localhost:5432/")
+    with pytest.raises(ImproperlyConfigured, match="invalid port"):
+        parse_database_url("postgres://u@localhost:port/db")
+    db = parse_database_url("postgres://alice:p%40ss@db.internal:6432/tp?sslmode=require")
+    assert (db["USER"], db["PASSWORD"], db["HOST"], db["PORT"], db["NAME"]) == (
+        "alice", "p@ss", "db.internal", "6432", "tp",
+    )  # fmt: skip
+    assert db["OPTIONS"] == {"sslmode": "require"}
+    socket = parse_database_url("postgres://postgres@/tp?host=/var/run/pg")
+    assert socket["HOST"] == "/var/run/pg"
+
+
+def _manage(*args, env):
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+def _production_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKPILOTS_", "DEBUG"))}
+    env.update(
+        SECRET_KEY=secrets.token_urlsafe(50),
+        DEBUG="0",
+        ALLOWED_HOSTS="taskpilots.example.com",
+        TASKPILOTS_BEHIND_PROXY="1",
+    )
+    env.setdefault("DATABASE_URL", os.environ.get("DATABASE_URL", ""))
+    return env
+
+
+def test_check_deploy_passes_in_production_mode():
+    result = _manage("check", "--deploy", "--fail-level", "WARNING", env=_production_env())
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_production_refuses_to_start_without_a_secret_key():
+    env = _production_env()
+    del env["SECRET_KEY"]
+    result = _manage("check", env=env)
+    assert result.returncode != 0
+    assert "SECRET_KEY is not set" in result.stderr
+
+
+def test_bad_setting_fails_start_up_with_its_name():
+    env = _production_env()
+    env["TASKPILOTS_LEASE_SECONDS"] = "soon"
+    result = _manage("check", env=env)
+    assert result.returncode != 0
+    assert "TASKPILOTS_LEASE_SECONDS" in result.stderr
