@@ -474,11 +474,12 @@ class Step(models.Model):
         verb: str,
         data: dict | None = None,
         actor: str = "system",
-        lease_owner: str | None = None,
+        held_by: str | None = None,
         **fields: Any,
     ) -> None:
         """Move the step to `target` with a compare-and-set on its status (and, for a worker
-        finishing its own attempt, on its lease), and record the event on the run's timeline."""
+        finishing its own attempt, on its lease: `held_by`), and record the event on the run's
+        timeline."""
         now = timezone.now()
         updates: dict[str, Any] = {"status": target, **fields}
         if target in self.FINISHED:
@@ -490,8 +491,8 @@ class Step(models.Model):
             "pk": self.pk,
             "status__in": _sources(self.TRANSITIONS, target),
         }
-        if lease_owner is not None:
-            filters["lease_owner"] = lease_owner
+        if held_by is not None:
+            filters["lease_owner"] = held_by
         with transaction.atomic():
             count = Step.objects.filter(**filters).update(**updates)
             if count == 0:

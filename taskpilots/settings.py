@@ -228,6 +228,11 @@ TASKPILOTS = {
     "SWEEP_BATCH": env_int("TASKPILOTS_SWEEP_BATCH", 500, minimum=1),
     # Sandbox (simulated external systems) base URL for the demo workflows.
     "SANDBOX_URL": env_str("TASKPILOTS_SANDBOX_URL", "http://127.0.0.1:8765"),
+    # Modules that register workflows and tools on import (comma-separated in the environment).
+    "WORKFLOW_MODULES": env_list("TASKPILOTS_WORKFLOW_MODULES", ["runs.demo.tools"]),
+    # "celery" sends advance messages; "none" leaves all driving to the sweeper and to callers
+    # (tests that step the engine by hand).
+    "DISPATCH": env_str("TASKPILOTS_DISPATCH", "celery"),
     # Password for make run's demo users (never created in production).
     "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
 }

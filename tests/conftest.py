@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from tests.factories import UserFactory
@@ -16,6 +17,30 @@ def pytest_sessionstart(session):
     status = _check_broker()
     if status != "ok":
         pytest.exit(f"The configured Celery broker does not answer: {status}", returncode=3)
+    # Tests drive the engine by hand unless they start a real worker (tests/worker.py).
+    settings.TASKPILOTS["DISPATCH"] = "none"
+    import tests.runs.flows  # noqa: F401  (registers the test workflows and tools)
+
+
+@pytest.fixture(scope="session")
+def sandbox_process(tmp_path_factory):
+    """The simulated external systems, as their own process, for the whole session."""
+    from runs.sandbox.client import start_sandbox
+
+    process = start_sandbox(db_path=tmp_path_factory.mktemp("sandbox") / "ledger.sqlite3")
+    previous = settings.TASKPILOTS["SANDBOX_URL"]
+    settings.TASKPILOTS["SANDBOX_URL"] = process.url
+    yield process
+    settings.TASKPILOTS["SANDBOX_URL"] = previous
+    process.close()
+
+
+@pytest.fixture
+def sandbox(sandbox_process):
+    """A clean sandbox (empty ledger, default switches, no faults) and its client."""
+    client = sandbox_process.client
+    client.reset(config=True)
+    return client
 
 
 @pytest.fixture

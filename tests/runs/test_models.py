@@ -131,7 +131,7 @@ class TestStepAndSideEffectTransitions:
     def test_a_worker_that_lost_its_lease_cannot_record(self):
         step = StepFactory(status=Step.Status.RUNNING, lease_owner="worker-b")
         with pytest.raises(ConcurrentUpdate):
-            step.transition(Step.Status.SUCCEEDED, verb="step.succeeded", lease_owner="worker-a")
+            step.transition(Step.Status.SUCCEEDED, verb="step.succeeded", held_by="worker-a")
 
     @pytest.mark.parametrize(("source", "target"), _all_pairs(SideEffect.TRANSITIONS))
     def test_every_allowed_side_effect_transition(self, source, target):

@@ -1,0 +1,127 @@
+"""Tools for the simulated external systems (runs/sandbox), through the generic HTTP adapter.
+
+The switches mirror the sandbox defaults, so every branch of the unknown-outcome logic is taken
+by some system: mail can be asked by key, tickets dedupe, CRM can do neither (a person decides),
+payments do both.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from runs import tools
+from runs.models import FailureClass, Risk
+from runs.tools import HttpResponse, http_tool
+
+
+def sandbox(path: str):
+    # Resolved at call time, so the base URL can change (tests start their own sandbox).
+    return lambda: settings.TASKPILOTS["SANDBOX_URL"].rstrip("/") + path
+
+
+def classify(response: HttpResponse, tool_name: str) -> str | None:
+    # The sandbox marks an outage; a real system would be recognised by its own signals.
+    if response.status == 503 and response.headers.get("x-sandbox-outage"):
+        return FailureClass.OUTAGE
+    return None
+
+
+def _define(name, method, path, *, lookup: bool = False, **meta):
+    system = path.strip("/").split("/")[0]
+    return tools.register(
+        http_tool(
+            name,
+            method,
+            sandbox(path),
+            lookup_url=sandbox(f"/{system}/by-key") if lookup else None,
+            classify=classify,
+            **meta,
+        ),
+        replace=True,
+    )
+
+
+_define(
+    "mail.send",
+    "POST",
+    "/mail/send",
+    side_effect=True,
+    risk=Risk.MEDIUM,
+    lookup=True,
+    target=lambda p: f"mailbox:{p['to']}",
+    scope="mail:send",
+    params_schema={"to": str, "subject": str, "body": str},
+    description="Send an email to a customer.",
+)
+_define(
+    "tickets.update",
+    "POST",
+    "/tickets/update",
+    side_effect=True,
+    risk=Risk.LOW,
+    dedupes_by_key=True,
+    target=lambda p: f"ticket:{p['ticket_id']}",
+    scope="tickets:write",
+    params_schema={"ticket_id": str, "status": str},
+    description="Change a helpdesk ticket's status.",
+)
+_define("tickets.get", "GET", "/tickets/get", target=lambda p: f"ticket:{p['ticket_id']}")
+_define("crm.lookup", "GET", "/crm/lookup", target=lambda p: f"contact:{p['email']}")
+_define(
+    "crm.create",
+    "POST",
+    "/crm/create",
+    side_effect=True,
+    risk=Risk.MEDIUM,
+    target=lambda p: f"contact:{p['email']}",
+    scope="crm:write",
+    params_schema={"email": str, "name": str},
+    description="Create a CRM contact for a lead.",
+)
+_define(
+    "crm.tag",
+    "POST",
+    "/crm/tag",
+    side_effect=True,
+    risk=Risk.LOW,
+    target=lambda p: f"contact:{p.get('contact_id')}",
+    scope="crm:write",
+    params_schema={"contact_id": str, "tag": str},
+    description="Tag a CRM contact.",
+)
+_define(
+    "payments.void",
+    "POST",
+    "/payments/void",
+    side_effect=True,
+    risk=Risk.HIGH,
+    dedupes_by_key=True,
+    lookup=True,
+    target=lambda p: f"refund:{p['refund_id']}",
+    scope="payments:refund",
+    params_schema={"refund_id": str},
+    description="Void a refund (the compensation of payments.refund).",
+)
+_define(
+    "payments.refund",
+    "POST",
+    "/payments/refund",
+    side_effect=True,
+    risk=Risk.HIGH,
+    dedupes_by_key=True,
+    lookup=True,
+    target=lambda p: f"payment:{p['payment_id']}",
+    scope="payments:refund",
+    params_schema={"payment_id": str, "amount": float},
+    compensating_tool="payments.void",
+    compensation_params=lambda params, original: {"refund_id": original["external_id"]},
+    description="Refund a customer's payment.",
+)
+_define("kb.faq", "GET", "/kb/faq", description="Static FAQ answers (always up).")
+_define(
+    "kb.search",
+    "GET",
+    "/kb/search",
+    fallback_tool="kb.faq",
+    description="Search the knowledge base.",
+)

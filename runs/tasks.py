@@ -1,0 +1,17 @@
+"""Celery tasks: thin wrappers that take ids, call the engine, and are safe to run twice."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from runs import engine
+
+
+@shared_task(name="runs.tasks.advance_run", acks_late=True, reject_on_worker_lost=True)
+def advance_run(run_id: str) -> int:
+    return engine.advance(run_id)
+
+
+@shared_task(name="runs.tasks.sweep", acks_late=True)
+def sweep() -> dict:
+    return engine.sweep().as_dict()

@@ -1,0 +1,419 @@
+"""Tools: what a step calls, with the metadata the engine needs to call it safely.
+
+A tool says whether it has a side effect, how risky it is, whether the system behind it honours
+our idempotency key (`dedupes_by_key`) or can say whether a keyed call happened (`lookup`), what
+undoes it (`compensating_tool`), what can stand in for it (`fallback_tool`), and how its errors
+map onto failure classes. Adapters turn a call into a `ToolError` with a class, so the engine
+never has to guess from an exception type.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from django.conf import settings
+
+from runs.models import FailureClass, Risk
+
+DEFAULT_REQUIRED_SNAPSHOT_FIELDS = ("target_resource", "permissions", "idempotency_key")
+
+
+class ToolError(Exception):
+    """A classified tool failure.
+
+    `failure_class` decides the route; for a side effect every class except `unknown_outcome`
+    means the external system did not commit the call.
+    """
+
+    def __init__(
+        self,
+        failure_class: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        details: Any = None,
+    ):
+        if failure_class not in FailureClass.values:
+            raise ValueError(f"unknown failure class {failure_class!r}")
+        super().__init__(message)
+        self.failure_class = failure_class
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"{self.failure_class}: {self.message}"
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What a tool call knows besides its parameters."""
+
+    idempotency_key: str
+    run_id: str
+    step: str
+    attempt: int
+    timeout: float | None
+    principal: str = "system"
+    scopes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A successful call: the external id (commit proof) and the response body."""
+
+    response: Any
+    external_id: str = ""
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    found: bool
+    external_id: str = ""
+    response: Any = None
+
+
+@dataclass
+class Tool:
+    name: str
+    invoke: Callable[[dict, CallContext], ToolResult]
+    side_effect: bool = False
+    risk: str = Risk.LOW
+    dedupes_by_key: bool = False
+    lookup: Callable[[str, CallContext], LookupResult] | None = None
+    compensating_tool: str = ""
+    # Parameters for the compensating call, from the committed effect's receipt and params.
+    compensation_params: Callable[[dict, dict], dict] | None = None
+    fallback_tool: str = ""
+    timeout: float | None = None
+    # Snapshot fields that must be filled before this tool may be called.
+    required_snapshot_fields: tuple[str, ...] = DEFAULT_REQUIRED_SNAPSHOT_FIELDS
+    # A scope the run must hold to call this tool ("" = none needed).
+    scope: str = ""
+    # Derive the target resource (what the call touches) from the parameters.
+    target: Callable[[dict], str] | None = None
+    # Parameter names and types, for the console's edit form and for validation.
+    params_schema: Mapping[str, type] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.risk not in Risk.values:
+            raise ValueError(f"tool {self.name}: risk must be one of {Risk.values}")
+
+    @property
+    def lookup_by_key(self) -> bool:
+        return self.lookup is not None
+
+    def target_of(self, params: dict) -> str:
+        if self.target is None:
+            return ""
+        try:
+            return str(self.target(params) or "")
+        except (KeyError, TypeError, ValueError):
+            return ""
+
+    def validate(self, params: Any) -> dict:
+        """Untrusted parameters (from a model or a person): a flat check against the schema."""
+        if not isinstance(params, dict):
+            raise ToolError(FailureClass.INVALID_INPUT, "parameters must be a JSON object")
+        for name, kind in self.params_schema.items():
+            if name not in params:
+                raise ToolError(FailureClass.INVALID_INPUT, f"parameter {name!r} is missing")
+            value = params[name]
+            ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                ok = True
+            if not ok:
+                raise ToolError(
+                    FailureClass.INVALID_INPUT,
+                    f"parameter {name!r} must be {kind.__name__}, got {type(value).__name__}",
+                )
+        return params
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "side_effect": self.side_effect,
+            "risk": self.risk,
+            "dedupes_by_key": self.dedupes_by_key,
+            "lookup_by_key": self.lookup_by_key,
+            "compensating_tool": self.compensating_tool,
+            "fallback_tool": self.fallback_tool,
+            "timeout": self.timeout,
+            "scope": self.scope,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+
+_TOOLS: dict[str, Tool] = {}
+
+
+class UnknownTool(LookupError):
+    pass
+
+
+def register(tool: Tool, *, replace: bool = False) -> Tool:
+    if tool.name in _TOOLS and not replace and _TOOLS[tool.name] is not tool:
+        raise ValueError(f"tool {tool.name!r} is already registered")
+    _TOOLS[tool.name] = tool
+    return tool
+
+
+def get(name: str) -> Tool:
+    try:
+        return _TOOLS[name]
+    except KeyError:
+        raise UnknownTool(f"tool {name!r} is not registered") from None
+
+
+def all_tools() -> dict[str, Tool]:
+    return dict(_TOOLS)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain Python callables
+
+
+def python_tool(
+    name: str,
+    fn: Callable[[dict, CallContext], Any],
+    *,
+    external_id: Callable[[Any], str] | None = None,
+    lookup_fn: Callable[[str, CallContext], LookupResult] | None = None,
+    **meta: Any,
+) -> Tool:
+    """Wrap `fn(params, ctx)`. Its return value is the response; `ToolError` passes through.
+
+    Any other exception from a side-effecting function may have happened half-way, so it is an
+    unknown outcome; from a read it is transient. With a `timeout`, the call runs in a helper
+    thread and a late return counts as unknown (the thread cannot be killed, so the effect may
+    still land: exactly the case reconciliation exists for).
+    """
+    side_effect = meta.get("side_effect", False)
+
+    def invoke(params: dict, ctx: CallContext) -> ToolResult:
+        try:
+            value = _call_with_timeout(fn, params, ctx)
+        except ToolError:
+            raise
+        except TimeoutError:
+            cls = FailureClass.UNKNOWN_OUTCOME if side_effect else FailureClass.TRANSIENT
+            raise ToolError(cls, f"no answer within {ctx.timeout}s") from None
+        except Exception as exc:
+            cls = FailureClass.UNKNOWN_OUTCOME if side_effect else FailureClass.TRANSIENT
+            raise ToolError(cls, f"{type(exc).__name__}: {exc}") from exc
+        ext = external_id(value) if external_id else _guess_external_id(value)
+        return ToolResult(response=value, external_id=ext)
+
+    return Tool(name=name, invoke=invoke, lookup=lookup_fn, **meta)
+
+
+def _call_with_timeout(fn, params, ctx):
+    if ctx.timeout is None:
+        return fn(params, ctx)
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn(params, ctx)
+        except BaseException as exc:  # handed to the caller below
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True, name=f"tool-{ctx.step}")
+    thread.start()
+    thread.join(ctx.timeout)
+    if thread.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _guess_external_id(value: Any) -> str:
+    if isinstance(value, dict):
+        for key in ("external_id", "id"):
+            if value.get(key) not in (None, ""):
+                return str(value[key])
+    return ""
+
+
+# --------------------------------------------------------------------------------------------
+# Generic HTTP/JSON
+
+
+def _classify_status(status: int, *, write: bool, retry_after: float | None) -> str:
+    if status in (401, 403):
+        return FailureClass.PERMISSION
+    if status in (429, 503):
+        return FailureClass.TRANSIENT
+    if 400 <= status < 500:
+        return FailureClass.INVALID_INPUT
+    # Any other 5xx: on a write the server may have committed before failing.
+    return FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+
+
+@dataclass
+class HttpResponse:
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+
+def http_request(
+    method: str,
+    url: str,
+    *,
+    body: Any = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: float,
+    write: bool,
+) -> HttpResponse:
+    """One HTTP/JSON exchange with every failure classified.
+
+    Connecting is separated from sending so that a refused or timed-out connection is known not
+    to have reached the server (not sent → outage/transient), while a timeout or reset after the
+    request went out is an unknown outcome for a write.
+    """
+    parts = urlsplit(url)
+    conn_cls = (
+        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    )
+    conn = conn_cls(parts.hostname, parts.port, timeout=timeout)
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+    all_headers = {"Accept": "application/json", **(headers or {})}
+    if payload is not None:
+        all_headers["Content-Type"] = "application/json"
+    try:
+        try:
+            conn.connect()
+        except ConnectionRefusedError:
+            raise ToolError(FailureClass.OUTAGE, f"connection refused by {parts.netloc}") from None
+        except TimeoutError:
+            raise ToolError(
+                FailureClass.TRANSIENT, f"could not connect to {parts.netloc} in {timeout}s"
+            ) from None
+        except OSError as exc:  # DNS failure, unreachable network: nothing was sent
+            raise ToolError(FailureClass.OUTAGE, f"cannot reach {parts.netloc}: {exc}") from None
+        try:
+            conn.request(method, path, body=payload, headers=all_headers)
+            response = conn.getresponse()
+            raw = response.read()
+        except TimeoutError:
+            cls = FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+            raise ToolError(cls, f"no answer from {parts.netloc} within {timeout}s") from None
+        except (ConnectionError, http.client.HTTPException, OSError) as exc:
+            cls = FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+            raise ToolError(cls, f"connection to {parts.netloc} broke: {exc}") from None
+    finally:
+        conn.close()
+    response_headers = {k.lower(): v for k, v in response.getheaders()}
+    try:
+        parsed = json.loads(raw) if raw else None
+    except ValueError:
+        parsed = raw.decode(errors="replace")[:2000]
+    return HttpResponse(response.status, response_headers, parsed)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    try:
+        return float(headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def http_tool(
+    name: str,
+    method: str,
+    url: str | Callable[[], str],
+    *,
+    query_params: bool | None = None,
+    external_id_field: str = "id",
+    lookup_url: str | Callable[[], str] | None = None,
+    classify: Callable[[HttpResponse, str], str | None] | None = None,
+    extra_headers: Callable[[CallContext], Mapping[str, str]] | None = None,
+    **meta: Any,
+) -> Tool:
+    """A tool backed by an HTTP/JSON endpoint.
+
+    Writes send the idempotency key in `Idempotency-Key` (and the run and step in
+    `X-TaskPilots-Run` / `X-TaskPilots-Step`, so the receiver can tell a regenerated key from a
+    new request). `lookup_url` (a `?key=` is appended) makes the tool able to say whether a keyed
+    call happened: 200 found, 404 not found. `classify` lets a tool override the class of an
+    error response (return None to keep the default mapping).
+    """
+    write = bool(meta.get("side_effect", False))
+    use_query = (method.upper() == "GET") if query_params is None else query_params
+
+    def resolve(u):
+        return u() if callable(u) else u
+
+    def headers_for(ctx: CallContext) -> dict[str, str]:
+        headers = {"X-TaskPilots-Run": ctx.run_id, "X-TaskPilots-Step": ctx.step}
+        if write:
+            headers["Idempotency-Key"] = ctx.idempotency_key
+        if extra_headers:
+            headers.update(extra_headers(ctx))
+        return headers
+
+    def invoke(params: dict, ctx: CallContext) -> ToolResult:
+        target = resolve(url)
+        body = params
+        if use_query:
+            target += ("&" if "?" in target else "?") + urlencode(params, doseq=True)
+            body = None
+        timeout = ctx.timeout or settings.TASKPILOTS["TOOL_TIMEOUT_SECONDS"]
+        response = http_request(
+            method, target, body=body, headers=headers_for(ctx), timeout=timeout, write=write
+        )
+        if 200 <= response.status < 300:
+            ext = ""
+            if isinstance(response.body, dict) and response.body.get(external_id_field):
+                ext = str(response.body[external_id_field])
+            return ToolResult(response=response.body, external_id=ext)
+        retry_after = _retry_after(response.headers)
+        cls = (classify(response, name) if classify else None) or _classify_status(
+            response.status, write=write, retry_after=retry_after
+        )
+        detail = response.body
+        if isinstance(detail, dict):
+            detail = detail.get("error") or detail
+        raise ToolError(
+            cls,
+            f"{method} {urlsplit(target).path} answered {response.status}: {str(detail)[:300]}",
+            status=response.status,
+            retry_after=retry_after,
+            details=response.body,
+        )
+
+    lookup = None
+    if lookup_url is not None:
+
+        def lookup(key: str, ctx: CallContext) -> LookupResult:
+            target = resolve(lookup_url)
+            target += ("&" if "?" in target else "?") + urlencode({"key": key})
+            timeout = ctx.timeout or settings.TASKPILOTS["TOOL_TIMEOUT_SECONDS"]
+            response = http_request("GET", target, timeout=timeout, write=False)
+            if response.status == 404:
+                return LookupResult(found=False)
+            if response.status == 200 and isinstance(response.body, dict):
+                return LookupResult(
+                    found=bool(response.body.get("found", True)),
+                    external_id=str(response.body.get(external_id_field) or ""),
+                    response=response.body.get("response", response.body),
+                )
+            raise ToolError(FailureClass.TRANSIENT, f"lookup by key answered {response.status}")
+
+    return Tool(name=name, invoke=invoke, lookup=lookup, **meta)

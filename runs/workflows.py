@@ -1,0 +1,265 @@
+"""Workflow definitions: named, versioned, ordered steps declared in Python.
+
+    register(Workflow("support.reply", 1, [
+        compute("classify", classify_message, stage="triage"),
+        read("lookup_customer", "crm.lookup", params=lambda ctx: {"email": ctx.input["email"]}),
+        side_effect("send_reply", "mail.send", params=build_reply, stage="reply"),
+    ]))
+
+Steps run in order unless a step (or the workflow) has a `next` function, which returns the name
+of the next declared step, a `DynamicStep` decided at run time (an agent's next tool call), or
+`END`. Each decision is recorded as a step row the moment it is made, so a resumed run follows
+the same path without asking again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from runs.models import StepKind
+
+END = None
+
+
+class WorkflowError(Exception):
+    pass
+
+
+class UnknownWorkflow(WorkflowError, LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class StepDef:
+    name: str
+    kind: str
+    stage: str = ""
+    # compute: fn(ctx) -> result
+    fn: Callable[[Context], Any] | None = None
+    # read / side_effect / approval: the tool and a pure function building its parameters
+    tool: str = ""
+    params: Callable[[Context], dict] | None = None
+    # approval: ask only when this is true (otherwise the step passes without a person)
+    when: Callable[[Context], bool] | None = None
+    queue: str = "support"
+    reason: str | Callable[[Context], str] = ""
+    sla: timedelta | None = None
+    # wait_event
+    event_type: str = ""
+    correlation: Callable[[Context], str] | None = None
+    timeout: timedelta | None = None
+    # wait_timer
+    delay: timedelta | Callable[[Context], timedelta] | None = None
+    next: Callable[[Context], str | DynamicStep | None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in StepKind.values:
+            raise WorkflowError(f"step {self.name!r}: unknown kind {self.kind!r}")
+        if self.kind == StepKind.COMPUTE and self.fn is None:
+            raise WorkflowError(f"compute step {self.name!r} needs fn")
+        if self.kind in (StepKind.READ, StepKind.SIDE_EFFECT) and not self.tool:
+            raise WorkflowError(f"{self.kind} step {self.name!r} needs a tool")
+        if self.kind == StepKind.WAIT_EVENT and not (self.event_type and self.correlation):
+            raise WorkflowError(f"wait_event step {self.name!r} needs event_type and correlation")
+        if self.kind == StepKind.WAIT_TIMER and self.delay is None:
+            raise WorkflowError(f"wait_timer step {self.name!r} needs a delay")
+
+    def build_params(self, ctx: Context) -> dict:
+        return dict(self.params(ctx)) if self.params else {}
+
+    def spec(self) -> dict:
+        return {}
+
+
+@dataclass(frozen=True)
+class DynamicStep:
+    """A step decided while the run goes: its parameters are values, recorded on the step row."""
+
+    name: str
+    kind: str
+    tool: str = ""
+    params: dict = field(default_factory=dict)
+    stage: str = ""
+    queue: str = "support"
+    reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def spec(self) -> dict:
+        return {
+            "dynamic": True,
+            "kind": self.kind,
+            "tool": self.tool,
+            "params": self.params,
+            "stage": self.stage,
+            "queue": self.queue,
+            "reason": self.reason,
+            **self.extra,
+        }
+
+
+def step_from_spec(name: str, spec: dict) -> StepDef:
+    """The definition of a recorded dynamic step (agent tool call, compensation)."""
+    params = spec.get("params") or {}
+    return StepDef(
+        name=name,
+        kind=spec["kind"],
+        stage=spec.get("stage", ""),
+        tool=spec.get("tool", ""),
+        params=lambda ctx, _p=params: _p,
+        queue=spec.get("queue", "support"),
+        reason=spec.get("reason", ""),
+    )
+
+
+def compute(name: str, fn: Callable[[Context], Any], **kw: Any) -> StepDef:
+    return StepDef(name=name, kind=StepKind.COMPUTE, fn=fn, **kw)
+
+
+def read(name: str, tool: str, params: Callable[[Context], dict] | None = None, **kw) -> StepDef:
+    return StepDef(name=name, kind=StepKind.READ, tool=tool, params=params, **kw)
+
+
+def side_effect(name: str, tool: str, params: Callable[[Context], dict], **kw: Any) -> StepDef:
+    return StepDef(name=name, kind=StepKind.SIDE_EFFECT, tool=tool, params=params, **kw)
+
+
+def approval(name: str, *, params: Callable[[Context], dict] | None = None, **kw: Any) -> StepDef:
+    return StepDef(name=name, kind=StepKind.APPROVAL, params=params, **kw)
+
+
+def wait_event(
+    name: str, event_type: str, correlation: Callable[[Context], str], **kw: Any
+) -> StepDef:
+    return StepDef(
+        name=name, kind=StepKind.WAIT_EVENT, event_type=event_type, correlation=correlation, **kw
+    )
+
+
+def wait_timer(name: str, delay: timedelta | Callable[[Context], timedelta], **kw) -> StepDef:
+    return StepDef(name=name, kind=StepKind.WAIT_TIMER, delay=delay, **kw)
+
+
+@dataclass
+class Context:
+    """What a step's functions see: the run's input and the results of finished steps.
+
+    Functions that build parameters must be pure (the same context gives the same parameters):
+    the idempotency check compares them on every attempt.
+    """
+
+    run_id: str
+    workflow: str
+    version: int
+    input: dict
+    results: dict[str, Any]
+    principal: str = "system"
+    scopes: tuple[str, ...] = ()
+    iteration: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    def result(self, name: str, default: Any = None) -> Any:
+        return self.results.get(name, default)
+
+
+@dataclass
+class Workflow:
+    name: str
+    version: int
+    steps: list[StepDef]
+    next: Callable[[Context, str], str | DynamicStep | None] | None = None
+    description: str = ""
+    scopes: tuple[str, ...] = ("*",)
+    # Validate and normalise untrusted input when a run starts (raise ValueError with a message).
+    validate_input: Callable[[dict], dict] | None = None
+    _by_name: dict[str, StepDef] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise WorkflowError(f"workflow {self.name!r} has no steps")
+        self._by_name = {}
+        for step in self.steps:
+            if step.name in self._by_name:
+                raise WorkflowError(f"workflow {self.name!r}: step {step.name!r} declared twice")
+            self._by_name[step.name] = step
+
+    def step(self, name: str) -> StepDef:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise WorkflowError(
+                f"step {name!r} is not declared in {self.name} v{self.version}"
+            ) from None
+
+    def has_step(self, name: str) -> bool:
+        return name in self._by_name
+
+    def definition_of(self, name: str, spec: dict) -> StepDef:
+        return step_from_spec(name, spec) if spec.get("dynamic") else self.step(name)
+
+    def following(self, ctx: Context, last_name: str, last_spec: dict) -> StepDef | DynamicStep:
+        """The step after `last_name`, or END."""
+        chooser = None
+        if not last_spec.get("dynamic") and self.has_step(last_name):
+            chooser = self.step(last_name).next
+        if chooser is not None:
+            return self._resolve(chooser(ctx))
+        if self.next is not None:
+            return self._resolve(self.next(ctx, last_name))
+        if last_spec.get("dynamic"):
+            after = last_spec.get("after", "")
+            if not after:
+                return END
+            last_name = after
+        index = self.steps.index(self.step(last_name))
+        return self.steps[index + 1] if index + 1 < len(self.steps) else END
+
+    def _resolve(self, choice):
+        if choice is None or isinstance(choice, DynamicStep):
+            return choice
+        if isinstance(choice, str):
+            return self.step(choice)
+        raise WorkflowError(
+            f"a next function returned {choice!r}: want a step name, a DynamicStep or END"
+        )
+
+    def describe(self) -> list[dict]:
+        return [
+            {"name": s.name, "kind": s.kind, "stage": s.stage, "tool": s.tool} for s in self.steps
+        ]
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+
+_WORKFLOWS: dict[tuple[str, int], Workflow] = {}
+
+
+def register(workflow: Workflow, *, replace: bool = False) -> Workflow:
+    key = (workflow.name, workflow.version)
+    if key in _WORKFLOWS and not replace and _WORKFLOWS[key] is not workflow:
+        raise WorkflowError(f"workflow {workflow.name} v{workflow.version} is already registered")
+    _WORKFLOWS[key] = workflow
+    return workflow
+
+
+def unregister(name: str, version: int) -> None:
+    _WORKFLOWS.pop((name, version), None)
+
+
+def get(name: str, version: int | None = None) -> Workflow:
+    if version is None:
+        versions = [v for (n, v) in _WORKFLOWS if n == name]
+        if not versions:
+            raise UnknownWorkflow(f"workflow {name!r} is not registered")
+        version = max(versions)
+    try:
+        return _WORKFLOWS[(name, version)]
+    except KeyError:
+        raise UnknownWorkflow(f"workflow {name!r} version {version} is not registered") from None
+
+
+def all_workflows() -> list[Workflow]:
+    return sorted(_WORKFLOWS.values(), key=lambda w: (w.name, w.version))
