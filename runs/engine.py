@@ -22,11 +22,10 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
+from approvals.models import ApprovalRequest, EscalationRule
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.models import (
-    ConcurrentUpdate,
     FailureClass,
     InboundEvent,
     Run,
@@ -950,7 +949,7 @@ def record_outcome(claim: Claim, outcome: Outcome) -> bool:
         try:
             with transaction.atomic():
                 return _apply_outcome(claim, outcome)
-        except ConcurrentUpdate:
+        except TransitionError:
             TimelineEvent.append(
                 run.pk,
                 "step.outcome_discarded",
@@ -1253,6 +1252,13 @@ def begin_compensation(run: Run, reason: str, *, actor: str = "system") -> None:
         .select_related("step", "snapshot")
         .order_by("-committed_at", "-id")
     )
+    # Whatever the run was about to do is abandoned.
+    for step in Step.objects.filter(run=run, status__in=Step.UNFINISHED).exclude(
+        spec__has_key="compensates"
+    ):
+        step.transition(
+            Step.Status.SKIPPED, verb="step.skipped", actor=actor, data={"reason": reason}
+        )
     if not effects:
         run.cancel(reason, actor=actor)
         return
@@ -1343,10 +1349,6 @@ def _finish_compensation(run: Run) -> None:
 # Wake-ups: events, timers, approvals
 
 
-class DecisionConflict(Exception):
-    """Someone else decided first, or the run moved on."""
-
-
 def deliver_event(
     event_id: str, event_type: str, correlation_key: str, payload: Any, *, source: str = "system"
 ) -> str:
@@ -1396,191 +1398,6 @@ def deliver_event(
             run.resume(actor=source, reason=f"event {event_type}")
             enqueue(run.pk)
     return "resumed"
-
-
-def decide_approval(
-    approval_id: int,
-    user,
-    decision: str,
-    *,
-    edited_params: dict | None = None,
-    comment: str = "",
-) -> ApprovalRequest:
-    """Record a person's decision on an approval and resume (or compensate) the run.
-
-    1. Lock the request; if it is no longer pending, raise DecisionConflict naming who decided.
-    2. Store the decision, resolve the approval wait, write the HumanDecision bound to what the
-       person saw (the proposed parameters and the latest snapshot).
-    3. Approve: the step succeeds with the (edited) parameters and the run resumes.
-       Reject: the step fails and committed side effects are compensated (or the run is
-       cancelled when there is nothing to undo).
-    """
-    D = ApprovalRequest.Decision
-    if decision not in D.values:
-        raise ValueError(f"decision must be one of {D.values}")
-    actor = f"user:{user.get_username()}"
-    with transaction.atomic():
-        approval = (
-            ApprovalRequest.objects.select_for_update(of=("self",))
-            .select_related("decided_by")
-            .get(pk=approval_id)
-        )
-        if approval.status != ApprovalRequest.Status.PENDING:
-            who = approval.decided_by.get_username() if approval.decided_by else "the system"
-            raise DecisionConflict(
-                f"Already {approval.get_status_display().lower()} "
-                f"({approval.decision or approval.status}) by {who} at {approval.decided_at}."
-            )
-        run = Run.objects.select_for_update().get(pk=approval.run_id)
-        step = Step.objects.get(pk=approval.step_id)
-        params = approval.proposed_params
-        if decision == D.APPROVED_WITH_EDITS:
-            if not isinstance(edited_params, dict):
-                raise ValueError("approve with edits needs the edited parameters")
-            params = to_json_value(edited_params)
-        now = timezone.now()
-        ApprovalRequest.objects.filter(pk=approval.pk).update(
-            status=ApprovalRequest.Status.DECIDED,
-            decision=decision,
-            edited_params=params if decision == D.APPROVED_WITH_EDITS else None,
-            decided_by=user,
-            decided_at=now,
-            comment=comment,
-        )
-        Wait.objects.filter(step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING).update(
-            status=Wait.Status.RESOLVED,
-            resolved_by=actor,
-            resolved_at=now,
-            payload={"decision": decision},
-        )
-        HumanDecision.objects.create(
-            run=run,
-            step=step,
-            approval=approval,
-            user=user,
-            verb={
-                D.APPROVED: "approve",
-                D.APPROVED_WITH_EDITS: "approve_with_edits",
-                D.REJECTED: "reject",
-            }[decision],
-            snapshot=Snapshot.objects.filter(run=run).order_by("-id").first(),
-            before=approval.proposed_params,
-            after=params,
-            comment=comment,
-        )
-        TimelineEvent.append(
-            run.pk,
-            f"approval.{decision}",
-            {
-                "approval": approval.pk,
-                "step": step.name,
-                "comment": comment,
-                "proposed": approval.proposed_params,
-                "params": params,
-            },
-            actor=actor,
-        )
-        if decision == D.REJECTED:
-            step.transition(
-                Step.Status.FAILED,
-                verb="step.failed",
-                actor=actor,
-                last_error=f"rejected by {user.get_username()}: {comment}",
-            )
-            begin_compensation(run, f"rejected by {user.get_username()}", actor=actor)
-        else:
-            step.transition(
-                Step.Status.SUCCEEDED,
-                verb="step.succeeded",
-                actor=actor,
-                result={
-                    "decision": decision,
-                    "params": params,
-                    "by": user.get_username(),
-                    "comment": comment,
-                },
-            )
-            if run.status in (Run.Status.NEEDS_HUMAN, Run.Status.TAKEN_OVER):
-                run.resume(actor=actor, reason=f"approval {decision}")
-            enqueue(run.pk)
-    approval.refresh_from_db()
-    return approval
-
-
-def confirm_outcome(step_id: int, user, *, happened: bool, proof: str = "", comment: str = ""):
-    """A person settles an unknown outcome: it happened (with the external reference as proof)
-    or it did not (the step is retried with the same idempotency key)."""
-    actor = f"user:{user.get_username()}"
-    with transaction.atomic():
-        step = Step.objects.select_for_update().get(pk=step_id)
-        if step.status != Step.Status.UNKNOWN_OUTCOME:
-            raise DecisionConflict(f"Step {step.name} is {step.status}, not an unknown outcome.")
-        run = Run.objects.select_for_update().get(pk=step.run_id)
-        effect = SideEffect.objects.select_for_update().get(
-            step=step, idempotency_key=step.idempotency_key
-        )
-        if happened:
-            if not proof.strip():
-                raise ValueError("confirming that it happened needs the external reference")
-            effect.transition(
-                SideEffect.Status.COMMITTED,
-                verb="side_effect.committed",
-                actor=actor,
-                external_id=proof[:255],
-                confirmed_by=actor,
-                receipt={"external_id": proof, "confirmed_by": actor, "comment": comment},
-                data={"confirmed_by": actor},
-            )
-            step.transition(
-                Step.Status.SUCCEEDED,
-                verb="step.succeeded",
-                actor=actor,
-                # Shaped like a tool response, so later steps read it the same way.
-                result={"id": proof, "external_id": proof, "confirmed_by": actor},
-            )
-        else:
-            effect.transition(
-                SideEffect.Status.NOT_COMMITTED,
-                verb="side_effect.not_committed",
-                actor=actor,
-                confirmed_by=actor,
-                data={"confirmed_by": actor},
-            )
-            step.transition(Step.Status.PENDING, verb="step.retry_requested", actor=actor)
-        HumanDecision.objects.create(
-            run=run,
-            step=step,
-            user=user,
-            snapshot=effect.snapshot,
-            verb="confirm_happened" if happened else "confirm_not_happened",
-            before={"status": "unknown"},
-            after={"status": effect.status},
-            proof=proof,
-            comment=comment,
-        )
-        if run.status in Run.HUMAN:
-            run.resume(actor=actor, reason="outcome confirmed")
-        enqueue(run.pk)
-    return step
-
-
-def cancel_run(run: Run, user=None, *, reason: str, compensate: bool = True) -> None:
-    actor = f"user:{user.get_username()}" if user else "system"
-    with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
-        if run.is_terminal:
-            raise DecisionConflict(f"Run is already {run.status}.")
-        Wait.objects.filter(run=run, status=Wait.Status.PENDING).update(
-            status=Wait.Status.CANCELLED, resolved_at=timezone.now(), resolved_by=actor
-        )
-        ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED
-        )
-        committed = SideEffect.objects.filter(run=run, status=SideEffect.Status.COMMITTED)
-        if compensate and committed.exists():
-            begin_compensation(run, f"cancelled: {reason}", actor=actor)
-        else:
-            run.cancel(reason, actor=actor)
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+from approvals import actions
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import engine, workflows
 from runs.models import FailureClass, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
@@ -176,7 +177,7 @@ class TestUnknownOutcome:
         assert SideEffect.objects.get(step=step).status == "unknown"
         assert len(sandbox.ledger(system="crm", run=str(run.pk))) == 1  # never a silent retry
         contact_id = sandbox.ledger(system="crm", run=str(run.pk))[0]["external_id"]
-        engine.confirm_outcome(step.pk, support_user, happened=True, proof=contact_id)
+        actions.confirm_outcome(step.pk, support_user, happened=True, proof=contact_id)
         run = drive(run)
         assert run.status == "succeeded"
         assert len(sandbox.ledger(system="crm", run=str(run.pk))) == 1
@@ -188,7 +189,7 @@ class TestUnknownOutcome:
         step = Step.objects.get(run=run, name="create_contact")
         assert step.status == "unknown_outcome"
         assert sandbox.ledger(system="crm", run=str(run.pk)) == []
-        engine.confirm_outcome(step.pk, support_user, happened=False)
+        actions.confirm_outcome(step.pk, support_user, happened=False)
         run = drive(run)
         assert run.status == "succeeded"
         ledger = sandbox.ledger(system="crm", run=str(run.pk))
@@ -367,7 +368,7 @@ class TestApprovalsWaitsAndEvents:
         approval = ApprovalRequest.objects.get(run=run)
         assert approval.proposed_params == {"payment_id": "pay_1", "amount": 150}
         assert approval.due_at is not None
-        engine.decide_approval(approval.pk, support_user, "approved_with_edits",
+        actions.decide_approval(approval.pk, support_user, "approved_with_edits",
                                edited_params={"payment_id": "pay_1", "amount": 80.0})  # fmt: skip
         run = drive(run)
         assert run.status == "waiting"
@@ -382,19 +383,20 @@ class TestApprovalsWaitsAndEvents:
         run = drive(run)
         assert run.status == "succeeded"
         decision = HumanDecision.objects.get(run=run)
-        assert decision.before["amount"] == 150 and decision.after["amount"] == 80.0
+        assert decision.before["amount"] == 150
+        assert decision.after["diff"] == {"amount": [150, 80.0]}
 
     def test_a_second_decision_loses_and_is_told_who_won(self, sandbox, support_user, admin_user):
         run = drive(start("test.refund", {"amount": 150, "payment": "pay_1"}))
         approval = ApprovalRequest.objects.get(run=run)
-        engine.decide_approval(approval.pk, support_user, "approved")
-        with pytest.raises(engine.DecisionConflict, match="sam-support"):
-            engine.decide_approval(approval.pk, admin_user, "rejected")
+        actions.decide_approval(approval.pk, support_user, "approved")
+        with pytest.raises(actions.DecisionConflict, match="sam-support"):
+            actions.decide_approval(approval.pk, admin_user, "rejected")
 
     def test_rejecting_before_any_effect_cancels(self, sandbox, support_user):
         run = drive(start("test.refund", {"amount": 150, "payment": "pay_1"}))
         approval = ApprovalRequest.objects.get(run=run)
-        engine.decide_approval(approval.pk, support_user, "rejected", comment="fraud")
+        actions.decide_approval(approval.pk, support_user, "rejected", comment="fraud")
         run.refresh_from_db()
         assert run.status == "cancelled"
         assert sandbox.ledger(system="payments") == []

@@ -1,0 +1,589 @@
+"""What people do to runs: every action is authorised by the caller (views check roles), made
+under the run's row lock with a compare-and-set on its version, recorded as a HumanDecision and a
+timeline event in the same transaction, and leaves the run where the engine can pick it up.
+
+Two people acting at once, a double submit, or acting on a run that moved on: exactly one wins;
+the other gets DecisionConflict saying who did what, and when.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, HumanDecision, Takeover
+from runs import tools as tool_registry
+from runs.engine import begin_compensation, enqueue
+from runs.models import (
+    Run,
+    SideEffect,
+    Snapshot,
+    Step,
+    TimelineEvent,
+    Wait,
+    to_json_value,
+)
+from runs.tools import ToolError
+
+D = ApprovalRequest.Decision
+
+
+class DecisionConflict(Exception):
+    """Someone else decided first, or the run moved on since the page was loaded."""
+
+
+class ActionRefused(ValueError):
+    """The action does not make sense in the run's current state (the message says why)."""
+
+
+def _actor(user) -> str:
+    return f"user:{user.get_username()}"
+
+
+def _lock_run(run_id, expected_version: int | None) -> Run:
+    run = Run.objects.select_for_update(of=("self",)).select_related("owner").get(pk=run_id)
+    if expected_version is not None and run.lock_version != expected_version:
+        last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
+        who = (
+            f" — last action: {last.get_verb_display().lower()} by {last.user.get_username()} "
+            f"at {timezone.localtime(last.created_at):%Y-%m-%d %H:%M:%S}"
+            if last
+            else ""
+        )
+        raise DecisionConflict(
+            f"This run changed since you opened it (it is now {run.get_status_display().lower()})"
+            f"{who}. Reload to see where it stands."
+        )
+    return run
+
+
+def _current_step(run: Run) -> Step | None:
+    return (
+        Step.objects.select_for_update()
+        .filter(run=run, status__in=Step.UNFINISHED)
+        .order_by("position")
+        .first()
+    )
+
+
+def _decision(
+    run, user, verb, *, step=None, approval=None, before=None, after=None, proof="", comment=""
+) -> HumanDecision:
+    snapshot = None
+    if step is not None:
+        snapshot = Snapshot.objects.filter(step=step).order_by("-id").first()
+    if snapshot is None:
+        snapshot = Snapshot.objects.filter(run=run).order_by("-id").first()
+    return HumanDecision.objects.create(
+        run=run,
+        step=step,
+        approval=approval,
+        user=user,
+        verb=verb,
+        snapshot=snapshot,
+        before=to_json_value(before),
+        after=to_json_value(after),
+        proof=proof[:2000],
+        comment=comment[:4000],
+    )
+
+
+def _resume(run: Run, user, reason: str) -> None:
+    """Hand the run back to the engine (a taken-over run stays with its owner)."""
+    if run.status == Run.Status.NEEDS_HUMAN:
+        run.resume(actor=_actor(user), reason=reason)
+    if run.status in Run.RUNNABLE:
+        enqueue(run.pk)
+
+
+def params_diff(before: Any, after: Any) -> dict:
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return {"before": before, "after": after}
+    keys = sorted(set(before) | set(after))
+    return {k: [before.get(k), after.get(k)] for k in keys if before.get(k) != after.get(k)}
+
+
+# --------------------------------------------------------------------------------------------
+# Approvals
+
+
+def decide_approval(
+    approval_id: int,
+    user,
+    decision: str,
+    *,
+    edited_params: dict | None = None,
+    comment: str = "",
+    expected_version: int | None = None,
+) -> ApprovalRequest:
+    """Record a person's decision on an approval and resume (or compensate) the run.
+
+    1. Lock the request; if it is no longer pending, raise DecisionConflict naming who decided.
+    2. Validate edited parameters against the tool's schema; store the decision, resolve the
+       approval wait, write the HumanDecision bound to what the person saw (proposed parameters,
+       latest snapshot) with the edits as a diff.
+    3. Approve: the step succeeds with the (edited) parameters and the run resumes; the side
+       effect that follows snapshots exactly those parameters. Reject: the step fails and
+       committed side effects are compensated (or the run is cancelled when nothing to undo).
+    """
+    if decision not in D.values:
+        raise ActionRefused(f"decision must be one of {', '.join(D.values)}")
+    actor = _actor(user)
+    with transaction.atomic():
+        approval = (
+            ApprovalRequest.objects.select_for_update(of=("self",))
+            .select_related("decided_by")
+            .get(pk=approval_id)
+        )
+        if approval.status != ApprovalRequest.Status.PENDING:
+            who = approval.decided_by.get_username() if approval.decided_by else "the system"
+            when = (
+                f" at {timezone.localtime(approval.decided_at):%Y-%m-%d %H:%M:%S}"
+                if approval.decided_at
+                else ""
+            )
+            raise DecisionConflict(
+                f"Already {approval.get_decision_display().lower() or approval.status} by "
+                f"{who}{when}."
+            )
+        run = _lock_run(approval.run_id, expected_version)
+        if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk and not _is_admin(user):
+            raise ActionRefused(
+                f"{run.owner.get_username()} has taken this run over; only they or an admin "
+                "can decide."
+            )
+        step = Step.objects.select_for_update().get(pk=approval.step_id)
+        params = approval.proposed_params
+        if decision == D.APPROVED_WITH_EDITS:
+            params = validate_params(approval.tool, edited_params)
+            if params == approval.proposed_params:
+                decision = D.APPROVED  # nothing was changed
+        now = timezone.now()
+        ApprovalRequest.objects.filter(pk=approval.pk).update(
+            status=ApprovalRequest.Status.DECIDED,
+            decision=decision,
+            edited_params=params if decision == D.APPROVED_WITH_EDITS else None,
+            decided_by=user,
+            decided_at=now,
+            comment=comment,
+        )
+        Wait.objects.filter(step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING).update(
+            status=Wait.Status.RESOLVED,
+            resolved_by=actor,
+            resolved_at=now,
+            payload={"decision": decision},
+        )
+        verb = {
+            D.APPROVED: "approve",
+            D.APPROVED_WITH_EDITS: "approve_with_edits",
+            D.REJECTED: "reject",
+        }[decision]
+        _decision(
+            run,
+            user,
+            verb,
+            step=step,
+            approval=approval,
+            before=approval.proposed_params,
+            after={"params": params, "diff": params_diff(approval.proposed_params, params)}
+            if decision == D.APPROVED_WITH_EDITS
+            else params,
+            comment=comment,
+        )
+        TimelineEvent.append(
+            run.pk,
+            f"approval.{decision}",
+            {
+                "approval": approval.pk,
+                "step": step.name,
+                "comment": comment,
+                "proposed": approval.proposed_params,
+                "params": params,
+                "diff": params_diff(approval.proposed_params, params),
+            },
+            actor=actor,
+        )
+        if decision == D.REJECTED:
+            step.transition(
+                Step.Status.FAILED,
+                verb="step.failed",
+                actor=actor,
+                last_error=f"rejected by {user.get_username()}: {comment}",
+            )
+            _end_takeover(run, user, "rejected")
+            begin_compensation(run, f"rejected by {user.get_username()}", actor=actor)
+        else:
+            step.transition(
+                Step.Status.SUCCEEDED,
+                verb="step.succeeded",
+                actor=actor,
+                result={
+                    "decision": decision,
+                    "params": params,
+                    "by": user.get_username(),
+                    "comment": comment,
+                },
+            )
+            _resume(run, user, f"approval {decision}")
+    approval.refresh_from_db()
+    return approval
+
+
+def validate_params(tool_name: str, params: Any) -> dict:
+    """Edited parameters are untrusted: a JSON object, the tool's schema, and a size bound."""
+    if not isinstance(params, dict):
+        raise ActionRefused("The edited parameters must be a JSON object.")
+    if tool_name:
+        try:
+            tool_registry.get(tool_name).validate(params)
+        except ToolError as exc:
+            raise ActionRefused(f"The edited parameters are not valid: {exc.message}") from None
+        except tool_registry.UnknownTool:
+            pass
+    value = to_json_value(params)
+    if len(str(value)) > 256 * 1024:
+        raise ActionRefused("The edited parameters are too large (256 KiB at most).")
+    return value
+
+
+def _is_admin(user) -> bool:
+    return user.is_superuser or user.groups.filter(name="admin").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Unknown outcomes
+
+
+def confirm_outcome(
+    step_id: int,
+    user,
+    *,
+    happened: bool,
+    proof: str = "",
+    comment: str = "",
+    expected_version: int | None = None,
+) -> Step:
+    """A person settles an unknown outcome: it happened (the external reference is the proof)
+    or it did not (the step is retried with the same idempotency key)."""
+    actor = _actor(user)
+    with transaction.atomic():
+        step = Step.objects.select_for_update().get(pk=step_id)
+        run = _lock_run(step.run_id, expected_version)
+        step.refresh_from_db()
+        if step.status != Step.Status.UNKNOWN_OUTCOME:
+            raise DecisionConflict(
+                f"Step {step.name} is {step.get_status_display().lower()}, not an unknown "
+                "outcome: someone has already settled it."
+            )
+        effect = SideEffect.objects.select_for_update().get(
+            step=step, idempotency_key=step.idempotency_key
+        )
+        if happened:
+            proof = proof.strip()
+            if not proof:
+                raise ActionRefused(
+                    "To confirm it happened, give the external reference (e.g. the message or "
+                    "record id) as proof."
+                )
+            effect.transition(
+                SideEffect.Status.COMMITTED,
+                verb="side_effect.committed",
+                actor=actor,
+                external_id=proof[:255],
+                confirmed_by=actor,
+                receipt={"external_id": proof, "confirmed_by": actor, "comment": comment},
+                data={"confirmed_by": actor, "external_id": proof},
+            )
+            # Shaped like a tool response, so later steps read it the same way.
+            step.transition(
+                Step.Status.SUCCEEDED,
+                verb="step.succeeded",
+                actor=actor,
+                result={"id": proof, "external_id": proof, "confirmed_by": actor},
+            )
+        else:
+            effect.transition(
+                SideEffect.Status.NOT_COMMITTED,
+                verb="side_effect.not_committed",
+                actor=actor,
+                confirmed_by=actor,
+                data={"confirmed_by": actor},
+            )
+            step.transition(Step.Status.PENDING, verb="step.retry_requested", actor=actor)
+        _decision(
+            run,
+            user,
+            "confirm_happened" if happened else "confirm_not_happened",
+            step=step,
+            before={"status": "unknown"},
+            after={"status": effect.status},
+            proof=proof,
+            comment=comment,
+        )
+        _resume(run, user, "outcome confirmed")
+    return step
+
+
+# --------------------------------------------------------------------------------------------
+# Steps: retry now, retry with edits, skip, done by hand
+
+
+def retry_step(run_id, user, *, comment: str = "", expected_version=None) -> Step:
+    actor = _actor(user)
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version)
+        step = _current_step(run)
+        _refuse_unknown(step)
+        if step is None:
+            raise ActionRefused("There is no unfinished step to retry.")
+        if step.status in (Step.Status.NEEDS_HUMAN, Step.Status.PENDING):
+            if step.kind == "approval":
+                raise ActionRefused("This step is an approval: approve or reject it instead.")
+            if step.status == Step.Status.NEEDS_HUMAN:
+                step.transition(Step.Status.PENDING, verb="step.retry_requested", actor=actor)
+        elif step.status in (Step.Status.RETRY_SCHEDULED, Step.Status.WAITING):
+            if Wait.objects.filter(
+                step=step, status=Wait.Status.PENDING, kind__in=[Wait.Kind.EVENT, Wait.Kind.TIMER]
+            ).exists():
+                raise ActionRefused("This step waits for an event or a timer, not for a retry.")
+            Step.objects.filter(pk=step.pk).update(next_attempt_at=timezone.now())
+            TimelineEvent.append(run.pk, "step.retry_requested", {"step": step.name}, actor=actor)
+            if run.status == Run.Status.WAITING:
+                run.resume(actor=actor, reason="retry now")
+        else:
+            raise ActionRefused(f"Step {step.name} is {step.status}; it cannot be retried now.")
+        _decision(run, user, "retry", step=step, comment=comment)
+        _resume(run, user, "retry now")
+    return step
+
+
+def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_version=None):
+    """Fix the parameters of a step that a person has to look at, and run it again.
+
+    A side effect known not to have happened gets a new idempotency key (the old key stays
+    bound to the old parameters); one whose outcome is unknown cannot be edited.
+    """
+    actor = _actor(user)
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version)
+        step = _current_step(run)
+        _refuse_unknown(step)
+        if (
+            step is None
+            or step.status != Step.Status.NEEDS_HUMAN
+            or step.kind not in ("side_effect", "read")
+        ):
+            raise ActionRefused(
+                "Only a read or side-effect step waiting for a person can be edited and retried."
+            )
+        params = validate_params(step.tool, params)
+        before = _last_params(step)
+        spec = {**step.spec, "params_override": params}
+        fields = {"spec": spec}
+        if step.kind == "side_effect":
+            effect = SideEffect.objects.filter(step=step).order_by("-id").first()
+            if effect is not None and effect.status == SideEffect.Status.COMMITTED:
+                raise ActionRefused("This side effect already happened; it cannot be edited.")
+            if effect is not None:
+                generation = SideEffect.objects.filter(step=step).count() + 1
+                base = effect.idempotency_key.split("~r")[0]
+                fields["idempotency_key"] = f"{base}~r{generation}"
+        Step.objects.filter(pk=step.pk).update(**fields)
+        step.transition(
+            Step.Status.PENDING,
+            verb="step.retry_requested",
+            actor=actor,
+            data={
+                "edited": params_diff(before, params),
+                "new_key": fields.get("idempotency_key", ""),
+            },
+        )
+        _decision(
+            run,
+            user,
+            "approve_with_edits",
+            step=step,
+            before=before,
+            after={"params": params, "diff": params_diff(before, params)},
+            comment=comment,
+        )
+        _resume(run, user, "retry with edited parameters")
+    return step
+
+
+def _last_params(step: Step) -> dict | None:
+    snapshot = Snapshot.objects.filter(step=step).order_by("-id").first()
+    if snapshot is not None:
+        return snapshot.params
+    return step.spec.get("params_override") or step.spec.get("params")
+
+
+def _refuse_unknown(step: Step | None) -> None:
+    if step is not None and step.status == Step.Status.UNKNOWN_OUTCOME:
+        raise ActionRefused(
+            "The outcome of this step is unknown: confirm whether it happened first."
+        )
+
+
+def skip_step(run_id, user, *, reason: str, expected_version=None) -> Step:
+    actor = _actor(user)
+    if not reason.strip():
+        raise ActionRefused("Say why the step is skipped.")
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version)
+        step = _current_step(run)
+        if step is None:
+            raise ActionRefused("There is no unfinished step to skip.")
+        _refuse_unknown(step)
+        Wait.objects.filter(step=step, status=Wait.Status.PENDING).update(
+            status=Wait.Status.CANCELLED, resolved_by=actor, resolved_at=timezone.now()
+        )
+        ApprovalRequest.objects.filter(step=step, status=ApprovalRequest.Status.PENDING).update(
+            status=ApprovalRequest.Status.CANCELLED
+        )
+        step.transition(
+            Step.Status.SKIPPED,
+            verb="step.skipped",
+            actor=actor,
+            last_error=reason,
+            data={"reason": reason},
+        )
+        _decision(run, user, "skip", step=step, comment=reason)
+        if run.status == Run.Status.WAITING:
+            run.resume(actor=actor, reason="step skipped")
+        _resume(run, user, "step skipped")
+    return step
+
+
+def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_version=None):
+    """The person did the step's work outside TaskPilots; record its result and go on."""
+    actor = _actor(user)
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version)
+        step = _current_step(run)
+        if step is None:
+            raise ActionRefused("There is no unfinished step to complete.")
+        _refuse_unknown(step)
+        result = to_json_value(result)
+        effect = SideEffect.objects.filter(step=step).order_by("-id").first()
+        if effect is not None and effect.status == SideEffect.Status.INTENDED:
+            raise ActionRefused("A worker is calling the tool right now; wait for it.")
+        Wait.objects.filter(step=step, status=Wait.Status.PENDING).update(
+            status=Wait.Status.RESOLVED, resolved_by=actor, resolved_at=timezone.now()
+        )
+        ApprovalRequest.objects.filter(step=step, status=ApprovalRequest.Status.PENDING).update(
+            status=ApprovalRequest.Status.CANCELLED
+        )
+        if step.status != Step.Status.NEEDS_HUMAN and step.status in (
+            Step.Status.RETRY_SCHEDULED,
+            Step.Status.PENDING,
+        ):
+            step.transition(Step.Status.NEEDS_HUMAN, verb="step.escalated", actor=actor)
+        step.transition(
+            Step.Status.SUCCEEDED,
+            verb="step.done_by_hand",
+            actor=actor,
+            result=result,
+            data={"result": result},
+        )
+        _decision(run, user, "complete_by_hand", step=step, after=result, comment=comment)
+        if run.status == Run.Status.WAITING:
+            run.resume(actor=actor, reason="step done by hand")
+        _resume(run, user, "step done by hand")
+    return step
+
+
+# --------------------------------------------------------------------------------------------
+# Takeover and cancel
+
+
+def take_over(run_id, user, *, comment: str = "", expected_version=None) -> Run:
+    """Claim the run: automation stops touching it until it is released."""
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version)
+        if run.status == Run.Status.TAKEN_OVER:
+            raise DecisionConflict(f"Already taken over by {run.owner.get_username()}.")
+        if run.is_terminal:
+            raise ActionRefused(f"The run is {run.status}; there is nothing to take over.")
+        run.take_over(user)
+        Takeover.objects.create(run=run, user=user)
+        _decision(run, user, "take_over", comment=comment)
+    return run
+
+
+def release(run_id, user, *, comment: str = "", expected_version=None) -> Run:
+    """Give the run back: to the engine if its step can go on, otherwise to the inbox."""
+    actor = _actor(user)
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version)
+        if run.status != Run.Status.TAKEN_OVER:
+            raise DecisionConflict("The run is not taken over.")
+        if run.owner_id != user.pk and not _is_admin(user):
+            raise ActionRefused(
+                "Only the person who took the run over, or an admin, can release it."
+            )
+        _end_takeover(run, user, comment or "released")
+        step = _current_step(run)
+        parked = step is not None and step.status in (
+            Step.Status.NEEDS_HUMAN,
+            Step.Status.UNKNOWN_OUTCOME,
+        )
+        _decision(run, user, "release", comment=comment)
+        if parked:
+            run.release(user)
+        elif step is not None and step.status == Step.Status.WAITING:
+            run.transition(Run.Status.WAITING, verb="run.released", actor=actor, owner=None)
+        else:
+            run.transition(Run.Status.RUNNING, verb="run.released", actor=actor, owner=None)
+            enqueue(run.pk)
+    return run
+
+
+def _end_takeover(run: Run, user, resolution: str) -> None:
+    Takeover.objects.filter(run=run, ended_at__isnull=True).update(
+        ended_at=timezone.now(), resolution=resolution[:2000]
+    )
+
+
+def cancel_run(
+    run_id, user=None, *, reason: str, compensate: bool = True, expected_version=None
+) -> Run:
+    """Stop the run; committed side effects are compensated (newest first) unless told not to."""
+    actor = _actor(user) if user else "system"
+    if not reason.strip():
+        raise ActionRefused("Say why the run is cancelled.")
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version)
+        if run.is_terminal:
+            raise DecisionConflict(f"The run is already {run.get_status_display().lower()}.")
+        if run.status == Run.Status.COMPENSATING:
+            raise DecisionConflict("The run is already being compensated.")
+        step = _current_step(run)
+        if (
+            step is not None
+            and step.status == Step.Status.RUNNING
+            and step.lease_expires_at
+            and (step.lease_expires_at > timezone.now())
+        ):
+            raise ActionRefused(
+                f"A worker is executing {step.name} right now; take the run over "
+                "or try again in a moment."
+            )
+        _refuse_unknown(step)
+        Wait.objects.filter(run=run, status=Wait.Status.PENDING).update(
+            status=Wait.Status.CANCELLED, resolved_at=timezone.now(), resolved_by=actor
+        )
+        ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING).update(
+            status=ApprovalRequest.Status.CANCELLED
+        )
+        if user is not None:
+            _decision(run, user, "cancel", comment=reason)
+            _end_takeover(run, user, f"cancelled: {reason}")
+        committed = SideEffect.objects.filter(run=run, status=SideEffect.Status.COMMITTED)
+        if compensate and committed.exists():
+            begin_compensation(run, f"cancelled: {reason}", actor=actor)
+        else:
+            run.cancel(reason, actor=actor)
+    return run
