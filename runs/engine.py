@@ -334,6 +334,7 @@ def _open_next_step(run, workflow, steps, ctx, worker, now) -> Claim | None:
         },
     )
     ctx.iteration = iteration
+    ctx.spec = step.spec
     return Claim(run, step, workflow, definition, ctx, worker)
 
 
@@ -401,6 +402,7 @@ def _claim_existing(run, workflow, step, ctx, worker, now) -> Claim | None:
     else:
         step.transition(S.RUNNING, verb="step.started", data=data, **fields)
     ctx.iteration = step.iteration
+    ctx.spec = step.spec
     return Claim(run, step, workflow, definition, ctx, worker, reclaimed=reclaimed)
 
 

@@ -100,13 +100,34 @@ class DynamicStep:
         }
 
 
+# Compute functions a dynamic step can name (a recorded spec holds a name, not a function).
+_HANDLERS: dict[str, Callable[[Context], Any]] = {}
+
+
+def register_handler(name: str, fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
+    """Make `fn` callable from dynamic compute steps: DynamicStep(..., kind="compute",
+    extra={"handler": name, ...}). It receives the Context; `ctx.spec` is the step's spec."""
+    _HANDLERS[name] = fn
+    return fn
+
+
 def step_from_spec(name: str, spec: dict) -> StepDef:
-    """The definition of a recorded dynamic step (agent tool call, compensation)."""
+    """The definition of a recorded dynamic step (agent tool call, model turn, compensation)."""
     params = spec.get("params") or {}
+    fn = None
+    if spec["kind"] == "compute":
+        try:
+            fn = _HANDLERS[spec["handler"]]
+        except KeyError:
+            raise WorkflowError(
+                f"dynamic compute step {name!r} names handler {spec.get('handler')!r}, which is "
+                "not registered"
+            ) from None
     return StepDef(
         name=name,
         kind=spec["kind"],
         stage=spec.get("stage", ""),
+        fn=fn,
         tool=spec.get("tool", ""),
         params=lambda ctx, _p=params: _p,
         queue=spec.get("queue", "support"),
@@ -159,6 +180,8 @@ class Context:
     scopes: tuple[str, ...] = ()
     iteration: int = 0
     history: list[dict] = field(default_factory=list)
+    # The recorded spec of the step being executed (dynamic steps: tool, params, handler, ...).
+    spec: dict = field(default_factory=dict)
 
     def result(self, name: str, default: Any = None) -> Any:
         return self.results.get(name, default)

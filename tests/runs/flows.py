@@ -180,3 +180,27 @@ FLAKY = _register(
     Workflow("test.flaky", 1, [side_effect("write", "test.flaky", params=lambda ctx: {
         "fail_times": ctx.input.get("fail_times", 0)})])
 )  # fmt: skip
+
+
+# A model turn as a dynamic compute step: recorded once, never recomputed on resume.
+MODEL_CALLS: list[str] = []
+
+
+def _model_turn(ctx):
+    MODEL_CALLS.append(ctx.spec["prompt"])
+    return {"say": ctx.spec["prompt"].upper()}
+
+
+workflows.register_handler("test.model_turn", _model_turn)
+
+
+def _turns_next(ctx, last_name):
+    turns = sum(1 for h in ctx.history if h["name"] == "turn")
+    if turns < 2:
+        return DynamicStep(
+            "turn", "compute", extra={"handler": "test.model_turn", "prompt": f"hello {turns}"}
+        )
+    return None
+
+
+TURNS = _register(Workflow("test.turns", 1, [compute("start", lambda ctx: 0)], next=_turns_next))

@@ -449,6 +449,17 @@ class TestDefinitions:
         drive(run)
         assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 3
 
+    def test_dynamic_compute_steps_are_recorded_and_not_recomputed(self):
+        from tests.runs import flows
+
+        flows.MODEL_CALLS.clear()
+        run = drive(start("test.turns", {}))
+        assert run.status == "succeeded" and run.result == {"say": "HELLO 1"}
+        assert flows.MODEL_CALLS == ["hello 0", "hello 1"]
+        Run.objects.filter(pk=run.pk).update(status="running")
+        drive(run)
+        assert flows.MODEL_CALLS == ["hello 0", "hello 1"]
+
     def test_a_run_whose_version_is_gone_goes_to_a_person(self):
         run = start("test.timer", {})
         Run.objects.filter(pk=run.pk).update(workflow_version=99)
