@@ -229,7 +229,9 @@ TASKPILOTS = {
     # Sandbox (simulated external systems) base URL for the demo workflows.
     "SANDBOX_URL": env_str("TASKPILOTS_SANDBOX_URL", "http://127.0.0.1:8765"),
     # Modules that register workflows and tools on import (comma-separated in the environment).
-    "WORKFLOW_MODULES": env_list("TASKPILOTS_WORKFLOW_MODULES", ["runs.demo.tools"]),
+    "WORKFLOW_MODULES": env_list(
+        "TASKPILOTS_WORKFLOW_MODULES", ["runs.demo.tools", "runs.demo.workflows"]
+    ),
     # "celery" sends advance messages; "none" leaves all driving to the sweeper and to callers
     # (tests that step the engine by hand).
     "DISPATCH": env_str("TASKPILOTS_DISPATCH", "celery"),
