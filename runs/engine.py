@@ -50,6 +50,14 @@ SUMMARY_CHARS = 300
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 
+# Fault injection for drills: tools after whose successful call this process dies before it can
+# record the receipt ("side effect done, local record failed"). Off unless the variable is set.
+CRASH_AFTER_CALL = frozenset(
+    name.strip()
+    for name in os.environ.get("TASKPILOTS_CHAOS_CRASH_AFTER_CALL", "").split(",")
+    if name.strip()
+)
+
 
 def _worker_id() -> str:
     # Re-read after a fork (prefork pool children have their own pid).
@@ -818,6 +826,9 @@ def _execute_side_effect(claim: Claim) -> Outcome:
     ctx = _call_context(claim, tool, key)
     try:
         result = tool.invoke(params, ctx)
+        if tool.name in CRASH_AFTER_CALL:
+            logger.error("chaos: exiting after %s committed, before recording it", tool.name)
+            os._exit(137)
     except ToolError as exc:
         if exc.failure_class != FailureClass.UNKNOWN_OUTCOME:
             return _failure(

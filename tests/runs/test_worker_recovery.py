@@ -29,13 +29,12 @@ def workers(transactional_db, sandbox):
     previous_queue = celery_app.conf.task_default_queue
     celery_app.conf.task_default_queue = queue
     settings.TASKPILOTS["DISPATCH"] = "celery"
-    pool = Workers(queue, {})
+    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "runs.demo.tools,tests.runs.flows"})
     yield pool
     pool.close()
     settings.TASKPILOTS["DISPATCH"] = "none"
     celery_app.conf.task_default_queue = previous_queue
-    with celery_app.connection_for_write() as conn:
-        conn.default_channel.queue_delete(queue)
+    pool.delete_queue()
 
 
 def settled(run_id):

@@ -1,0 +1,153 @@
+"""Real Celery worker processes, started and killed on demand: used by the recovery tests, the
+drills and the benchmarks.
+
+Each worker is `celery -A taskpilots worker` in its own process group, on the configured broker,
+against the database this process uses, consuming a queue private to its caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def database_url() -> str:
+    """The URL of the database this process is connected to (the test database in tests)."""
+    db = connection.settings_dict
+    host = db["HOST"] or "localhost"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    if host.startswith("/"):
+        return f"postgres://{auth}@/{db['NAME']}?host={host}"
+    return f"postgres://{auth}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+class WorkerProcess:
+    def __init__(self, name: str, queue: str, env: dict[str, str], concurrency: int = 1,
+                 pool: str | None = None):  # fmt: skip
+        self.name, self.queue, self.env, self.concurrency = name, queue, env, concurrency
+        self.pool = pool or ("solo" if concurrency == 1 else "threads")
+        self.process: subprocess.Popen | None = None
+        self.output: list[str] = []
+        self._ready = threading.Event()
+
+    def start(self, timeout: float = 30) -> WorkerProcess:
+        command = [
+            sys.executable, "-m", "celery", "-A", "taskpilots", "worker", "-Q", self.queue,
+            "-n", f"{self.name}@%h", "--pool", self.pool, "--concurrency", str(self.concurrency),
+            "-l", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+        threading.Thread(target=self._pump, daemon=True).start()
+        if not self._ready.wait(timeout):
+            self.kill()
+            raise RuntimeError(f"worker {self.name} did not start:\n" + "".join(self.output[-40:]))
+        return self
+
+    def _pump(self) -> None:
+        assert self.process and self.process.stdout
+        for line in self.process.stdout:
+            if len(self.output) < 5000:
+                self.output.append(line)
+            if " ready." in line:
+                self._ready.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no warm shutdown, no ack, mid-call if it is busy."""
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.alive:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Workers:
+    """Start workers on demand; `close()` kills every one of them."""
+
+    def __init__(self, queue: str | None = None, extra_env: dict[str, str] | None = None):
+        self.queue = queue or f"tp-{uuid.uuid4().hex[:10]}"
+        self.extra_env = extra_env or {}
+        self.started: list[WorkerProcess] = []
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+        env.update(
+            DATABASE_URL=database_url(),
+            CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+            TASKPILOTS_TESTING="1",
+            TASKPILOTS_QUEUE=self.queue,
+            TASKPILOTS_DISPATCH="celery",
+            TASKPILOTS_SANDBOX_URL=settings.TASKPILOTS["SANDBOX_URL"],
+            TASKPILOTS_LEASE_SECONDS="30",
+            TASKPILOTS_TOOL_TIMEOUT_SECONDS="10",
+            CELERY_LOG_LEVEL="INFO",
+        )
+        env.update(self.extra_env)
+        env.update(overrides)
+        return env
+
+    def start(self, name: str | None = None, concurrency: int = 1, pool: str | None = None,
+              **env: str) -> WorkerProcess:  # fmt: skip
+        worker = WorkerProcess(
+            name or f"w{len(self.started) + 1}-{uuid.uuid4().hex[:6]}",
+            self.queue,
+            self.env(**env),
+            concurrency,
+            pool,
+        )
+        self.started.append(worker)
+        return worker.start()
+
+    @property
+    def alive(self) -> list[WorkerProcess]:
+        return [w for w in self.started if w.alive]
+
+    def close(self) -> None:
+        for worker in self.started:
+            worker.kill()
+
+    def delete_queue(self) -> None:
+        from taskpilots.celery import app as celery_app
+
+        try:
+            with celery_app.connection_for_write() as conn:
+                conn.default_channel.queue_delete(self.queue)
+        except Exception:  # a broker without queue deletion (filesystem) keeps an empty folder
+            pass
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 30, what: str = "condition",
+             interval: float = 0.05):  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
