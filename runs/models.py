@@ -818,3 +818,6 @@ def verify_chain(events: Iterable[TimelineEvent]) -> tuple[bool, str]:
             return False, f"event seq {event.seq}: content does not match its hash"
         expected_prev, expected_seq = event.hash, expected_seq + 1
     return True, "ok"
+
+
+from runs.api_models import ApiClient  # noqa: E402,F401

@@ -5,6 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 from django.views.generic import RedirectView
 
+from runs.api import api
 from taskpilots import views
 
 urlpatterns = [
@@ -14,4 +15,5 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("console/", views.console_home, name="console-home"),
     path("admin/", admin.site.urls),
+    path("api/v1/", api.urls),
 ]

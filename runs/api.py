@@ -1,0 +1,498 @@
+"""The HTTP API for agents and external systems, under /api/v1/ (docs: docs/api.md).
+
+Thin by design: each endpoint authenticates its client (runs/api_auth.py), validates the request
+(runs/api_errors.py guards the raw body; the schemas below guard each field), then calls one
+engine or action function and renders the result. Every call is attributed to its client on the
+run's timeline as `api:<client name>`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from ninja import Field, NinjaAPI, Path, Query, Schema, Status
+from pydantic import AfterValidator, ConfigDict, field_validator
+
+from approvals import actions
+from approvals.models import ApprovalRequest
+from runs import engine
+from runs import workflows as workflow_registry
+from runs.api_auth import BearerAuth, SignatureAuth
+from runs.api_docs import ReadableDocs
+from runs.api_errors import ApiError, GuardedParser, install_handlers, reject_nul
+from runs.api_models import ApiClient, ApiScope
+from runs.models import InboundEvent, Run, RunStatus, TimelineEvent
+from taskpilots.env import env_bool
+
+EVENTS_STRICT = env_bool("TASKPILOTS_EVENTS_STRICT", False)
+MAX_BIGINT = 2**63 - 1
+MAX_VERSION = 2**31 - 1
+ACTING_GROUPS = ("support", "admin")
+
+api = NinjaAPI(
+    title="TaskPilots API",
+    version="1",
+    description=(
+        "Start runs, read their state, deliver events and act on runs from agents and external "
+        "systems. Authenticate with `Authorization: Bearer <client_id>.<secret>`; event "
+        "webhooks may instead be signed with HMAC-SHA256 (X-TaskPilots-Client, "
+        "X-TaskPilots-Timestamp, X-TaskPilots-Signature: sha256=<hex> over "
+        '"<timestamp>.<raw body>"). Errors: `{"error": {"code", "message", "field"}}`.'
+    ),
+    urls_namespace="api-v1",
+    docs=ReadableDocs(),
+    docs_url="/docs",
+    parser=GuardedParser(),
+)
+install_handlers(api)
+
+
+def _events_strict() -> bool:
+    return bool(getattr(settings, "TASKPILOTS", {}).get("EVENTS_STRICT", EVENTS_STRICT))
+
+
+# --------------------------------------------------------------------------------------------
+# Schemas
+
+SafeStr = Annotated[str, AfterValidator(reject_nul)]
+
+
+class StrictIn(Schema):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ErrorDetail(Schema):
+    code: str
+    message: str
+    field: str | None = None
+    run_id: UUID | None = None
+
+
+class ErrorOut(Schema):
+    error: ErrorDetail
+
+
+class StartRunIn(StrictIn):
+    workflow: str = Field(..., min_length=1, max_length=100)
+    version: int | None = Field(None, ge=1, le=MAX_VERSION)
+    input: dict[str, Any]
+    business_key: str = Field(..., min_length=1, max_length=200)
+    session_context_ref: str = Field("", max_length=200)
+
+
+class RunSummary(Schema):
+    id: UUID
+    workflow: str
+    workflow_version: int
+    status: RunStatus
+    stage: str
+    business_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+
+class RunOut(RunSummary):
+    input: dict[str, Any]
+    result: Any = None
+    rehydration: dict[str, Any]
+
+
+class RunPage(Schema):
+    items: list[RunSummary]
+    next_cursor: str | None = Field(
+        None, description="Pass as `cursor` to get the next page; null on the last page."
+    )
+
+
+class RunFilters(Schema):
+    workflow: SafeStr | None = Field(None, max_length=100)
+    status: RunStatus | None = None
+    business_key: SafeStr | None = Field(None, max_length=200)
+    created_after: datetime | None = Field(None, description="inclusive")
+    created_before: datetime | None = Field(None, description="exclusive")
+    cursor: SafeStr | None = Field(None, max_length=200)
+    limit: int = Field(50, ge=1, le=100)
+
+    @field_validator("created_after", "created_before")
+    @classmethod
+    def _aware(cls, value: datetime | None) -> datetime | None:
+        # A time without a zone is read as UTC (never the server's local time).
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
+
+
+class EventIn(StrictIn):
+    event_id: str = Field(..., min_length=1, max_length=200)
+    event_type: str = Field(..., min_length=1, max_length=150)
+    correlation_key: str = Field(..., min_length=1, max_length=255)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class EventOut(Schema):
+    status: Literal["resumed", "stored", "duplicate"]
+    event_id: str
+    run_id: UUID | None = Field(None, description="the run the event resumed, once matched")
+
+
+class CancelIn(StrictIn):
+    reason: str = Field(..., min_length=1, max_length=2000)
+    user: str | None = Field(
+        None, min_length=1, max_length=150, description="act as this support/admin user"
+    )
+    compensate: bool = True
+    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+
+
+class DecisionIn(StrictIn):
+    user: str = Field(..., min_length=1, max_length=150, description="support or admin user")
+    decision: Literal["approved", "approved_with_edits", "rejected"]
+    edited_params: dict[str, Any] | None = None
+    comment: str = Field("", max_length=4000)
+    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+
+
+class ApprovalOut(Schema):
+    id: int
+    run_id: UUID
+    run_status: RunStatus
+    status: str
+    decision: str
+    decided_by: str | None
+    decided_at: datetime | None
+    comment: str
+
+
+def _errors(*codes: int) -> dict:
+    return dict.fromkeys((400, 401, 403, 422, *codes), ErrorOut)
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _client(request) -> ApiClient:
+    return request.auth
+
+
+def _run_summary(run: Run) -> dict:
+    return {
+        "id": run.pk,
+        "workflow": run.workflow,
+        "workflow_version": run.workflow_version,
+        "status": run.status,
+        "stage": run.stage,
+        "business_key": run.business_key,
+        "created_at": run.created_at,
+        "updated_at": run.updated_at,
+        "finished_at": run.finished_at,
+    }
+
+
+def _run_out(run: Run) -> dict:
+    run = Run.objects.select_related("owner").get(pk=run.pk)
+    return {
+        **_run_summary(run),
+        "input": run.input,
+        "result": run.result,
+        "rehydration": run.rehydration(),
+    }
+
+
+def _encode_cursor(run: Run) -> str:
+    raw = json.dumps([run.created_at.isoformat(), str(run.pk)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created_at, run_id = json.loads(raw)
+        when = datetime.fromisoformat(created_at)
+        if when.tzinfo is None:
+            raise ValueError("naive")
+        return when, UUID(run_id)
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise ApiError(400, "invalid_cursor", "The cursor is not one this API gave out.",
+                       field="cursor") from None  # fmt: skip
+
+
+def _acting_user(username: str):
+    """The named user an action is taken as: must exist, be active and be support or admin."""
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ApiError(422, "unknown_user", f"No active user {username!r}.", field="user")
+    if not (user.is_superuser or user.groups.filter(name__in=ACTING_GROUPS).exists()):
+        message = f"{username} is not in the support or admin group."
+        raise ApiError(403, "user_not_allowed", message, field="user")
+    return user
+
+
+def _is_admin(user) -> bool:
+    return user.is_superuser or user.groups.filter(name="admin").exists()
+
+
+def _action_error(exc: Exception) -> ApiError:
+    code = "conflict" if isinstance(exc, actions.DecisionConflict) else "refused"
+    return ApiError(409, code, str(exc))
+
+
+# --------------------------------------------------------------------------------------------
+# Runs
+
+
+@api.post(
+    "/runs",
+    auth=BearerAuth(ApiScope.RUNS_WRITE),
+    response={201: RunOut, 200: RunOut, **_errors(409, 413)},
+    summary="Start a run (idempotent by business_key)",
+    description=(
+        "201 with the new run. The same business_key with the same input again: 200 with the "
+        "existing run (safe to retry, also concurrently). The same key with other input: 409."
+    ),
+    tags=["runs"],
+)
+def start_run(request, body: StartRunIn):
+    client = _client(request)
+    try:
+        workflow_registry.get(body.workflow, body.version)
+    except workflow_registry.UnknownWorkflow as exc:
+        field = "version" if body.version is not None else "workflow"
+        try:
+            workflow_registry.get(body.workflow)
+        except workflow_registry.UnknownWorkflow:
+            field = "workflow"
+        raise ApiError(422, "unknown_workflow", str(exc), field=field) from None
+    try:
+        run, created = engine.start_run(
+            body.workflow,
+            body.input,
+            version=body.version,
+            business_key=body.business_key,
+            principal=client.actor,
+            session_context_ref=body.session_context_ref,
+            actor=client.actor,
+        )
+    except engine.BusinessKeyConflict as exc:
+        raise ApiError(
+            409,
+            "business_key_conflict",
+            f"business_key {body.business_key!r} already started run {exc.run.pk} with "
+            "different input; use a new business_key for a different request.",
+            field="business_key",
+            run_id=str(exc.run.pk),
+        ) from None
+    except engine.StartError as exc:
+        raise ApiError(422, "invalid_input", str(exc), field="input") from None
+    client.touch()
+    return Status(201 if created else 200, _run_out(run))
+
+
+@api.get(
+    "/runs/{run_id}",
+    auth=BearerAuth(ApiScope.RUNS_READ),
+    response={200: RunOut, **_errors(404)},
+    summary="A run's status and its rehydration document",
+    tags=["runs"],
+)
+def get_run(request, run_id: UUID):
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    _client(request).touch()
+    return _run_out(run)
+
+
+@api.get(
+    "/runs",
+    auth=BearerAuth(ApiScope.RUNS_READ),
+    response={200: RunPage, **_errors()},
+    summary="List runs, newest first, with cursor pagination",
+    tags=["runs"],
+)
+def list_runs(request, filters: Query[RunFilters]):
+    runs = Run.objects.only(*(f for f in RunSummary.model_fields if f != "id"))
+    if filters.workflow:
+        runs = runs.filter(workflow=filters.workflow)
+    if filters.status:
+        runs = runs.filter(status=filters.status)
+    if filters.business_key:
+        runs = runs.filter(business_key=filters.business_key)
+    if filters.created_after:
+        runs = runs.filter(created_at__gte=filters.created_after)
+    if filters.created_before:
+        runs = runs.filter(created_at__lt=filters.created_before)
+    if filters.cursor:
+        created_at, run_id = _decode_cursor(filters.cursor)
+        # (created_at, id) < cursor, with the redundant bound that lets the index do the work.
+        runs = runs.filter(created_at__lte=created_at).exclude(
+            created_at=created_at, id__gte=run_id
+        )
+    page = list(runs.order_by("-created_at", "-id")[: filters.limit + 1])
+    more = len(page) > filters.limit
+    page = page[: filters.limit]
+    _client(request).touch()
+    return {
+        "items": [_run_summary(run) for run in page],
+        "next_cursor": _encode_cursor(page[-1]) if more else None,
+    }
+
+
+@api.post(
+    "/runs/{run_id}/cancel",
+    auth=BearerAuth(ApiScope.RUNS_WRITE),
+    response={200: RunOut, **_errors(404, 409, 413)},
+    summary="Cancel a run (committed side effects are compensated unless compensate=false)",
+    description="Optionally as a named support/admin `user`; takeover rules apply.",
+    tags=["runs"],
+)
+def cancel_run(request, run_id: UUID, body: CancelIn):
+    client = _client(request)
+    user = _acting_user(body.user) if body.user else None
+    if not Run.objects.filter(pk=run_id).exists():
+        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run_id,
+                "api.cancel_requested",
+                {"client": client.name, "user": body.user, "reason": body.reason},
+                actor=client.actor,
+            )
+            run = actions.cancel_run(
+                run_id,
+                user,
+                reason=body.reason,
+                compensate=body.compensate,
+                expected_version=body.expected_version,
+            )
+    except (actions.DecisionConflict, actions.ActionRefused) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    return _run_out(run)
+
+
+# --------------------------------------------------------------------------------------------
+# Events
+
+
+@api.post(
+    "/events",
+    auth=[SignatureAuth(ApiScope.EVENTS_WRITE), BearerAuth(ApiScope.EVENTS_WRITE)],
+    response={202: EventOut, **_errors(404, 413)},
+    summary="Deliver an event (webhook); resumes the run waiting for it",
+    description=(
+        "Resolves the wait for (event_type, correlation_key) and resumes its run. The same "
+        "event_id again is acknowledged (`duplicate`) and changes nothing. An event nobody "
+        "waits for yet is kept (`stored`) and matched when the wait appears — or, when the "
+        "server runs with TASKPILOTS_EVENTS_STRICT=1, refused with 404 and not kept."
+    ),
+    tags=["events"],
+)
+def deliver_event(request, body: EventIn):
+    client = _client(request)
+
+    class NobodyWaits(Exception):
+        pass
+
+    try:
+        with transaction.atomic():
+            outcome = engine.deliver_event(
+                body.event_id,
+                body.event_type,
+                body.correlation_key,
+                body.payload,
+                source=client.actor,
+            )
+            if outcome == "stored" and _events_strict():
+                raise NobodyWaits
+    except NobodyWaits:
+        raise ApiError(
+            404,
+            "no_matching_wait",
+            f"No run waits for {body.event_type} with correlation key {body.correlation_key!r}.",
+            field="correlation_key",
+        ) from None
+    run_id = (
+        InboundEvent.objects.filter(event_id=body.event_id)
+        .values_list("matched_wait__run_id", flat=True)
+        .first()
+    )
+    client.touch()
+    return Status(202, {"status": outcome, "event_id": body.event_id, "run_id": run_id})
+
+
+# --------------------------------------------------------------------------------------------
+# Approvals
+
+
+@api.post(
+    "/approvals/{approval_id}/decision",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: ApprovalOut, **_errors(404, 409, 413)},
+    summary="Decide an approval as a named support/admin user (approving from another tool)",
+    description=(
+        "The decision is recorded as that user's, with their permissions: they must be in the "
+        "support or admin group, and only the owner or an admin decides a taken-over run. "
+        "A request that was already decided answers 409 naming who decided."
+    ),
+    tags=["approvals"],
+)
+def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1, le=MAX_BIGINT)):
+    client = _client(request)
+    approval = ApprovalRequest.objects.select_related("run").filter(pk=approval_id).first()
+    if approval is None:
+        raise ApiError(404, "not_found", f"No approval {approval_id}.", field="approval_id")
+    user = _acting_user(body.user)
+    run = approval.run
+    if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk and not _is_admin(user):
+        raise ApiError(403, "taken_over", "The run is taken over; only its owner or an admin "
+                       "can decide.", field="user")  # fmt: skip
+    if body.decision == "approved_with_edits":
+        if body.edited_params is None:
+            raise ApiError(422, "missing_field", "edited_params is required for "
+                           "approved_with_edits.", field="edited_params")  # fmt: skip
+        try:
+            actions.validate_params(approval.tool, body.edited_params)
+        except actions.ActionRefused as exc:
+            raise ApiError(422, "invalid_params", str(exc), field="edited_params") from None
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run.pk,
+                "api.decision_requested",
+                {"client": client.name, "user": user.get_username(), "approval": approval.pk,
+                 "decision": body.decision},
+                actor=client.actor,
+            )  # fmt: skip
+            approval = actions.decide_approval(
+                approval.pk,
+                user,
+                body.decision,
+                edited_params=body.edited_params,
+                comment=body.comment,
+                expected_version=body.expected_version,
+            )
+    except (actions.DecisionConflict, actions.ActionRefused) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    run.refresh_from_db(fields=["status"])
+    return {
+        "id": approval.pk,
+        "run_id": approval.run_id,
+        "run_status": run.status,
+        "status": approval.status,
+        "decision": approval.decision,
+        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "decided_at": approval.decided_at,
+        "comment": approval.comment,
+    }

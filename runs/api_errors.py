@@ -1,0 +1,226 @@
+"""The API's one error format and its guard against hostile bodies.
+
+Every error answers `{"error": {"code": "...", "message": "...", "field": "input.customer"}}`
+(`field` is null when no single field is at fault). Bodies are checked before anything reads them
+as data: size (413), UTF-8, JSON syntax, NUL bytes and unpaired surrogates (PostgreSQL cannot store
+either), nesting depth and string lengths (400), so a rejected request never reaches the database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.http.request import RawPostDataException
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
+from pydantic_core import PydanticCustomError
+
+from taskpilots.env import env_int
+
+logger = logging.getLogger("taskpilots.api")
+
+MAX_BODY_BYTES = env_int("TASKPILOTS_API_MAX_BODY_BYTES", 256 * 1024, minimum=1024)
+MAX_JSON_DEPTH = env_int("TASKPILOTS_API_MAX_JSON_DEPTH", 20, minimum=2)
+MAX_STRING_CHARS = env_int("TASKPILOTS_API_MAX_STRING_CHARS", 32 * 1024, minimum=64)
+MAX_KEY_CHARS = 200
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, code: str, message: str, *, field: str | None = None, **extra: Any
+    ):
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+        self.extra = extra
+
+    def body(self) -> dict:
+        return {"error": {"code": self.code, "message": self.message, "field": self.field,
+                          **self.extra}}  # fmt: skip
+
+
+def field_path(parts) -> str | None:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None
+
+
+# --------------------------------------------------------------------------------------------
+# Body guard
+
+
+def read_body(request: HttpRequest) -> bytes:
+    """The raw body, refusing one over the limit before reading it when its length is declared."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise ApiError(400, "invalid_request", "Content-Length is not a number.") from None
+    if declared > MAX_BODY_BYTES:
+        raise _too_large()
+    try:
+        body = request.body
+    except RawPostDataException:  # pragma: no cover (ninja never reads POST first)
+        raise ApiError(400, "invalid_request", "The body was already consumed.") from None
+    except Exception as exc:  # RequestDataTooBig and friends
+        if "too big" in str(exc).lower() or type(exc).__name__ == "RequestDataTooBig":
+            raise _too_large() from None
+        raise
+    if len(body) > MAX_BODY_BYTES:
+        raise _too_large()
+    return body
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, "body_too_large", f"The body is larger than {MAX_BODY_BYTES} bytes.")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json_body(raw: bytes) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(
+            400, "invalid_utf8", f"The body is not valid UTF-8 (byte {exc.start})."
+        ) from None
+    try:
+        data = json.loads(text, parse_float=_finite_float, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, "invalid_json", f"The body is not valid JSON: {exc}") from None
+    check_json_value(data)
+    return data
+
+
+def _check_string(value: str, path: list, *, limit: int, what: str) -> None:
+    where = field_path(path)
+    if "\x00" in value:
+        raise ApiError(400, "nul_byte", f"{what} contains a NUL character.", field=where)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(
+            400, "invalid_utf8", f"{what} contains an unpaired surrogate.", field=where
+        ) from None
+    if len(value) > limit:
+        raise ApiError(400, "string_too_long", f"{what} is longer than {limit} characters.",
+                       field=where)  # fmt: skip
+
+
+def check_json_value(data: Any) -> None:
+    """Walk the document iteratively (no recursion for an attacker to exhaust)."""
+    stack: list[tuple[Any, list, int]] = [(data, [], 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, dict | list) and depth > MAX_JSON_DEPTH:
+            raise ApiError(400, "too_deep", f"JSON is nested deeper than {MAX_JSON_DEPTH} levels.",
+                           field=field_path(path))  # fmt: skip
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_string(key, [*path, key], limit=MAX_KEY_CHARS, what="A key")
+                stack.append((item, [*path, key], depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, [*path, i], depth + 1) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_string(value, path, limit=MAX_STRING_CHARS, what="A string")
+
+
+class GuardedParser(Parser):
+    def parse_body(self, request: HttpRequest):
+        data = parse_json_body(read_body(request))
+        if not isinstance(data, dict):
+            raise ApiError(422, "invalid_type", "The body must be a JSON object.")
+        return data
+
+
+def reject_nul(value: str) -> str:
+    """For query and path strings, which never pass through the body guard."""
+    if "\x00" in value:
+        raise PydanticCustomError("nul_byte", "contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("invalid_utf8", "contains an unpaired surrogate") from None
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# Exception handlers
+
+
+def _respond(api: NinjaAPI, request: HttpRequest, error: ApiError) -> HttpResponse:
+    return api.create_response(request, error.body(), status=error.status)
+
+
+def _validation_error(exc: ValidationError) -> ApiError:
+    first = exc.errors[0] if exc.errors else {}
+    loc = list(first.get("loc", []))
+    # ("body", "<param>", "input", "customer") -> "input.customer"; ("query", "limit") -> "limit"
+    if loc[:1] == ["body"]:
+        loc = loc[2:]
+    elif loc[:1] in (["query"], ["path"], ["header"]):
+        loc = loc[1:]
+    field = field_path(loc)
+    kind = first.get("type", "")
+    message = first.get("msg", "invalid value")
+    if kind in ("nul_byte", "invalid_utf8"):
+        return ApiError(400, kind, f"{field or 'A value'} {message}.", field=field)
+    if kind == "missing":
+        return ApiError(422, "missing_field", f"{field} is required.", field=field)
+    if kind == "extra_forbidden":
+        return ApiError(422, "unknown_field", f"{field} is not a known field.", field=field)
+    return ApiError(422, "invalid_field", f"{field or 'The request'}: {message}", field=field)
+
+
+def install_handlers(api: NinjaAPI) -> None:
+    @api.exception_handler(ApiError)
+    def api_error(request, exc: ApiError):
+        return _respond(api, request, exc)
+
+    @api.exception_handler(ValidationError)
+    def validation_error(request, exc: ValidationError):
+        return _respond(api, request, _validation_error(exc))
+
+    @api.exception_handler(AuthenticationError)
+    def unauthenticated(request, exc):
+        logger.warning(
+            "api: unauthenticated %s %s from %s", request.method, request.path,
+            request.META.get("REMOTE_ADDR"),
+        )  # fmt: skip
+        error = ApiError(
+            401,
+            "unauthenticated",
+            "Send 'Authorization: Bearer <client_id>.<secret>' (or a signed webhook).",
+        )
+        response = _respond(api, request, error)
+        response["WWW-Authenticate"] = 'Bearer realm="taskpilots"'
+        return response
+
+    @api.exception_handler(HttpError)
+    def http_error(request, exc: HttpError):
+        # ninja wraps parser failures in HttpError(400); the guard's own error is the cause.
+        if isinstance(exc.__cause__, ApiError):
+            return _respond(api, request, exc.__cause__)
+        return _respond(api, request, ApiError(exc.status_code, "http_error", str(exc)))
+
+    @api.exception_handler(Http404)
+    def not_found(request, exc):
+        return _respond(api, request, ApiError(404, "not_found", str(exc) or "Not found."))
+
+    @api.exception_handler(Exception)
+    def server_error(request, exc):
+        logger.exception("api: %s %s failed", request.method, request.path)
+        return _respond(api, request, ApiError(500, "server_error", "Internal error; logged."))

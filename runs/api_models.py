@@ -1,0 +1,161 @@
+"""API clients: agents and external systems that call the HTTP API (runs/api.py).
+
+A client holds two credentials, both shown once when it is created:
+
+- the API token `<client_id>.<secret>` for `Authorization: Bearer …`. Only SHA-256 of the secret
+  is stored. The secret is 256 random bits, so a fast hash is already preimage-resistant; a slow
+  password hash would only protect low-entropy passwords and cost every request ~100 ms.
+- the webhook signing secret for HMAC-SHA256 signatures on event callbacks. The server must hold
+  a key it can recompute to verify an HMAC, so this secret is never stored at all: it is derived
+  from SECRET_KEY and the client's random `signing_salt` (SECRET_KEY_FALLBACKS are accepted while
+  a key rotation is under way). Rotating it means a new salt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class ApiScope(models.TextChoices):
+    RUNS_READ = "runs:read", "Read runs"
+    RUNS_WRITE = "runs:write", "Start and cancel runs"
+    EVENTS_WRITE = "events:write", "Deliver events"
+    APPROVALS_WRITE = "approvals:write", "Decide approvals as a named user"
+
+
+def _hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _derive_signing_secret(key: str, client_id: str, salt: str) -> str:
+    material = f"taskpilots.webhook:{client_id}:{salt}".encode()
+    return "whsec_" + hmac.new(key.encode(), material, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class IssuedCredentials:
+    client_id: str
+    token: str
+    signing_secret: str
+
+
+class ApiClientQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(revoked_at__isnull=True)
+
+
+class ApiClient(models.Model):
+    Scope = ApiScope
+
+    name = models.SlugField(max_length=100, unique=True)
+    client_id = models.CharField(max_length=40, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    signing_salt = models.CharField(max_length=64, editable=False)
+    scopes = models.JSONField(default=list, blank=True)
+    description = models.CharField(max_length=500, blank=True, default="")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiClientQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "API client"
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(client_id="") & ~Q(secret_hash=""), name="api_client_has_credentials"
+            )
+        ]
+
+    def __str__(self) -> str:
+        state = "revoked" if self.revoked_at else ", ".join(self.scopes) or "no scopes"
+        return f"{self.name} ({state})"
+
+    @property
+    def actor(self) -> str:
+        """How the client's calls appear on run timelines."""
+        return f"api:{self.name}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in (self.scopes or [])
+
+    @staticmethod
+    def clean_scopes(scopes) -> list[str]:
+        """Normalise a scope list; unknown names are an error, not silently ignored."""
+        wanted = sorted({s.strip() for s in scopes if s and s.strip()})
+        unknown = [s for s in wanted if s not in ApiScope.values]
+        if unknown:
+            raise ValueError(
+                f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(ApiScope.values)}"
+            )
+        return wanted
+
+    # -- credentials -----------------------------------------------------------------------
+    @classmethod
+    def issue(cls, name: str, scopes, *, description: str = "", created_by=None):
+        """Create a client and return (client, credentials); the credentials are never stored."""
+        client = cls(name=name, scopes=cls.clean_scopes(scopes), description=description,
+                     created_by=created_by)  # fmt: skip
+        credentials = client.rotate_credentials(save=False)
+        client.save()
+        return client, credentials
+
+    def rotate_credentials(self, *, save: bool = True) -> IssuedCredentials:
+        """New secret and signing salt (old ones stop working at once)."""
+        if not self.client_id:
+            self.client_id = "tpc_" + secrets.token_hex(8)
+        secret = secrets.token_urlsafe(32)
+        self.secret_hash = _hash_secret(secret)
+        self.signing_salt = secrets.token_hex(16)
+        if save:
+            self.save(update_fields=["client_id", "secret_hash", "signing_salt"])
+        return IssuedCredentials(
+            client_id=self.client_id,
+            token=f"{self.client_id}.{secret}",
+            signing_secret=self.signing_secrets()[0],
+        )
+
+    def check_secret(self, secret: str) -> bool:
+        return hmac.compare_digest(_hash_secret(secret), self.secret_hash)
+
+    def signing_secrets(self) -> list[str]:
+        """The current signing secret first, then those under SECRET_KEY_FALLBACKS."""
+        keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+        return [_derive_signing_secret(key, self.client_id, self.signing_salt) for key in keys]
+
+    def revoke(self) -> bool:
+        """Revoke the client; returns False when it already was (repeated calls change nothing)."""
+        now = timezone.now()
+        count = ApiClient.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
+        if count:
+            self.revoked_at = now
+        return bool(count)
+
+    def touch(self) -> None:
+        """Record use at most once a minute (no write per request)."""
+        now = timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
+            ApiClient.objects.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
+
+
+from runs import api_admin  # noqa: E402,F401  (admin registration lives beside the model)

@@ -1,0 +1,632 @@
+"""The HTTP API: idempotent starts, reads, events and signed webhooks, human actions from other
+tools, and refusal of bad input with nothing written."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+
+from approvals import actions
+from approvals.models import ApprovalRequest
+from runs import engine, workflows
+from runs.api_auth import sign
+from runs.api_models import ApiClient, ApiScope
+from runs.models import InboundEvent, Run, TimelineEvent
+from runs.workflows import Workflow, compute, wait_event
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def _order_input(data: dict) -> dict:
+    if not isinstance(data.get("order"), str):
+        raise ValueError("order must be a string")
+    return data
+
+
+# Waits for `order.paid` correlated by the order id (no external system needed).
+workflows.register(
+    Workflow(
+        "test.api_order",
+        1,
+        [
+            compute("accept", lambda ctx: {"order": ctx.input["order"]}, stage="accept"),
+            wait_event("paid", "order.paid", correlation=lambda ctx: ctx.input["order"],
+                       timeout=timedelta(hours=1), stage="payment"),
+            compute("ship", lambda ctx: {"shipped": ctx.results["paid"]["amount"]}),
+        ],
+        validate_input=_order_input,
+    ),
+    replace=True,
+)  # fmt: skip
+
+ALL_SCOPES = ApiScope.values
+
+
+@pytest.fixture
+def agent(db):
+    client, credentials = ApiClient.issue("billing-agent", ALL_SCOPES)
+    client.credentials = credentials
+    return client
+
+
+def bearer(client_or_token) -> dict:
+    token = getattr(getattr(client_or_token, "credentials", None), "token", client_or_token)
+    return {"Authorization": f"Bearer {token}"}
+
+
+class Api:
+    """A tiny wrapper: JSON in, (status, JSON) out."""
+
+    def __init__(self, headers: dict | None = None):
+        self.http = Client()
+        self.headers = headers or {}
+
+    def call(self, method, path, body=None, *, raw: bytes | None = None, headers=None):
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        kwargs = {"headers": {**self.headers, **(headers or {})}}
+        if data is not None:
+            kwargs.update(data=data, content_type="application/json")
+        response = getattr(self.http, method)(f"/api/v1{path}", **kwargs)
+        content = response.content
+        return response.status_code, (json.loads(content) if content else None)
+
+    def post(self, path, body=None, **kw):
+        return self.call("post", path, body, **kw)
+
+    def get(self, path, **kw):
+        return self.call("get", path, **kw)
+
+
+@pytest.fixture
+def api(agent):
+    return Api(bearer(agent))
+
+
+def start_body(key="order-1", order="o-1", **extra):
+    return {"workflow": "test.api_order", "input": {"order": order}, "business_key": key, **extra}
+
+
+def signed_headers(client: ApiClient, body: bytes, *, timestamp=None, secret=None) -> dict:
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    return {
+        "X-TaskPilots-Client": client.client_id,
+        "X-TaskPilots-Timestamp": str(timestamp),
+        "X-TaskPilots-Signature": sign(secret or client.credentials.signing_secret, timestamp,
+                                       body),
+    }  # fmt: skip
+
+
+def post_signed(agent, body: dict, **kw):
+    raw = json.dumps(body).encode()
+    return Api().post("/events", raw=raw, headers=signed_headers(agent, raw, **kw))
+
+
+def waiting_run(api, order="o-1"):
+    status, data = api.post("/runs", start_body(key=f"key-{order}", order=order))
+    assert status == 201
+    run = engine.run_until_quiet(data["id"])
+    assert run.status == "waiting"
+    return run
+
+
+# --------------------------------------------------------------------------------------------
+# Starting runs
+
+
+class TestStartRun:
+    def test_it_starts_a_run_attributed_to_the_client(self, api):
+        status, data = api.post("/runs", start_body())
+        assert status == 201
+        run = Run.objects.get(pk=data["id"])
+        assert (run.workflow, run.business_key, run.principal) == (
+            "test.api_order", "order-1", "api:billing-agent")  # fmt: skip
+        created = TimelineEvent.objects.get(run=run, verb="run.created")
+        assert created.actor == "api:billing-agent"
+        assert data["status"] == "pending" and data["rehydration"]["run_id"] == str(run.pk)
+
+    def test_the_same_key_and_input_again_returns_the_existing_run(self, api):
+        _, first = api.post("/runs", start_body())
+        status, again = api.post("/runs", start_body())
+        assert status == 200 and again["id"] == first["id"]
+        assert Run.objects.count() == 1
+
+    def test_the_same_key_with_other_input_is_a_conflict(self, api):
+        _, first = api.post("/runs", start_body())
+        status, data = api.post("/runs", start_body(order="o-2"))
+        assert status == 409
+        assert data["error"]["code"] == "business_key_conflict"
+        assert data["error"]["field"] == "business_key"
+        assert data["error"]["run_id"] == first["id"]
+        assert Run.objects.count() == 1
+
+    def test_an_unknown_workflow_or_version_is_refused_naming_the_field(self, api):
+        status, data = api.post("/runs", {**start_body(), "workflow": "nope"})
+        assert status == 422 and data["error"]["field"] == "workflow"
+        status, data = api.post("/runs", start_body(version=9))
+        assert status == 422 and data["error"]["field"] == "version"
+        assert Run.objects.count() == 0
+
+    def test_input_the_workflow_rejects_is_422_on_input(self, api):
+        status, data = api.post("/runs", {**start_body(), "input": {"order": 5}})
+        assert status == 422
+        assert data["error"] == {
+            "code": "invalid_input",
+            "message": "invalid input for test.api_order: order must be a string",
+            "field": "input",
+        }
+        assert Run.objects.count() == 0
+
+    @pytest.mark.parametrize(
+        ("body", "field"),
+        [
+            ({"workflow": "test.api_order", "input": [], "business_key": "k"}, "input"),
+            ({"workflow": "test.api_order", "input": {}, "business_key": 7}, "business_key"),
+            ({"workflow": "test.api_order", "input": {}, "business_key": "k", "version": "1"},
+             "version"),
+            ({"workflow": "test.api_order", "input": {}, "business_key": "k", "extra": 1},
+             "extra"),
+            ({"workflow": "test.api_order", "input": {}}, "business_key"),
+            ({"workflow": "test.api_order", "input": {}, "business_key": "k" * 201},
+             "business_key"),
+        ],
+    )  # fmt: skip
+    def test_wrong_types_and_missing_fields_are_422_naming_the_field(self, api, body, field):
+        status, data = api.post("/runs", body)
+        assert status == 422, data
+        assert data["error"]["field"] == field
+        assert Run.objects.count() == 0
+
+
+class TestHostileBodies:
+    """Bodies that must be refused before they reach the database (PostgreSQL cannot store NUL
+    or unpaired surrogates in JSON; unbounded depth or size is a denial of service)."""
+
+    @pytest.mark.parametrize(
+        ("raw", "status", "code", "field"),
+        [
+            (b'{"workflow": "\xff\xfe"}', 400, "invalid_utf8", None),
+            (b'{"workflow": ', 400, "invalid_json", None),
+            (b'{"input": {"customer": "a\\u0000b"}}', 400, "nul_byte", "input.customer"),
+            (b'{"input": {"c": "\\ud800"}}', 400, "invalid_utf8", "input.c"),
+            (b'{"input": {"bad\\u0000key": 1}}', 400, "nul_byte", "input.bad\x00key"),
+            (b'{"input": {"n": NaN}}', 400, "invalid_json", None),
+            (b'{"input": {"n": 1e999}}', 400, "invalid_json", None),
+            (b'{"input": ' + b'[' * 30 + b']' * 30 + b'}', 400, "too_deep", None),
+            (b'[1, 2]', 422, "invalid_type", None),
+        ],
+    )  # fmt: skip
+    def test_it_refuses_malformed_bodies_in_one_format(self, api, raw, status, code, field):
+        got, data = api.post("/runs", raw=raw)
+        assert (got, data["error"]["code"]) == (status, code), data
+        if field is not None:
+            assert data["error"]["field"] == field
+        assert Run.objects.count() == 0
+
+    def test_deep_nesting_names_where_it_got_too_deep(self, api):
+        nested: dict = {}
+        cursor = nested
+        for _ in range(25):
+            cursor["x"] = {}
+            cursor = cursor["x"]
+        status, data = api.post("/runs", {**start_body(), "input": nested})
+        assert status == 400 and data["error"]["code"] == "too_deep"
+        assert data["error"]["field"].startswith("input.x.x")
+
+    def test_overlong_strings_are_refused(self, api):
+        status, data = api.post("/runs", {**start_body(), "input": {"note": "x" * 40_000}})
+        assert status == 400
+        assert data["error"] == {
+            "code": "string_too_long",
+            "message": "A string is longer than 32768 characters.",
+            "field": "input.note",
+        }
+
+    def test_a_body_over_the_limit_is_413_without_writing(self, api):
+        status, data = api.post("/runs", {**start_body(), "input": {"b": ["x" * 1000] * 300}})
+        assert status == 413 and data["error"]["code"] == "body_too_large"
+        assert Run.objects.count() == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Authentication and scopes
+
+
+class TestAuthentication:
+    def test_no_credentials_is_401_in_the_error_format(self, agent):
+        status, data = Api().post("/runs", start_body())
+        assert status == 401 and data["error"]["code"] == "unauthenticated"
+
+    def test_a_wrong_secret_or_unknown_client_is_401(self, agent):
+        wrong = f"{agent.client_id}.not-the-secret"
+        assert Api(bearer(wrong)).get("/runs")[0] == 401
+        assert Api(bearer("tpc_nobody.secret")).get("/runs")[0] == 401
+        assert Api(bearer("no-dot-at-all")).get("/runs")[0] == 401
+
+    def test_a_revoked_client_is_401(self, agent, api):
+        agent.revoke()
+        assert api.get("/runs")[0] == 401
+
+    def test_a_missing_scope_is_403(self, db):
+        reader, credentials = ApiClient.issue("reader", [ApiScope.RUNS_READ])
+        reader_api = Api(bearer(credentials.token))
+        assert reader_api.get("/runs")[0] == 200
+        status, data = reader_api.post("/runs", start_body())
+        assert status == 403 and data["error"]["code"] == "missing_scope"
+        assert Run.objects.count() == 0
+
+    def test_the_secret_is_stored_hashed(self, agent):
+        secret = agent.credentials.token.split(".", 1)[1]
+        stored = ApiClient.objects.filter(pk=agent.pk).values()[0]
+        assert secret not in json.dumps(stored, default=str)
+        assert agent.credentials.signing_secret not in json.dumps(stored, default=str)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading runs
+
+
+class TestReadRuns:
+    def test_it_returns_status_and_the_rehydration_document(self, api):
+        run = waiting_run(api)
+        status, data = api.get(f"/runs/{run.pk}")
+        assert status == 200
+        assert data["status"] == "waiting"
+        assert data["rehydration"]["awaited_event_type"] == "order.paid"
+        assert data["rehydration"]["awaited_correlation_key"] == "o-1"
+
+    def test_a_missing_run_is_404_and_a_malformed_id_422(self, api):
+        assert api.get("/runs/00000000-0000-0000-0000-000000000000")[0] == 404
+        status, data = api.get("/runs/not-a-uuid")
+        assert status == 422 and data["error"]["field"] == "run_id"
+
+    def test_it_pages_newest_first_with_an_opaque_cursor(self, api):
+        now = timezone.now()
+        ids = []
+        for i in range(5):
+            _, data = api.post("/runs", start_body(key=f"k{i}", order=f"o{i}"))
+            ids.append(data["id"])
+        # Two runs share a timestamp: the id breaks the tie, nothing is skipped or repeated.
+        Run.objects.filter(pk__in=ids[1:3]).update(created_at=now)
+        seen = []
+        cursor = None
+        while True:
+            query = "?limit=2" + (f"&cursor={cursor}" if cursor else "")
+            status, page = api.get(f"/runs{query}")
+            assert status == 200 and len(page["items"]) <= 2
+            seen += [item["id"] for item in page["items"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert sorted(seen) == sorted(ids) and len(seen) == 5
+        created = [Run.objects.get(pk=i).created_at for i in seen]
+        assert created == sorted(created, reverse=True)
+
+    def test_it_filters_by_workflow_status_key_and_time(self, api):
+        api.post("/runs", start_body(key="a", order="a"))
+        waiting_run(api, order="b")
+        status, page = api.get("/runs?status=waiting")
+        assert [i["business_key"] for i in page["items"]] == ["key-b"]
+        status, page = api.get("/runs?business_key=a&workflow=test.api_order")
+        assert [i["business_key"] for i in page["items"]] == ["a"]
+        status, page = api.get("/runs?created_after=2999-01-01T00:00:00")
+        assert page["items"] == []
+        status, page = api.get("/runs?created_before=2999-01-01T00:00:00Z")
+        assert len(page["items"]) == 2
+
+    @pytest.mark.parametrize(
+        ("query", "field"),
+        [("cursor=garbage", "cursor"), ("limit=0", "limit"), ("status=nope", "status"),
+         ("workflow=a%00b", "workflow")],
+    )  # fmt: skip
+    def test_bad_query_parameters_name_the_field(self, api, query, field):
+        status, data = api.get(f"/runs?{query}")
+        assert status in (400, 422) and data["error"]["field"] == field
+
+    def test_reading_needs_runs_read(self, db):
+        _, credentials = ApiClient.issue("writer", [ApiScope.EVENTS_WRITE])
+        assert Api(bearer(credentials.token)).get("/runs")[0] == 403
+
+
+# --------------------------------------------------------------------------------------------
+# Events and signed webhooks
+
+
+class TestEvents:
+    def test_a_signed_event_resumes_the_waiting_run(self, api, agent):
+        run = waiting_run(api)
+        body = {"event_id": "evt-1", "event_type": "order.paid", "correlation_key": "o-1",
+                "payload": {"amount": 40}}  # fmt: skip
+        status, data = post_signed(agent, body)
+        assert status == 202
+        assert data == {"status": "resumed", "event_id": "evt-1", "run_id": str(run.pk)}
+        run = engine.run_until_quiet(run.pk)
+        assert run.status == "succeeded" and run.result == {"shipped": 40}
+        resumed = TimelineEvent.objects.get(run=run, verb="run.resumed")
+        assert resumed.actor == "api:billing-agent"
+
+    def test_the_same_event_id_again_is_acknowledged_and_ignored(self, api, agent):
+        run = waiting_run(api)
+        body = {"event_id": "evt-1", "event_type": "order.paid", "correlation_key": "o-1"}
+        assert post_signed(agent, body)[1]["status"] == "resumed"
+        events_before = TimelineEvent.objects.filter(run=run).count()
+        status, data = post_signed(agent, {**body, "payload": {"amount": 999}})
+        assert status == 202 and data["status"] == "duplicate"
+        assert TimelineEvent.objects.filter(run=run).count() == events_before
+        assert InboundEvent.objects.count() == 1
+
+    def test_an_early_callback_is_kept_and_matched_when_the_wait_appears(self, api):
+        # The payment system can answer before the run reaches its wait.
+        body = {"event_id": "evt-early", "event_type": "order.paid", "correlation_key": "o-9",
+                "payload": {"amount": 7}}  # fmt: skip
+        status, data = api.post("/events", body)  # bearer is accepted for events too
+        assert (status, data["status"], data["run_id"]) == (202, "stored", None)
+        _, started = api.post("/runs", start_body(key="k9", order="o-9"))
+        run = engine.run_until_quiet(started["id"])
+        assert run.status == "succeeded" and run.result == {"shipped": 7}
+
+    def test_strict_mode_refuses_an_event_nobody_waits_for(self, api, settings):
+        settings.TASKPILOTS = {**settings.TASKPILOTS, "EVENTS_STRICT": True}
+        body = {"event_id": "evt-x", "event_type": "order.paid", "correlation_key": "nobody"}
+        status, data = api.post("/events", body)
+        assert status == 404 and data["error"]["code"] == "no_matching_wait"
+        assert InboundEvent.objects.count() == 0
+        waiting_run(api, order="o-5")
+        status, data = api.post("/events", {**body, "correlation_key": "o-5"})
+        assert (status, data["status"]) == (202, "resumed")
+
+    def test_refund_settlement_callback_from_the_payment_system(self, api, agent, sandbox):
+        status, data = api.post("/runs", {"workflow": "test.refund", "business_key": "rf-1",
+                                          "input": {"amount": 50, "payment": "pay_1"}})  # fmt: skip
+        run = engine.run_until_quiet(data["id"])
+        assert run.status == "waiting"
+        refund_id = api.get(f"/runs/{run.pk}")[1]["rehydration"]["awaited_correlation_key"]
+        body = {"event_id": "stl-1", "event_type": "payment.settled",
+                "correlation_key": refund_id, "payload": {"settled": True}}  # fmt: skip
+        assert post_signed(agent, body)[0] == 202
+        assert engine.run_until_quiet(run.pk).status == "succeeded"
+
+
+class TestWebhookSignatures:
+    BODY = {"event_id": "evt-s", "event_type": "order.paid", "correlation_key": "o-1"}
+
+    def test_a_stale_timestamp_is_401_and_logged(self, agent, caplog):
+        status, data = post_signed(agent, self.BODY, timestamp=int(time.time()) - 301)
+        assert status == 401 and data["error"]["code"] == "invalid_signature"
+        assert "stale" in caplog.text and agent.client_id in caplog.text
+        assert InboundEvent.objects.count() == 0
+
+    def test_a_wrong_signature_is_401(self, agent):
+        status, _ = post_signed(agent, self.BODY, secret="whsec_wrong")
+        assert status == 401
+        assert InboundEvent.objects.count() == 0
+
+    def test_a_signature_over_another_body_is_401(self, agent):
+        raw = json.dumps(self.BODY).encode()
+        headers = signed_headers(agent, raw)
+        tampered = json.dumps({**self.BODY, "correlation_key": "o-2"}).encode()
+        assert Api().post("/events", raw=tampered, headers=headers)[0] == 401
+
+    def test_unsigned_or_incomplete_headers_are_401(self, agent):
+        assert Api().post("/events", self.BODY)[0] == 401
+        raw = json.dumps(self.BODY).encode()
+        headers = signed_headers(agent, raw)
+        del headers["X-TaskPilots-Timestamp"]
+        assert Api().post("/events", raw=raw, headers=headers)[0] == 401
+
+    def test_a_revoked_client_cannot_sign(self, agent):
+        agent.revoke()
+        assert post_signed(agent, self.BODY)[0] == 401
+
+    def test_signing_needs_the_events_scope(self, db):
+        client, credentials = ApiClient.issue("reader", [ApiScope.RUNS_READ])
+        client.credentials = credentials
+        assert post_signed(client, self.BODY)[0] == 403
+
+    def test_a_rotated_secret_stops_working(self, agent):
+        old = agent.credentials
+        agent.credentials = agent.rotate_credentials()
+        assert post_signed(agent, self.BODY, secret=old.signing_secret)[0] == 401
+        assert Api(bearer(old.token)).get("/runs")[0] == 401
+        assert post_signed(agent, self.BODY)[0] == 202
+
+
+# --------------------------------------------------------------------------------------------
+# Human actions from other tools
+
+
+class TestCancel:
+    def test_it_cancels_and_attributes_the_call(self, api):
+        run = waiting_run(api)
+        status, data = api.post(f"/runs/{run.pk}/cancel", {"reason": "customer withdrew"})
+        assert status == 200 and data["status"] == "cancelled"
+        request = TimelineEvent.objects.get(run=run, verb="api.cancel_requested")
+        assert request.actor == "api:billing-agent"
+
+    def test_it_acts_as_a_named_support_user(self, api, support_user):
+        run = waiting_run(api)
+        status, _ = api.post(
+            f"/runs/{run.pk}/cancel", {"reason": "dup", "user": support_user.username}
+        )
+        assert status == 200
+        assert TimelineEvent.objects.get(run=run, verb="run.cancelled").actor == "user:sam-support"
+
+    def test_a_user_outside_support_and_admin_is_403(self, api, auditor_user):
+        run = waiting_run(api)
+        status, data = api.post(f"/runs/{run.pk}/cancel",
+                                {"reason": "x", "user": auditor_user.username})  # fmt: skip
+        assert status == 403 and data["error"]["code"] == "user_not_allowed"
+        assert Run.objects.get(pk=run.pk).status == "waiting"
+
+    def test_cancelling_twice_is_409_and_a_missing_run_404(self, api):
+        run = waiting_run(api)
+        api.post(f"/runs/{run.pk}/cancel", {"reason": "x"})
+        status, data = api.post(f"/runs/{run.pk}/cancel", {"reason": "x"})
+        assert status == 409 and "already cancelled" in data["error"]["message"]
+        missing = "/runs/00000000-0000-0000-0000-000000000000/cancel"
+        assert api.post(missing, {"reason": "x"})[0] == 404
+
+    def test_wrong_method_is_405(self, client):
+        assert client.get("/api/v1/events").status_code == 405
+        assert client.delete("/api/v1/runs").status_code == 405
+
+
+class TestApprovalDecision:
+    @pytest.fixture
+    def approval(self, api):
+        _, data = api.post("/runs", {"workflow": "test.refund", "business_key": "rf-2",
+                                     "input": {"amount": 150, "payment": "pay_2"}})  # fmt: skip
+        run = engine.run_until_quiet(data["id"])
+        assert run.status == "needs_human"
+        return ApprovalRequest.objects.get(run=run)
+
+    def test_a_support_user_approves_from_another_tool(self, api, approval, support_user):
+        body = {"user": "sam-support", "decision": "approved", "comment": "ok"}
+        status, data = api.post(f"/approvals/{approval.pk}/decision", body)
+        assert status == 200
+        assert (data["decision"], data["decided_by"], data["run_status"]) == (
+            "approved", "sam-support", "running")  # fmt: skip
+        verbs = dict(TimelineEvent.objects.filter(run=approval.run_id).values_list("verb", "actor"))
+        assert verbs["api.decision_requested"] == "api:billing-agent"
+        assert verbs["approval.approved"] == "user:sam-support"
+
+    def test_a_second_decision_is_409_naming_who_decided(self, api, approval, support_user):
+        url = f"/approvals/{approval.pk}/decision"
+        api.post(url, {"user": "sam-support", "decision": "approved"})
+        status, data = api.post(url, {"user": "sam-support", "decision": "rejected"})
+        assert status == 409 and "sam-support" in data["error"]["message"]
+
+    def test_users_without_the_role_are_refused(self, api, approval, auditor_user, outsider):
+        url = f"/approvals/{approval.pk}/decision"
+        for user in (auditor_user, outsider):
+            status, data = api.post(url, {"user": user.username, "decision": "approved"})
+            assert status == 403 and data["error"]["field"] == "user"
+        status, data = api.post(url, {"user": "ghost", "decision": "approved"})
+        assert status == 422 and data["error"]["code"] == "unknown_user"
+        assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+
+    def test_only_the_owner_or_an_admin_decides_a_taken_over_run(
+        self, api, approval, support_user, admin_user
+    ):
+        other = UserFactory(username="other-support", groups=["support"])
+        actions.take_over(approval.run_id, other)
+        url = f"/approvals/{approval.pk}/decision"
+        status, data = api.post(url, {"user": "sam-support", "decision": "approved"})
+        assert status == 403 and data["error"]["code"] == "taken_over"
+        assert api.post(url, {"user": admin_user.username, "decision": "approved"})[0] == 200
+
+    def test_edits_are_validated_and_missing_approvals_404(self, api, approval, support_user):
+        url = f"/approvals/{approval.pk}/decision"
+        status, data = api.post(url, {"user": "sam-support", "decision": "approved_with_edits"})
+        assert status == 422 and data["error"]["field"] == "edited_params"
+        assert api.post("/approvals/999999/decision",
+                        {"user": "sam-support", "decision": "approved"})[0] == 404  # fmt: skip
+        assert api.post("/approvals/0/decision",
+                        {"user": "sam-support", "decision": "approved"})[0] == 422  # fmt: skip
+
+    def test_it_needs_the_approvals_scope(self, approval, support_user):
+        _, credentials = ApiClient.issue("runner", [ApiScope.RUNS_WRITE])
+        status, _ = Api(bearer(credentials.token)).post(
+            f"/approvals/{approval.pk}/decision", {"user": "sam-support", "decision": "approved"}
+        )
+        assert status == 403
+
+
+# --------------------------------------------------------------------------------------------
+# Concurrency
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_duplicate_starts_create_exactly_one_run(agent):
+    # Agents retry on timeouts; parallel retries with one business key must not fork the run.
+    barrier = threading.Barrier(8)
+    statuses: list[int] = []
+
+    def start():
+        try:
+            barrier.wait()
+            statuses.append(Api(bearer(agent)).post("/runs", start_body(key="race"))[0])
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [200] * 7 + [201]
+    assert Run.objects.filter(business_key="race").count() == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Administration: commands, admin, docs
+
+
+class TestClientAdministration:
+    def test_the_command_prints_working_credentials_once(self, capsys):
+        call_command("create_api_client", "crm-bridge", "--scopes", "runs:write,events:write")
+        out = capsys.readouterr().out
+        token = next(line.split()[-1] for line in out.splitlines() if line.startswith("token:"))
+        client = ApiClient.objects.get(name="crm-bridge")
+        assert client.scopes == ["events:write", "runs:write"]
+        assert Api(bearer(token)).post("/runs", start_body())[0] == 201
+
+    def test_bad_scopes_and_duplicate_names_are_refused(self):
+        with pytest.raises(CommandError, match="unknown scope"):
+            call_command("create_api_client", "x", "--scopes", "runs:everything")
+        call_command("create_api_client", "x", "--scopes", "runs:read")
+        with pytest.raises(CommandError, match="already exists"):
+            call_command("create_api_client", "x", "--scopes", "runs:read")
+
+    def test_revoking_by_command_stops_the_client(self, agent, api, capsys):
+        call_command("revoke_api_client", agent.name)
+        assert api.get("/runs")[0] == 401
+        call_command("create_api_client", agent.name, "--revoke")
+        assert "already revoked" in capsys.readouterr().out
+
+    def test_admin_creates_a_client_and_shows_the_secret_once(self, client, admin_user):
+        client.force_login(admin_user)
+        response = client.post(
+            "/admin/runs/apiclient/add/",
+            {"name": "ticket-tool", "description": "", "scopes": ["runs:read"]},
+        )
+        assert response.status_code == 200
+        assert "no-store" in response["Cache-Control"]
+        api_client = ApiClient.objects.get(name="ticket-tool")
+        token = response.context["credentials"].token
+        assert token.encode() in response.content
+        assert api_client.created_by == admin_user
+        assert Api(bearer(token)).get("/runs")[0] == 200
+        response = client.get(f"/admin/runs/apiclient/{api_client.pk}/change/")
+        assert token.encode() not in response.content
+
+    def test_admin_revoke_action(self, client, admin_user, agent, api):
+        client.force_login(admin_user)
+        client.post("/admin/runs/apiclient/", {"action": "revoke_clients",
+                                               "_selected_action": [agent.pk]})  # fmt: skip
+        assert api.get("/runs")[0] == 401
+
+
+class TestDocs:
+    def test_the_openapi_schema_is_served(self, client):
+        response = client.get("/api/v1/openapi.json")
+        assert response.status_code == 200
+        paths = response.json()["paths"]
+        assert {"/api/v1/runs", "/api/v1/events", "/api/v1/runs/{run_id}/cancel",
+                "/api/v1/approvals/{approval_id}/decision"} <= set(paths)  # fmt: skip
+
+    def test_the_docs_page_is_self_contained_under_the_csp(self, client):
+        response = client.get("/api/v1/docs")
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "POST /api/v1/events" in html and "X-TaskPilots-Signature" in html
+        assert "<script" not in html and "cdn" not in html.lower()
+        assert "script-src 'self'" in response["Content-Security-Policy"]
