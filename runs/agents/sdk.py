@@ -103,6 +103,7 @@ class AgentWorkflow:
     max_turns: int = 12
     stage: str = "agent"
     build_input: Callable[[dict], list[dict]] | None = None
+    validate_input: Callable[[dict], dict] | None = None
     workflow: Workflow = field(init=False)
 
     def __post_init__(self) -> None:
@@ -112,7 +113,8 @@ class AgentWorkflow:
             [compute(START, self._start, stage=self.stage)],
             next=self._next,
             description=f"OpenAI Agents SDK agent {self.agent.name!r}",
-            validate_input=_validate_input if self.build_input is None else None,
+            validate_input=self.validate_input
+            or (_validate_input if self.build_input is None else None),
         )
 
     # -- the durable loop ----------------------------------------------------------------
@@ -527,12 +529,14 @@ def register_agent(
     max_turns: int = 12,
     stage: str = "agent",
     build_input: Callable[[dict], list[dict]] | None = None,
+    validate_input: Callable[[dict], dict] | None = None,
 ) -> AgentWorkflow:
     """Register `agent` as the workflow `name` (see the module docstring).
 
     `tools` maps the agent's function-tool names to a ToolPolicy, or to the name of a registered
     TaskPilots tool to call instead. `build_input(run_input)` makes the conversation's input
-    items (default: the input's `message` as a user message).
+    items (default: the input's `message` as a user message); `validate_input` checks the
+    untrusted run input at start (raise ValueError).
     """
     if agent.handoffs:
         raise AgentSetupError("handoffs are not supported under TaskPilots yet")
@@ -584,8 +588,9 @@ def register_agent(
     if policies:
         raise AgentSetupError(f"no tools named {sorted(policies)} on agent {agent.name!r}")
     runner = AgentWorkflow(
-        name, version, agent, bindings, max_turns=max_turns, stage=stage, build_input=build_input
-    )
+        name, version, agent, bindings, max_turns=max_turns, stage=stage,
+        build_input=build_input, validate_input=validate_input,
+    )  # fmt: skip
     workflows.register(runner.workflow, replace=True)
     _AGENTS[(name, version)] = runner
     return runner

@@ -1,0 +1,525 @@
+"""MCP servers' tools as TaskPilots tools.
+
+    sandbox = McpServer("sandbox", command=[sys.executable, "servers/sandbox.py"])
+    tools = register_mcp_tools(sandbox, config={
+        "send_mail": McpToolConfig(lookup_tool="find_by_key",
+                                   lookup_arguments=lambda key: {"system": "mail",
+                                                                 "idempotency_key": key}),
+        "refund_payment": McpToolConfig(needs_approval=True),
+    })
+    # tools == {"send_mail": <Tool mcp.sandbox.send_mail>, ...}; give them to an SDK agent with
+    # mcp_function_tools(tools).
+
+Metadata. The tool's MCP annotations give the defaults — `readOnlyHint` → a read, otherwise a
+side effect; risk high when `destructiveHint` (the MCP default for a non-read-only tool), medium
+when not destructive but `openWorldHint` (default), low otherwise; `idempotentHint` → the tool
+dedupes by key (resending the same call changes nothing more). Annotations are the server's
+claims, not proof: `McpToolConfig` overrides any of them per tool.
+
+Calls. Tool calls run in Celery workers (sync code): each call opens its own client session
+(`anyio.run`; stdio starts the server process, streamable HTTP connects) under the tool's hard
+timeout, and closes it. The idempotency key always travels in the request's `_meta`
+(`taskpilots/idempotency-key`, with `taskpilots/run`, `taskpilots/step`, `taskpilots/attempt`);
+`key_argument` also passes it as a tool argument, for servers that only read arguments.
+
+Failures map onto TaskPilots classes: the server cannot be started or reached → outage (nothing
+was sent); a timeout or a broken connection after the request went out → unknown outcome for a
+side effect (transient for a read); JSON-RPC invalid params / unknown tool → invalid input; an
+`isError` result → the class the server names in `_meta["taskpilots/failure-class"]`, else the
+tool's configured `error_class`, else unknown outcome for a side effect (the tool ran; how far is
+unknown) and transient for a read. Arguments are checked against the tool's input schema before
+anything is sent.
+
+Results are normalised to one shape whatever the server: `{"result": structuredContent, or the
+text parsed as JSON, or the text; "content": [non-text blocks, described]; "server", "tool"}`;
+the external id (commit proof) is `_meta["taskpilots/external-id"]`, else `result.id`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from runs import tools as tool_registry
+from runs.agents import AgentToolInfo, flat_schema, set_tool_info
+from runs.models import FailureClass, Risk
+from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult
+
+META_KEY = "taskpilots/idempotency-key"
+META_RUN = "taskpilots/run"
+META_STEP = "taskpilots/step"
+META_ATTEMPT = "taskpilots/attempt"
+META_FAILURE_CLASS = "taskpilots/failure-class"
+META_EXTERNAL_ID = "taskpilots/external-id"
+
+
+class McpSetupError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """How to reach one MCP server: a stdio command or a streamable HTTP URL."""
+
+    name: str
+    command: Sequence[str] = ()
+    url: str = ""
+    # Extra environment for a stdio server; a function is called at every start (so it can
+    # read settings that change, e.g. in tests).
+    env: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None
+    cwd: str | None = None
+    # The hard timeout of a call when the tool sets none (connecting included).
+    timeout: float = 30.0
+    # stdio: keep the server running between calls in this process (see _StdioConnection);
+    # False starts it for every call. Streamable HTTP always uses a session per call.
+    keep_alive: bool = True
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == bool(self.url):
+            raise McpSetupError(f"MCP server {self.name!r}: give either command or url")
+
+    def client(self):
+        from mcp import Client
+        from mcp.client.stdio import StdioServerParameters
+
+        if self.url:
+            return Client(self.url, cache=None)
+        env = self.env() if callable(self.env) else self.env
+        params = StdioServerParameters(
+            command=self.command[0],
+            args=list(self.command[1:]),
+            env=dict(env) if env else None,
+            cwd=self.cwd,
+        )
+        return Client(params, cache=None)
+
+
+@dataclass(frozen=True)
+class McpToolConfig:
+    """Overrides for one MCP tool (None / empty: keep the default from its annotations)."""
+
+    name: str = ""  # the TaskPilots tool name; default mcp.<server>.<tool>
+    side_effect: bool | None = None
+    risk: str | None = None
+    dedupes_by_key: bool | None = None
+    # An MCP tool on the same server that says whether a keyed call happened; it must answer
+    # {"found": bool, "id": ..., "response": ...}.
+    lookup_tool: str = ""
+    lookup_arguments: Callable[[str], dict] | None = None
+    key_argument: str = ""
+    target: Callable[[dict], str] | None = None
+    scope: str = ""
+    timeout: float | None = None
+    needs_approval: bool | Callable[[dict], bool] = False
+    approval_reason: str = ""
+    queue: str = "support"
+    error_class: str = ""
+    compensating_tool: str = ""
+    compensation_params: Callable[[dict, dict], dict] | None = None
+    fallback_tool: str = ""
+
+
+@dataclass
+class McpTool(Tool):
+    """A TaskPilots tool backed by an MCP tool; arguments are checked against its schema."""
+
+    server: str = ""
+    mcp_name: str = ""
+    input_schema: dict = field(default_factory=dict)
+
+    def validate(self, params: Any) -> dict:
+        params = super().validate(params)
+        if self.input_schema:
+            import jsonschema
+
+            validator = jsonschema.validators.validator_for(self.input_schema)(self.input_schema)
+            errors = sorted(validator.iter_errors(params), key=lambda e: list(e.path))
+            if errors:
+                where = ".".join(str(p) for p in errors[0].path) or "arguments"
+                raise ToolError(FailureClass.INVALID_INPUT, f"{where}: {errors[0].message}")
+        return params
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata
+
+
+def metadata_from_annotations(annotations: Mapping[str, Any] | None) -> dict:
+    """Default TaskPilots metadata from MCP tool annotations (with the MCP spec's defaults)."""
+    annotations = annotations or {}
+    if annotations.get("readOnlyHint", False):
+        return {"side_effect": False, "risk": Risk.LOW, "dedupes_by_key": False}
+    destructive = annotations.get("destructiveHint", True)
+    open_world = annotations.get("openWorldHint", True)
+    risk = Risk.HIGH if destructive else Risk.MEDIUM if open_world else Risk.LOW
+    return {
+        "side_effect": True,
+        "risk": risk,
+        "dedupes_by_key": bool(annotations.get("idempotentHint", False)),
+    }
+
+
+def _model_schema(input_schema: dict, key_argument: str) -> dict:
+    # The key is ours to fill in, not the model's.
+    if not key_argument:
+        return input_schema
+    schema = dict(input_schema)
+    schema["properties"] = {
+        k: v for k, v in (schema.get("properties") or {}).items() if k != key_argument
+    }
+    schema["required"] = [r for r in schema.get("required") or () if r != key_argument]
+    return schema
+
+
+# --------------------------------------------------------------------------------------------
+# Calling
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+class _NotSent(Exception):
+    """The session could not be opened: the request never left this process."""
+
+
+class _StdioConnection:
+    """A stdio server kept running for this worker process, so a call does not pay for
+    starting it (a Python MCP server takes about a second to import).
+
+    One owner task in a private event loop opens the client session, serves requests one at a
+    time, and closes the session in the task that opened it (anyio requires it). After a
+    timeout or a broken connection the session is dropped and the next call starts afresh.
+    """
+
+    def __init__(self, server: McpServer):
+        self.loop = asyncio.new_event_loop()
+        self.opened: concurrent.futures.Future = concurrent.futures.Future()
+        self.alive = True
+        threading.Thread(target=self.loop.run_forever, daemon=True,
+                         name=f"mcp-{server.name}").start()  # fmt: skip
+        self.queue: asyncio.Queue = asyncio.run_coroutine_threadsafe(
+            self._make_queue(), self.loop
+        ).result()
+        asyncio.run_coroutine_threadsafe(self._owner(server), self.loop)
+
+    async def _make_queue(self) -> asyncio.Queue:
+        return asyncio.Queue()
+
+    async def _owner(self, server: McpServer) -> None:
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            async with server.client() as client:
+                self.opened.set_result(True)
+                while True:
+                    request, future, limit = await self.queue.get()
+                    try:
+                        with anyio.fail_after(limit):
+                            value = await request(client)
+                    except BaseException as exc:  # handed to the caller
+                        future.set_exception(_leaf(exc))
+                        if not isinstance(_leaf(exc), MCPError):
+                            return  # the session may be broken: start afresh next time
+                    else:
+                        future.set_result(value)
+        except BaseException as exc:
+            if not self.opened.done():
+                self.opened.set_exception(_leaf(exc))
+        finally:
+            self.alive = False
+            while not self.queue.empty():
+                _, future, _ = self.queue.get_nowait()
+                future.set_exception(_NotSent("the MCP session closed"))
+
+    def run(self, request, limit: float):
+        try:
+            self.opened.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            raise _NotSent(f"could not start the server within {limit}s") from None
+        except Exception as exc:
+            raise _NotSent(f"{type(exc).__name__}: {exc}") from exc
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (request, future, limit))
+        return future.result(timeout=limit + 5)
+
+
+_CONNECTIONS: dict[tuple, _StdioConnection] = {}
+_CONNECTIONS_LOCK = threading.Lock()
+
+
+def _connection(server: McpServer) -> _StdioConnection:
+    env = server.env() if callable(server.env) else server.env
+    key = (os.getpid(), server.name, tuple(server.command), tuple(sorted((env or {}).items())))
+    with _CONNECTIONS_LOCK:
+        connection = _CONNECTIONS.get(key)
+        if connection is None or not connection.alive:
+            connection = _CONNECTIONS[key] = _StdioConnection(server)
+        return connection
+
+
+def _run(server: McpServer, request, limit: float):
+    """Run `request(client)` against the server under a hard timeout.
+
+    Raises _NotSent when the session could not be opened; anything else may have happened after
+    the request went out.
+    """
+    if server.command and server.keep_alive:
+        # One stdio session at a time per process: calls wait their turn.
+        with _connection_lock(server):
+            return _connection(server).run(request, limit)
+    opened = False
+
+    async def once():
+        nonlocal opened
+        with anyio.fail_after(limit):
+            async with server.client() as client:
+                opened = True
+                return await request(client)
+
+    try:
+        return anyio.run(once)
+    except BaseException as raised:  # anyio may wrap what happened in an exception group
+        exc = _leaf(raised)
+        if not isinstance(exc, Exception) or opened:
+            raise exc from None
+        raise _NotSent(f"{type(exc).__name__}: {exc}") from None
+
+
+_CALL_LOCKS: dict[str, threading.Lock] = {}
+
+
+def _connection_lock(server: McpServer) -> threading.Lock:
+    with _CONNECTIONS_LOCK:
+        return _CALL_LOCKS.setdefault(server.name, threading.Lock())
+
+
+def call_tool(
+    server: McpServer,
+    name: str,
+    arguments: dict,
+    *,
+    meta: dict | None = None,
+    timeout: float | None = None,
+    write: bool,
+):
+    """One tool call, every failure classified (returns the CallToolResult)."""
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import INVALID_PARAMS, METHOD_NOT_FOUND
+
+    limit = timeout or server.timeout
+    where = f"MCP {server.name}/{name}"
+    after_send = FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+    try:
+        return _run(server, lambda c: c.call_tool(name, arguments, meta=meta or None), limit)
+    except _NotSent as exc:
+        # The server could not be started or reached: the call was never made.
+        raise ToolError(FailureClass.OUTAGE, f"{where}: cannot reach the server: {exc}") from None
+    except MCPError as exc:
+        if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
+            raise ToolError(FailureClass.INVALID_INPUT, f"{where}: {exc.message}") from None
+        raise ToolError(after_send, f"{where}: error {exc.code}: {exc.message}") from None
+    except (TimeoutError, concurrent.futures.TimeoutError):
+        raise ToolError(after_send, f"{where}: no answer within {limit}s") from None
+    except Exception as exc:
+        raise ToolError(
+            after_send, f"{where}: the connection broke: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def normalise(result, *, server: str, tool: str) -> dict:
+    """One response shape for every server (see the module docstring)."""
+    texts, others = [], []
+    for block in result.content or ():
+        if getattr(block, "type", "") == "text":
+            texts.append(block.text)
+        else:
+            described = {"type": getattr(block, "type", "unknown")}
+            for attr, key in (("mime_type", "mimeType"), ("uri", "uri"), ("name", "name")):
+                if getattr(block, attr, None):
+                    described[key] = str(getattr(block, attr))
+            others.append(described)
+    value = result.structured_content
+    if value is None and len(texts) == 1:
+        try:
+            value = json.loads(texts[0])
+        except ValueError:
+            value = texts[0]
+    elif value is None and texts:
+        value = "\n".join(texts)
+    out = {"result": value, "server": server, "tool": tool}
+    if others:
+        out["content"] = others
+    return out
+
+
+def _error_text(result) -> str:
+    text = " ".join(b.text for b in result.content or () if getattr(b, "type", "") == "text")
+    return text[:1000] or "the tool reported an error"
+
+
+def _external_id(result, value: Any) -> str:
+    meta = result.meta or {}
+    if meta.get(META_EXTERNAL_ID):
+        return str(meta[META_EXTERNAL_ID])
+    if isinstance(value, dict):
+        for key in ("external_id", "id"):
+            if value.get(key) not in (None, ""):
+                return str(value[key])
+    return ""
+
+
+def _meta(ctx: CallContext) -> dict:
+    return {
+        META_KEY: ctx.idempotency_key,
+        META_RUN: ctx.run_id,
+        META_STEP: ctx.step,
+        META_ATTEMPT: ctx.attempt,
+    }
+
+
+def _invoker(server: McpServer, mcp_name: str, write: bool, config: McpToolConfig):
+    def invoke(params: dict, ctx: CallContext) -> ToolResult:
+        arguments = dict(params)
+        if config.key_argument:
+            arguments[config.key_argument] = ctx.idempotency_key
+        result = call_tool(server, mcp_name, arguments, meta=_meta(ctx), timeout=ctx.timeout,
+                           write=write)  # fmt: skip
+        if result.is_error:
+            named = (result.meta or {}).get(META_FAILURE_CLASS)
+            cls = (named if named in FailureClass.values else config.error_class) or (
+                FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+            )
+            raise ToolError(cls, f"MCP {server.name}/{mcp_name}: {_error_text(result)}")
+        response = normalise(result, server=server.name, tool=mcp_name)
+        return ToolResult(response=response, external_id=_external_id(result, response["result"]))
+
+    return invoke
+
+
+def _lookup(server: McpServer, config: McpToolConfig):
+    if not config.lookup_tool:
+        return None
+    make_arguments = config.lookup_arguments or (lambda key: {"idempotency_key": key})
+
+    def lookup(key: str, ctx: CallContext) -> LookupResult:
+        result = call_tool(server, config.lookup_tool, make_arguments(key), meta=_meta(ctx),
+                           timeout=ctx.timeout, write=False)  # fmt: skip
+        value = normalise(result, server=server.name, tool=config.lookup_tool)["result"]
+        if result.is_error or not isinstance(value, dict) or "found" not in value:
+            raise ToolError(FailureClass.TRANSIENT, f"lookup by key answered: {str(value)[:300]}")
+        return LookupResult(
+            found=bool(value["found"]),
+            external_id=str(value.get("id") or value.get("external_id") or ""),
+            response=value.get("response"),
+        )
+
+    return lookup
+
+
+# --------------------------------------------------------------------------------------------
+# Discovery and registration
+
+
+def list_tools(server: McpServer) -> list[dict]:
+    """The server's tools as MCP JSON (name, description, inputSchema, annotations)."""
+
+    async def fetch(client):
+        found, cursor = [], None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            found.extend(t.model_dump(by_alias=True, exclude_none=True) for t in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return found
+
+    try:
+        return _run(server, fetch, server.timeout)
+    except Exception as exc:
+        raise McpSetupError(
+            f"cannot list the tools of MCP server {server.name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def register_mcp_tools(
+    server: McpServer,
+    *,
+    include: Sequence[str] | None = None,
+    config: Mapping[str, McpToolConfig] | None = None,
+    manifest: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, McpTool]:
+    """Register the server's tools (all, or `include`) as TaskPilots tools.
+
+    `manifest` (what list_tools returned, e.g. kept in a file) registers without connecting.
+    Returns {MCP tool name: registered tool}.
+    """
+    config = dict(config or {})
+    offered = {t["name"]: t for t in (manifest if manifest is not None else list_tools(server))}
+    wanted = list(include) if include is not None else list(offered)
+    unknown = sorted((set(wanted) | set(config)) - set(offered))
+    if unknown:
+        raise McpSetupError(f"MCP server {server.name!r} has no tools named {unknown}")
+    registered = {}
+    for mcp_name in wanted:
+        spec = offered[mcp_name]
+        cfg = config.get(mcp_name, McpToolConfig())
+        meta = metadata_from_annotations(spec.get("annotations"))
+        for key in ("side_effect", "risk", "dedupes_by_key"):
+            if getattr(cfg, key) is not None:
+                meta[key] = getattr(cfg, key)
+        name = cfg.name or f"mcp.{server.name}.{mcp_name}"
+        schema = _model_schema(spec.get("inputSchema") or {"type": "object"}, cfg.key_argument)
+        description = spec.get("description") or spec.get("title") or ""
+        tool = McpTool(
+            name=name,
+            invoke=_invoker(server, mcp_name, meta["side_effect"], cfg),
+            lookup=_lookup(server, cfg),
+            target=cfg.target or (lambda params, _n=mcp_name: f"mcp:{server.name}/{_n}"),
+            scope=cfg.scope,
+            timeout=cfg.timeout,
+            compensating_tool=cfg.compensating_tool,
+            compensation_params=cfg.compensation_params,
+            fallback_tool=cfg.fallback_tool,
+            params_schema=flat_schema(schema),
+            description=description,
+            server=server.name,
+            mcp_name=mcp_name,
+            input_schema=schema,
+            **meta,
+        )
+        tool_registry.register(tool, replace=True)
+        set_tool_info(
+            name,
+            AgentToolInfo(
+                input_schema=schema,
+                description=description,
+                needs_approval=cfg.needs_approval,
+                approval_reason=cfg.approval_reason,
+                queue=cfg.queue,
+            ),
+        )
+        registered[mcp_name] = tool
+    return registered
+
+
+def mcp_function_tools(registered: Mapping[str, Tool]) -> list:
+    """SDK function tools (named as on the MCP server) for tools from register_mcp_tools."""
+    from runs.agents.sdk import function_tool_for
+
+    return [function_tool_for(tool.name, name=mcp_name) for mcp_name, tool in registered.items()]
+
+
+def python_command(script: str) -> list[str]:
+    """A stdio command running `script` with this interpreter (the worker's virtualenv)."""
+    return [sys.executable, script]
