@@ -1,0 +1,78 @@
+"""Login with brute-force protection: after LOGIN_MAX_FAILURES failed attempts for one username
+from one address within LOGIN_LOCKOUT_SECONDS, that pair is refused until the window passes.
+
+Counts live in Django's cache. The default cache is per process; with several web processes,
+configure a shared cache (database or Redis) so the limit holds across them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from django.contrib.auth import views as auth_views
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse
+
+logger = logging.getLogger("taskpilots.console")
+
+LOGIN_MAX_FAILURES = 5
+LOGIN_LOCKOUT_SECONDS = 15 * 60
+
+
+def client_address(request: HttpRequest) -> str:
+    # REMOTE_ADDR only: X-Forwarded-For is client-controlled unless a proxy rewrites it.
+    return request.META.get("REMOTE_ADDR", "") or "unknown"
+
+
+def _key(username: str, address: str) -> str:
+    material = f"{username.strip().lower()}|{address}".encode()
+    return "tp-login-failures:" + hashlib.sha256(material).hexdigest()
+
+
+def failures(username: str, address: str) -> int:
+    return cache.get(_key(username, address), 0)
+
+
+def record_failure(username: str, address: str) -> int:
+    key = _key(username, address)
+    # add() starts the window; incr() keeps its expiry (the window does not slide).
+    if cache.add(key, 1, LOGIN_LOCKOUT_SECONDS):
+        return 1
+    try:
+        return cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.add(key, 1, LOGIN_LOCKOUT_SECONDS)
+        return 1
+
+
+def clear_failures(username: str, address: str) -> None:
+    cache.delete(_key(username, address))
+
+
+class LockoutLoginView(auth_views.LoginView):
+    def post(self, request, *args, **kwargs) -> HttpResponse:
+        username = request.POST.get("username", "")[:150]
+        address = client_address(request)
+        if failures(username, address) >= LOGIN_MAX_FAILURES:
+            logger.warning("login locked out: username=%r address=%s", username, address)
+            form = self.get_form()
+            context = self.get_context_data(form=form, locked_out=True)
+            context["lockout_minutes"] = LOGIN_LOCKOUT_SECONDS // 60
+            return self.render_to_response(context, status=429)
+        return super().post(request, *args, **kwargs)
+
+    def form_invalid(self, form):
+        username = self.request.POST.get("username", "")[:150]
+        address = client_address(self.request)
+        count = record_failure(username, address)
+        logger.warning("login failed: username=%r address=%s failures=%s", username, address, count)
+        if count >= LOGIN_MAX_FAILURES:
+            context = self.get_context_data(form=form, locked_out=True)
+            context["lockout_minutes"] = LOGIN_LOCKOUT_SECONDS // 60
+            return self.render_to_response(context, status=429)
+        return super().form_invalid(form)
+
+    def form_valid(self, form):
+        clear_failures(form.get_user().get_username(), client_address(self.request))
+        return super().form_valid(form)

@@ -1,0 +1,645 @@
+"""What the console shows: roles, the inbox and run-list queries, and a run's context for a person
+(timeline, pending snapshot, why it stopped, the suggested next action, which actions apply).
+
+Views load rows and call these; nothing here changes state (approvals/actions.py does that).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import JSONObject
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
+from runs import tools as tool_registry
+from runs import workflows as workflow_registry
+from runs.models import (
+    FailureClass,
+    Run,
+    SideEffect,
+    Snapshot,
+    Step,
+    Wait,
+)
+
+logger = logging.getLogger("taskpilots.console")
+
+SUPPORT, AUDITOR, ADMIN = "support", "auditor", "admin"
+PAGE_SIZE = 25
+# JSON longer than this (characters, pretty-printed) or deeper than this is shown truncated,
+# with a link to the raw document.
+JSON_PREVIEW_CHARS = 2000
+JSON_PREVIEW_DEPTH = 6
+
+# --------------------------------------------------------------------------------------------
+# Labels. The model choices carry plain English; the console shows these translatable ones.
+
+RUN_STATUS_LABELS = {
+    "pending": gettext_lazy("Pending"),
+    "running": gettext_lazy("Running"),
+    "waiting": gettext_lazy("Waiting"),
+    "needs_human": gettext_lazy("Needs a person"),
+    "taken_over": gettext_lazy("Taken over"),
+    "compensating": gettext_lazy("Undoing side effects"),
+    "succeeded": gettext_lazy("Succeeded"),
+    "failed": gettext_lazy("Failed"),
+    "cancelled": gettext_lazy("Cancelled"),
+    "compensated": gettext_lazy("Undone (compensated)"),
+}
+STEP_STATUS_LABELS = {
+    "pending": gettext_lazy("To do"),
+    "running": gettext_lazy("Running"),
+    "succeeded": gettext_lazy("Done"),
+    "degraded": gettext_lazy("Done with fallback"),
+    "retry_scheduled": gettext_lazy("Retry scheduled"),
+    "waiting": gettext_lazy("Waiting"),
+    "needs_human": gettext_lazy("Needs a person"),
+    "unknown_outcome": gettext_lazy("Outcome unknown"),
+    "failed": gettext_lazy("Failed"),
+    "skipped": gettext_lazy("Skipped"),
+    "compensated": gettext_lazy("Undone"),
+}
+EFFECT_STATUS_LABELS = {
+    "intended": gettext_lazy("About to be sent"),
+    "committed": gettext_lazy("Done"),
+    "unknown": gettext_lazy("Outcome unknown"),
+    "not_committed": gettext_lazy("Did not happen"),
+    "compensated": gettext_lazy("Undone"),
+}
+REASON_LABELS = {
+    "approval": gettext_lazy("Approval"),
+    FailureClass.TRANSIENT: gettext_lazy("Kept failing"),
+    FailureClass.OUTAGE: gettext_lazy("System outage"),
+    FailureClass.INVALID_INPUT: gettext_lazy("Invalid data"),
+    FailureClass.PERMISSION: gettext_lazy("Permission denied"),
+    FailureClass.UNKNOWN_OUTCOME: gettext_lazy("Unknown outcome"),
+    FailureClass.TIMEOUT: gettext_lazy("Wait timed out"),
+}
+STEP_KIND_LABELS = {
+    "compute": gettext_lazy("Compute"),
+    "read": gettext_lazy("Read"),
+    "side_effect": gettext_lazy("Side effect"),
+    "approval": gettext_lazy("Approval"),
+    "wait_event": gettext_lazy("Wait for event"),
+    "wait_timer": gettext_lazy("Wait for timer"),
+}
+VERB_LABELS = {
+    "approve": gettext_lazy("approved"),
+    "approve_with_edits": gettext_lazy("approved with edits"),
+    "reject": gettext_lazy("rejected"),
+    "take_over": gettext_lazy("took over"),
+    "release": gettext_lazy("released"),
+    "confirm_happened": gettext_lazy("confirmed it happened"),
+    "confirm_not_happened": gettext_lazy("confirmed it did not happen"),
+    "retry": gettext_lazy("retried"),
+    "skip": gettext_lazy("skipped the step"),
+    "complete_by_hand": gettext_lazy("marked the step done by hand"),
+    "cancel": gettext_lazy("cancelled the run"),
+}
+
+
+def label(mapping: dict, value: str) -> str:
+    return str(mapping.get(value, value))
+
+
+# --------------------------------------------------------------------------------------------
+# Roles (Django groups created by approvals/migrations/0002)
+
+
+def roles_of(user) -> frozenset[str]:
+    """The user's console roles, read once per request and kept on the user object."""
+    cached = getattr(user, "_console_roles", None)
+    if cached is not None:
+        return cached
+    if not user.is_authenticated or not user.is_active:
+        found: frozenset[str] = frozenset()
+    else:
+        names = set(user.groups.values_list("name", flat=True))
+        if user.is_superuser:
+            names.add(ADMIN)
+        found = frozenset(names & {SUPPORT, AUDITOR, ADMIN})
+    user._console_roles = found
+    return found
+
+
+def can_read(user) -> bool:
+    return bool(roles_of(user))
+
+
+def can_act(user) -> bool:
+    return bool(roles_of(user) & {SUPPORT, ADMIN})
+
+
+def is_admin(user) -> bool:
+    return ADMIN in roles_of(user)
+
+
+def may_act_on(user, run: Run) -> bool:
+    """Support and admins act; on a taken-over run only its owner or an admin."""
+    if not can_act(user):
+        return False
+    if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk:
+        return is_admin(user)
+    return True
+
+
+# --------------------------------------------------------------------------------------------
+# Inbox and run list
+
+
+def _current_step_subquery():
+    """The run's first unfinished step, as one JSON value (one subquery per page row)."""
+    return Subquery(
+        Step.objects.filter(run=OuterRef("pk"), status__in=Step.UNFINISHED)
+        .order_by("position")
+        .values(
+            info=JSONObject(
+                name="name", kind="kind", status="status", error_class="error_class", tool="tool"
+            )
+        )[:1]
+    )
+
+
+def reason_of(step_info: dict | None) -> str:
+    if not step_info:
+        return ""
+    if step_info.get("kind") == "approval" and step_info.get("status") == "needs_human":
+        return "approval"
+    return step_info.get("error_class") or ""
+
+
+def _reason_filter(reason: str) -> Q:
+    parked = Step.objects.filter(
+        run=OuterRef("pk"), status__in=[Step.Status.NEEDS_HUMAN, Step.Status.UNKNOWN_OUTCOME]
+    )
+    if reason == "approval":
+        return Q(Exists(parked.filter(kind="approval")))
+    return Q(Exists(parked.filter(error_class=reason).exclude(kind="approval")))
+
+
+def inbox_queryset(user, *, queue="", workflow="", reason="", owner="") -> QuerySet[Run]:
+    """Runs waiting for a person, most urgent SLA first (earliest due; no SLA last; then oldest).
+
+    Served by the partial index run_inbox_idx (attention_due_at, created_at) on human statuses.
+    """
+    runs = Run.objects.filter(status__in=Run.HUMAN)
+    if queue:
+        runs = runs.filter(queue=queue)
+    if workflow:
+        runs = runs.filter(workflow=workflow)
+    if reason:
+        runs = runs.filter(_reason_filter(reason))
+    if owner == "mine":
+        runs = runs.filter(owner=user)
+    elif owner == "unassigned":
+        runs = runs.filter(owner__isnull=True)
+    return (
+        runs.select_related("owner")
+        .annotate(current=_current_step_subquery())
+        .order_by(F("attention_due_at").asc(nulls_last=True), "created_at", "id")
+    )
+
+
+def inbox_counts(user, now=None) -> dict[str, int]:
+    now = now or timezone.now()
+    return Run.objects.filter(status__in=Run.HUMAN).aggregate(
+        total=Count("id"),
+        overdue=Count("id", filter=Q(attention_due_at__lt=now)),
+        mine=Count("id", filter=Q(owner=user)),
+        unassigned=Count("id", filter=Q(owner__isnull=True)),
+    )
+
+
+def filter_choices() -> dict[str, list[str]]:
+    """Queues from the escalation rules (plus approval queues in use by workflows), workflows
+    from the registry: no scan of the runs table."""
+    queues = set(EscalationRule.objects.values_list("queue", flat=True).distinct())
+    workflows = set()
+    for definition in workflow_registry.all_workflows():
+        workflows.add(definition.name)
+        queues.update(s.queue for s in definition.steps if s.kind == "approval")
+    return {"queues": sorted(q for q in queues if q), "workflows": sorted(workflows)}
+
+
+def search_runs(*, q="", workflow="", status="", date_from=None, date_to=None) -> QuerySet[Run]:
+    runs = Run.objects.select_related("owner")
+    q = q.strip()
+    if q:
+        import uuid
+
+        try:
+            runs = runs.filter(Q(pk=uuid.UUID(q)) | Q(business_key=q))
+        except ValueError:
+            runs = runs.filter(business_key__startswith=q)
+    if workflow:
+        runs = runs.filter(workflow=workflow)
+    if status:
+        runs = runs.filter(status=status)
+    if date_from:
+        runs = runs.filter(created_at__date__gte=date_from)
+    if date_to:
+        runs = runs.filter(created_at__date__lte=date_to)
+    return runs.order_by("-created_at", "-id")
+
+
+# --------------------------------------------------------------------------------------------
+# JSON shown to people: pretty, bounded, and always escaped by the template.
+
+
+def to_pretty_json(value: Any) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def _depth(value: Any, limit: int, level: int = 0) -> int:
+    if level > limit:
+        return level
+    if isinstance(value, dict):
+        return max([_depth(v, limit, level + 1) for v in value.values()] or [level])
+    if isinstance(value, list):
+        return max([_depth(v, limit, level + 1) for v in value] or [level])
+    return level
+
+
+def _clip(value: Any, depth: int) -> Any:
+    if depth <= 0 and isinstance(value, dict | list):
+        return "…" if not value else f"… ({len(value)})"
+    if isinstance(value, dict):
+        return {k: _clip(v, depth - 1) for k, v in list(value.items())[:50]}
+    if isinstance(value, list):
+        return [_clip(v, depth - 1) for v in value[:50]]
+    if isinstance(value, str) and len(value) > 500:
+        return value[:500] + "…"
+    return value
+
+
+@dataclass
+class JsonPreview:
+    text: str
+    truncated: bool
+
+
+def preview_json(value: Any) -> JsonPreview:
+    full = to_pretty_json(value)
+    if len(full) <= JSON_PREVIEW_CHARS and _depth(value, JSON_PREVIEW_DEPTH) <= JSON_PREVIEW_DEPTH:
+        return JsonPreview(full, False)
+    clipped = to_pretty_json(_clip(value, JSON_PREVIEW_DEPTH))
+    if len(clipped) > JSON_PREVIEW_CHARS:
+        clipped = clipped[:JSON_PREVIEW_CHARS] + "\n…"
+    return JsonPreview(clipped, True)
+
+
+# --------------------------------------------------------------------------------------------
+# A run, as a person needs to see it
+
+
+@dataclass
+class TimelineItem:
+    name: str
+    kind: str
+    stage: str
+    tool: str
+    state: str  # "done", "current", "failed", "skipped", "upcoming"
+    step: Step | None = None
+    effects: list[SideEffect] = field(default_factory=list)
+
+
+@dataclass
+class Pending:
+    """What is about to be done: the snapshot of the call, or the approval's proposal."""
+
+    tool: str
+    target: str
+    params: Any
+    permissions: dict
+    prior_results: Any
+    idempotency_key: str = ""
+    snapshot: Snapshot | None = None
+    created_at: Any = None
+
+
+@dataclass
+class RunContext:
+    run: Run
+    steps: list[Step]
+    timeline: list[TimelineItem]
+    current: Step | None
+    approval: ApprovalRequest | None
+    pending: Pending | None
+    effects: list[SideEffect]
+    decisions: list[HumanDecision]
+    routing: dict
+    failure_class: str
+    reason: str
+    suggestion: str
+    actions: set[str]
+    edit_fields: dict | None
+    to_compensate: list[SideEffect]
+    wait: Wait | None
+    can_act: bool
+
+
+def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
+    """The declared steps after the last recorded one (branches may skip some)."""
+    try:
+        declared = workflow_registry.get(run.workflow, run.workflow_version).describe()
+    except workflow_registry.UnknownWorkflow:
+        return []
+    names = [d["name"] for d in declared]
+    recorded = {s.name for s in steps}
+    last_index = -1
+    for step in steps:
+        if step.name in names:
+            last_index = max(last_index, names.index(step.name))
+    return [d for d in declared[last_index + 1 :] if d["name"] not in recorded]
+
+
+def _prior_results(steps: list[Step], before: Step | None) -> dict:
+    out = {}
+    for step in steps:
+        if before is not None and step.position >= before.position:
+            break
+        if step.status in Step.DONE and step.status != Step.Status.SKIPPED:
+            text = json.dumps(step.result, cls=DjangoJSONEncoder, ensure_ascii=False)
+            out[step.name] = text if len(text) <= 200 else text[:199] + "…"
+    return out
+
+
+def build_run_context(run: Run, user) -> RunContext:
+    """Everything the detail page shows, in a fixed number of queries."""
+    steps = list(run.steps.order_by("position"))
+    effects = list(run.side_effects.order_by("created_at", "id"))
+    by_step: dict[int, list[SideEffect]] = {}
+    for effect in effects:
+        by_step.setdefault(effect.step_id, []).append(effect)
+    current = next((s for s in steps if s.status in Step.UNFINISHED), None)
+
+    timeline: list[TimelineItem] = []
+    for step in steps:
+        if step is current:
+            state = "current"
+        elif step.status == Step.Status.FAILED:
+            state = "failed"
+        elif step.status in (Step.Status.SKIPPED, Step.Status.COMPENSATED):
+            state = "skipped"
+        elif step.status in Step.DONE:
+            state = "done"
+        else:
+            state = "upcoming"
+        timeline.append(
+            TimelineItem(step.name, step.kind, step.stage, step.tool, state, step,
+                         by_step.get(step.pk, []))
+        )  # fmt: skip
+    if not run.is_terminal:
+        for item in _upcoming(run, steps):
+            timeline.append(
+                TimelineItem(item["name"], item["kind"], item["stage"], item["tool"], "upcoming")
+            )
+
+    approval = None
+    if current is not None and current.kind == "approval":
+        approval = (
+            ApprovalRequest.objects.filter(step=current, status=ApprovalRequest.Status.PENDING)
+            .order_by("-id")
+            .first()
+        )
+    pending = _pending(run, steps, current, approval)
+    wait = None
+    if current is not None:
+        wait = Wait.objects.filter(step=current, status=Wait.Status.PENDING).first()
+    decisions = list(run.decisions.select_related("user").order_by("-created_at", "-id")[:50])
+    routing = (current.routing if current else {}) or {}
+    failure_class = (current.error_class if current else "") or routing.get("failure_class", "")
+    reason = "approval" if approval else failure_class
+    may_act = may_act_on(user, run)
+    actions = available_actions(run, current, approval, effects) if may_act else set()
+    edit_fields = None
+    if "approve_edits" in actions or "retry_edits" in actions:
+        tool_name = approval.tool if approval else (current.tool if current else "")
+        edit_fields = {"tool": tool_name, "params": pending.params if pending else {}}
+    to_compensate = [e for e in effects if e.status == SideEffect.Status.COMMITTED]
+    ctx = RunContext(
+        run=run,
+        steps=steps,
+        timeline=timeline,
+        current=current,
+        approval=approval,
+        pending=pending,
+        effects=effects,
+        decisions=decisions,
+        routing=routing,
+        failure_class=failure_class,
+        reason=reason,
+        suggestion="",
+        actions=actions,
+        edit_fields=edit_fields,
+        to_compensate=to_compensate,
+        wait=wait,
+        can_act=may_act,
+    )
+    ctx.suggestion = suggest_next_action(ctx)
+    return ctx
+
+
+def _pending(run, steps, current, approval) -> Pending | None:
+    if approval is not None:
+        try:
+            target = tool_registry.get(approval.tool).target_of(approval.proposed_params)
+        except tool_registry.UnknownTool:
+            target = ""
+        return Pending(
+            tool=approval.tool,
+            target=target,
+            params=approval.proposed_params,
+            permissions={"actor": run.principal, "scopes": run.scopes},
+            prior_results=_prior_results(steps, current),
+            created_at=approval.created_at,
+        )
+    if current is None or current.kind not in ("side_effect", "read"):
+        return None
+    snapshot = Snapshot.objects.filter(step=current).order_by("-id").first()
+    if snapshot is not None:
+        return Pending(
+            tool=snapshot.tool,
+            target=snapshot.target_resource,
+            params=snapshot.params,
+            permissions=snapshot.permissions,
+            prior_results=snapshot.prior_results_summary,
+            idempotency_key=snapshot.idempotency_key,
+            snapshot=snapshot,
+            created_at=snapshot.created_at,
+        )
+    params = current.spec.get("params_override") or current.spec.get("params") or {}
+    return Pending(
+        tool=current.tool,
+        target="",
+        params=params,
+        permissions={"actor": run.principal, "scopes": run.scopes},
+        prior_results=_prior_results(steps, current),
+        idempotency_key=current.idempotency_key,
+    )
+
+
+def available_actions(run, current, approval, effects) -> set[str]:
+    """The actions that make sense now (the action functions re-check under the row lock)."""
+    if run.is_terminal:
+        return set()
+    found: set[str] = set()
+    S = Step.Status
+    if run.status == Run.Status.TAKEN_OVER:
+        found.add("release")
+    elif run.status != Run.Status.COMPENSATING:
+        found.add("take_over")
+    if run.status != Run.Status.COMPENSATING and not (
+        current is not None and current.status == S.UNKNOWN_OUTCOME
+    ):
+        found.add("cancel")
+    if current is None or run.status == Run.Status.COMPENSATING:
+        return found
+    if approval is not None:
+        found |= {"approve", "reject"}
+        if approval.tool:
+            found.add("approve_edits")
+        return found
+    if current.status == S.UNKNOWN_OUTCOME:
+        return found | {"confirm_happened", "confirm_not_happened"}
+    waits_for_event = current.kind in ("wait_event", "wait_timer")
+    if current.status == S.NEEDS_HUMAN or (
+        current.status in (S.RETRY_SCHEDULED, S.WAITING) and not waits_for_event
+    ):
+        found.add("retry")
+    if current.status == S.NEEDS_HUMAN and current.kind in ("side_effect", "read"):
+        last = next((e for e in reversed(effects) if e.step_id == current.pk), None)
+        if last is None or last.status != SideEffect.Status.COMMITTED:
+            found.add("retry_edits")
+    if current.status in (S.NEEDS_HUMAN, S.RETRY_SCHEDULED, S.WAITING, S.PENDING):
+        found |= {"skip", "complete"}
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# The suggested next action: one sentence from the failure class and the rule that routed it.
+
+_UNKNOWN_BY_SYSTEM = {
+    "mail": gettext_lazy(
+        "The mail system may have sent this message. Check the mailbox %(target)s for key "
+        "%(key)s; then confirm sent (give the message id) or not sent."
+    ),
+    "crm": gettext_lazy(
+        "The CRM may have created this record. Search %(target)s for key %(key)s; then confirm "
+        "it exists (give the record id) or that it does not."
+    ),
+    "payments": gettext_lazy(
+        "The payment system may have moved this money. Look up %(target)s for key %(key)s; then "
+        "confirm it happened (give the transaction id) or that it did not."
+    ),
+    "tickets": gettext_lazy(
+        "The helpdesk may have changed this ticket. Open %(target)s and look for key %(key)s; "
+        "then confirm it changed or that it did not."
+    ),
+}
+
+
+def suggest_next_action(ctx: RunContext) -> str:
+    run, step = ctx.run, ctx.current
+    if run.is_terminal:
+        return _("Nothing to do: the run is %(status)s.") % {
+            "status": label(RUN_STATUS_LABELS, run.status).lower()
+        }
+    if run.status == Run.Status.TAKEN_OVER and run.owner is not None:
+        return _(
+            "%(owner)s has taken this run over: automation will not touch it until they act "
+            "on it or release it."
+        ) % {"owner": run.owner.get_username()}
+    if run.status == Run.Status.COMPENSATING:
+        return _("TaskPilots is undoing this run's side effects; watch the steps below.")
+    if run.status in (Run.Status.PENDING, Run.Status.RUNNING):
+        return _("The run is moving on its own; nothing to do.")
+    if step is None:
+        return _("No step is waiting; nothing to do.")
+    tool = (ctx.pending.tool if ctx.pending else "") or step.tool or step.name
+    rule = ctx.routing.get("rule") or ""
+    if ctx.approval is not None:
+        if ctx.to_compensate:
+            return _(
+                "Check the proposed %(tool)s call below, then approve it, approve it with "
+                "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
+                "effects)."
+            ) % {"tool": tool, "count": len(ctx.to_compensate)}
+        return _(
+            "Check the proposed %(tool)s call below, then approve it, approve it with corrected "
+            "parameters, or reject it."
+        ) % {"tool": tool}
+    cls = ctx.failure_class
+    if step.status == Step.Status.UNKNOWN_OUTCOME or cls == FailureClass.UNKNOWN_OUTCOME:
+        key = (ctx.pending.idempotency_key if ctx.pending else "") or step.idempotency_key
+        target = (ctx.pending.target if ctx.pending else "") or tool
+        template = _UNKNOWN_BY_SYSTEM.get(tool.split(".")[0])
+        if template is None:
+            template = gettext_lazy(
+                "%(tool)s may or may not have done this. Check %(target)s for key %(key)s; then "
+                "confirm it happened (give its reference) or that it did not."
+            )
+        return str(template) % {"tool": tool, "target": target, "key": key}
+    if step.status in (Step.Status.WAITING, Step.Status.RETRY_SCHEDULED):
+        return _(
+            "TaskPilots is waiting for %(tool)s and will try again by itself; retry now if you "
+            "know it is back."
+        ) % {"tool": tool}
+    if cls == FailureClass.OUTAGE:
+        return _(
+            "%(tool)s stayed down longer than rule “%(rule)s” waits. Check that it is back, then "
+            "retry the step now; or do the work by hand and mark the step done."
+        ) % {"tool": tool, "rule": rule}
+    if cls == FailureClass.INVALID_INPUT:
+        return _(
+            "%(tool)s rejected the data it was given. Correct the parameters and retry, or skip "
+            "the step with a reason."
+        ) % {"tool": tool}
+    if cls == FailureClass.PERMISSION:
+        return _(
+            "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do it "
+            "by hand and mark the step done."
+        ) % {"tool": tool}
+    if cls == FailureClass.TRANSIENT:
+        return _(
+            "%(tool)s kept failing after %(attempts)s attempts. Retry now, or take the run over "
+            "and finish the step by hand."
+        ) % {"tool": tool, "attempts": step.attempts}
+    if cls == FailureClass.TIMEOUT:
+        return _(
+            "The wait ran out with no answer. Check whether it happened; then mark the step done "
+            "with its result, or skip it with a reason."
+        )
+    return _("Read the error below; retry the step, mark it done by hand, or cancel the run.")
+
+
+def conflict_message(run: Run) -> str:
+    """“Already decided by X at T”: the latest human decision, or the run's current state."""
+    last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
+    if last is not None:
+        return _(
+            "Someone else acted first: %(user)s %(verb)s at %(time)s. The run is now "
+            "%(status)s; here is where it stands."
+        ) % {
+            "user": last.user.get_username(),
+            "verb": label(VERB_LABELS, last.verb),
+            "time": _format_time(last.created_at),
+            "status": label(RUN_STATUS_LABELS, run.status).lower(),
+        }
+    return _("This run changed since you opened it; it is now %(status)s.") % {
+        "status": label(RUN_STATUS_LABELS, run.status).lower()
+    }
+
+
+def _format_time(value) -> str:
+    from django.utils.formats import date_format
+
+    return date_format(timezone.localtime(value), "DATETIME_FORMAT")

@@ -1,0 +1,200 @@
+"""Console forms: inbox and run-list filters, and one form per human action.
+
+Every action form carries the run's lock_version as `expected_version`, so a stale page or a
+double submit loses cleanly in approvals/actions.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.utils.translation import gettext_lazy as _
+
+from approvals.console import REASON_LABELS, RUN_STATUS_LABELS
+from runs import tools as tool_registry
+
+MAX_JSON_CHARS = 256 * 1024
+
+
+class InboxFilterForm(forms.Form):
+    queue = forms.ChoiceField(label=_("Queue"), required=False)
+    workflow = forms.ChoiceField(label=_("Workflow"), required=False)
+    reason = forms.ChoiceField(label=_("Reason"), required=False)
+    owner = forms.ChoiceField(
+        label=_("Owner"),
+        required=False,
+        choices=[("", _("Anyone")), ("mine", _("Mine")), ("unassigned", _("Unassigned"))],
+    )
+
+    def __init__(self, *args, queues=(), workflows=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["queue"].choices = [("", _("All queues"))] + [(q, q) for q in queues]
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
+        self.fields["reason"].choices = [("", _("All reasons"))] + list(REASON_LABELS.items())
+
+    def filters(self) -> dict[str, str]:
+        if not self.is_valid():
+            return {}
+        return {k: v for k, v in self.cleaned_data.items() if v}
+
+
+class RunSearchForm(forms.Form):
+    q = forms.CharField(
+        label=_("Run id or business key"), required=False, max_length=200, strip=True
+    )
+    workflow = forms.ChoiceField(label=_("Workflow"), required=False)
+    status = forms.ChoiceField(
+        label=_("Status"),
+        required=False,
+        choices=[("", _("Any status"))] + list(RUN_STATUS_LABELS.items()),
+    )
+    date_from = forms.DateField(
+        label=_("Started from"), required=False, widget=forms.DateInput(attrs={"type": "date"})
+    )
+    date_to = forms.DateField(
+        label=_("Started until"), required=False, widget=forms.DateInput(attrs={"type": "date"})
+    )
+
+    def __init__(self, *args, workflows=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
+
+    def filters(self) -> dict[str, Any]:
+        if not self.is_valid():
+            return {}
+        return {k: v for k, v in self.cleaned_data.items() if v}
+
+
+# --------------------------------------------------------------------------------------------
+# Actions
+
+
+class ActionForm(forms.Form):
+    expected_version = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+    comment = forms.CharField(
+        label=_("Comment"),
+        required=False,
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+
+
+class ApproveForm(ActionForm):
+    approval = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+class RejectForm(ApproveForm):
+    comment = forms.CharField(
+        label=_("Why reject it?"),
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": _("Say why you reject it.")},
+    )
+
+
+class StepForm(ActionForm):
+    step = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+
+
+class ConfirmHappenedForm(StepForm):
+    field_order = ["proof", "comment"]
+
+    proof = forms.CharField(
+        label=_("External reference (proof)"),
+        max_length=2000,
+        error_messages={
+            "required": _("Give the external reference (e.g. the message or record id).")
+        },
+    )
+
+
+class ReasonForm(ActionForm):
+    comment = forms.CharField(
+        label=_("Reason"),
+        max_length=4000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        error_messages={"required": _("Say why.")},
+    )
+
+
+class CompleteForm(ActionForm):
+    result = forms.CharField(
+        label=_("Result (JSON)"),
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        error_messages={"required": _('Give the step\'s result as JSON, e.g. {"id": "…"}.')},
+    )
+
+    def clean_result(self):
+        text = self.cleaned_data["result"]
+        if len(text) > MAX_JSON_CHARS:
+            raise forms.ValidationError(_("The result is too large (256 KiB at most)."))
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(
+                _("This is not valid JSON: %(error)s"), params={"error": str(exc)}
+            ) from None
+
+
+def _field_for(kind: type, value: Any, name: str) -> forms.Field:
+    common = {"label": name, "required": True}
+    if kind is bool:
+        return forms.BooleanField(label=name, required=False)
+    if kind is int:
+        return forms.IntegerField(**common)
+    if kind is float:
+        return forms.FloatField(**common)
+    if kind is str:
+        long = isinstance(value, str) and (len(value) > 80 or "\n" in value)
+        widget = forms.Textarea(attrs={"rows": 4}) if long else forms.TextInput
+        return forms.CharField(max_length=MAX_JSON_CHARS, strip=False, widget=widget, **common)
+    return forms.JSONField(widget=forms.Textarea(attrs={"rows": 3}), **common)
+
+
+class EditParamsForm(ActionForm):
+    """A form built from the tool's params_schema (one field per declared parameter); a tool
+    without a schema gets one JSON object field. Undeclared parameters are kept as they were."""
+
+    approval = forms.IntegerField(min_value=1, widget=forms.HiddenInput, required=False)
+
+    def __init__(self, *args, tool: str = "", params: dict | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.original = dict(params or {}) if isinstance(params, dict) else {}
+        try:
+            self.schema = dict(tool_registry.get(tool).params_schema) if tool else {}
+        except tool_registry.UnknownTool:
+            self.schema = {}
+        if self.schema:
+            for name, kind in self.schema.items():
+                field = _field_for(kind, self.original.get(name), name)
+                field.initial = self.original.get(name)
+                self.fields[f"param__{name}"] = field
+        else:
+            self.fields["params_json"] = forms.JSONField(
+                label=_("Parameters (JSON object)"),
+                initial=self.original,
+                widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+            )
+
+    def param_fields(self):
+        return [self[name] for name in self.fields if name.startswith("param")]
+
+    def clean(self):
+        data = super().clean()
+        if "params_json" in self.fields:
+            params = data.get("params_json")
+            if params is not None and not isinstance(params, dict):
+                self.add_error("params_json", _("Give a JSON object."))
+            data["params"] = params
+            return data
+        params = dict(self.original)
+        for name in self.schema:
+            key = f"param__{name}"
+            if key in data:
+                params[name] = data[key]
+        if len(json.dumps(params, default=str)) > MAX_JSON_CHARS:
+            raise forms.ValidationError(_("The parameters are too large (256 KiB at most)."))
+        data["params"] = params
+        return data

@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from approvals import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.inbox, name="inbox"),
+    path("runs/", views.run_list, name="run-list"),
+    path("runs/<uuid:run_id>/", views.run_detail, name="run-detail"),
+    path("runs/<uuid:run_id>/raw/<slug:part>/", views.run_raw, name="run-raw"),
+    path("runs/<uuid:run_id>/raw/<slug:part>/<int:ident>/", views.run_raw, name="run-raw-item"),
+    path("runs/<uuid:run_id>/actions/<slug:action>/", views.run_action, name="run-action"),
+]

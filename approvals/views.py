@@ -1,0 +1,413 @@
+"""The takeover console: inbox, run list, run detail and every human action.
+
+Views are thin: check the role, load rows, call approvals/console.py to read or
+approvals/actions.py to act, and render a page or (for htmx) the partial that changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import reswap, retarget
+
+from approvals import actions, console
+from approvals.forms import (
+    ActionForm,
+    ApproveForm,
+    CompleteForm,
+    ConfirmHappenedForm,
+    EditParamsForm,
+    InboxFilterForm,
+    ReasonForm,
+    RejectForm,
+    RunSearchForm,
+    StepForm,
+)
+from approvals.models import ApprovalRequest
+from runs.models import Run, Snapshot, Step, TimelineEvent, TransitionError
+
+logger = logging.getLogger("taskpilots.console")
+
+
+def _forbidden(request: HttpRequest, why: str) -> HttpResponse:
+    logger.warning(
+        "console permission denied: user=%s method=%s path=%s why=%s",
+        request.user.get_username() or "-",
+        request.method,
+        request.path,
+        why,
+    )
+    response = render(request, "403.html", {"why": why}, status=403)
+    if request.htmx:
+        response = render(request, "console/flash.html", {"error": why}, status=403)
+        retarget(response, "#flash")
+        reswap(response, "innerHTML")
+    return response
+
+
+def console_view(*, act: bool = False):
+    """Login required, then a console role: any role to read, support or admin to act."""
+
+    def decorator(view):
+        @wraps(view)
+        @login_required
+        def wrapper(request, *args, **kwargs):
+            allowed = console.can_act(request.user) if act else console.can_read(request.user)
+            if not allowed:
+                return _forbidden(
+                    request,
+                    _("Your role may not act on runs.")
+                    if act and console.can_read(request.user)
+                    else _("You have no console role; ask an admin for access."),
+                )
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def _page(request: HttpRequest, queryset, size: int = console.PAGE_SIZE):
+    return Paginator(queryset, size).get_page(request.GET.get("page"))
+
+
+def _querystring(request: HttpRequest, **overrides: Any) -> str:
+    params = request.GET.copy()
+    for key in ("page", *overrides):
+        params.pop(key, None)
+    for key, value in overrides.items():
+        if value:
+            params[key] = value
+    return params.urlencode()
+
+
+# --------------------------------------------------------------------------------------------
+# Inbox
+
+
+@require_GET
+@never_cache
+@console_view()
+def inbox(request: HttpRequest) -> HttpResponse:
+    choices = console.filter_choices()
+    form = InboxFilterForm(request.GET or None, **choices)
+    runs = console.inbox_queryset(request.user, **form.filters())
+    page = _page(request, runs)
+    for run in page.object_list:
+        run.reason = console.reason_of(run.current)
+    context = {
+        "form": form,
+        "page": page,
+        "counts": console.inbox_counts(request.user),
+        "now": timezone.now(),
+        "query": _querystring(request),
+    }
+    template = "console/inbox.html"
+    if request.htmx and request.htmx.target == "inbox-live":
+        template += "#inbox-live"
+    return render(request, template, context)
+
+
+# --------------------------------------------------------------------------------------------
+# All runs
+
+
+@require_GET
+@never_cache
+@console_view()
+def run_list(request: HttpRequest) -> HttpResponse:
+    workflows = console.filter_choices()["workflows"]
+    form = RunSearchForm(request.GET or None, workflows=workflows)
+    page = _page(request, console.search_runs(**form.filters()))
+    context = {"form": form, "page": page, "query": _querystring(request), "now": timezone.now()}
+    template = "console/run_list.html"
+    if request.htmx and request.htmx.target == "run-results":
+        template += "#run-results"
+    return render(request, template, context)
+
+
+# --------------------------------------------------------------------------------------------
+# Run detail
+
+TABS = ("steps", "rehydration", "events", "decisions")
+
+
+def _get_run(run_id) -> Run:
+    return get_object_or_404(Run.objects.select_related("owner"), pk=run_id)
+
+
+def _action_forms(ctx: console.RunContext, bound: dict | None = None) -> dict[str, Any]:
+    version = {"expected_version": ctx.run.lock_version}
+    approval = {"approval": ctx.approval.pk} if ctx.approval else {}
+    step = {"step": ctx.current.pk} if ctx.current else {}
+    forms: dict[str, Any] = {}
+    for name in ctx.actions:
+        spec = ACTIONS[name]
+        initial = {**version, **approval, **step}
+        if spec.form is EditParamsForm:
+            forms[name] = EditParamsForm(initial=initial, **(ctx.edit_fields or {}))
+        else:
+            forms[name] = spec.form(initial=initial)
+    forms.update(bound or {})
+    return forms
+
+
+def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, Any]:
+    ctx = console.build_run_context(run, request.user)
+    tab = request.GET.get("tab", "steps")
+    tab = tab if tab in TABS else "steps"
+    context = {
+        "ctx": ctx,
+        "run": run,
+        "forms": _action_forms(ctx, extra.pop("bound", None)),
+        "tab": tab,
+        "now": timezone.now(),
+        "live": run.status in Run.RUNNABLE,
+        "is_admin": console.is_admin(request.user),
+    }
+    if tab == "rehydration":
+        document = run.rehydration()
+        context["rehydration"] = console.to_pretty_json(document)
+    elif tab == "events":
+        context["events"] = list(TimelineEvent.objects.filter(run=run).order_by("-seq")[:200])
+    context.update(extra)
+    return context
+
+
+@require_GET
+@never_cache
+@console_view()
+def run_detail(request: HttpRequest, run_id) -> HttpResponse:
+    run = _get_run(run_id)
+    template = "console/run_detail.html"
+    if request.htmx and request.htmx.target in ("run-main", "tab-panel"):
+        template += "#" + request.htmx.target
+    return render(request, template, _detail_context(request, run))
+
+
+@require_GET
+@never_cache
+@console_view()
+def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -> JsonResponse:
+    """The full JSON behind a truncated preview, served as application/json (never HTML)."""
+    run = _get_run(run_id)
+    kind = part
+    if kind == "input":
+        value = run.input
+    elif kind == "result":
+        value = run.result
+    elif kind == "rehydration":
+        value = run.rehydration()
+    elif kind == "snapshot" and ident:
+        value = get_object_or_404(Snapshot, pk=ident, run=run).content()
+    elif kind == "step" and ident:
+        step = get_object_or_404(Step, pk=ident, run=run)
+        value = {"result": step.result, "spec": step.spec, "routing": step.routing}
+    elif kind == "approval" and ident:
+        approval = get_object_or_404(ApprovalRequest, pk=ident, run=run)
+        value = {"proposed_params": approval.proposed_params, "edited": approval.edited_params}
+    else:
+        raise Http404("unknown part")
+    response = JsonResponse(
+        value, safe=False, json_dumps_params={"indent": 2, "ensure_ascii": False}
+    )
+    response["Content-Disposition"] = f'inline; filename="{run.pk}-{kind}.json"'
+    return response
+
+
+# --------------------------------------------------------------------------------------------
+# Actions
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    form: type
+    perform: Callable[[Run, Any, dict, HttpRequest], str]
+
+
+def _approval_of(run: Run, data: dict) -> ApprovalRequest:
+    return get_object_or_404(ApprovalRequest, pk=data["approval"], run=run)
+
+
+def _step_of(run: Run, data: dict) -> Step:
+    return get_object_or_404(Step, pk=data["step"], run=run)
+
+
+def _approve(run, user, data, request):
+    actions.decide_approval(
+        _approval_of(run, data).pk, user, "approved",
+        comment=data["comment"], expected_version=data["expected_version"],
+    )  # fmt: skip
+    return _("Approved. The run goes on.")
+
+
+def _approve_edits(run, user, data, request):
+    approval_id = data.get("approval")
+    if not approval_id:
+        raise actions.ActionRefused(_("There is no approval to decide."))
+    actions.decide_approval(
+        _approval_of(run, data).pk, user, "approved_with_edits", edited_params=data["params"],
+        comment=data["comment"], expected_version=data["expected_version"],
+    )  # fmt: skip
+    return _("Approved with your edits. The run goes on with the new parameters.")
+
+
+def _reject(run, user, data, request):
+    actions.decide_approval(
+        _approval_of(run, data).pk, user, "rejected",
+        comment=data["comment"], expected_version=data["expected_version"],
+    )  # fmt: skip
+    return _("Rejected. Side effects already done are being undone.")
+
+
+def _confirm_happened(run, user, data, request):
+    actions.confirm_outcome(
+        _step_of(run, data).pk, user, happened=True, proof=data["proof"],
+        comment=data["comment"], expected_version=data["expected_version"],
+    )  # fmt: skip
+    return _("Recorded as done, with your reference as proof. The run goes on.")
+
+
+def _confirm_not_happened(run, user, data, request):
+    actions.confirm_outcome(
+        _step_of(run, data).pk, user, happened=False,
+        comment=data["comment"], expected_version=data["expected_version"],
+    )  # fmt: skip
+    return _("Recorded as not done. The step is tried again with the same idempotency key.")
+
+
+def _retry(run, user, data, request):
+    actions.retry_step(
+        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
+    )
+    return _("The step will be tried again now.")
+
+
+def _retry_edits(run, user, data, request):
+    actions.retry_with_edits(
+        run.pk, user, data["params"],
+        comment=data["comment"], expected_version=data["expected_version"],
+    )  # fmt: skip
+    return _("The step will be tried again with your parameters.")
+
+
+def _skip(run, user, data, request):
+    actions.skip_step(
+        run.pk, user, reason=data["comment"], expected_version=data["expected_version"]
+    )
+    return _("Step skipped. The run goes on.")
+
+
+def _complete(run, user, data, request):
+    actions.complete_by_hand(
+        run.pk, user, result=data["result"],
+        comment=data["comment"], expected_version=data["expected_version"],
+    )  # fmt: skip
+    return _("Step marked done by hand. The run goes on.")
+
+
+def _take_over(run, user, data, request):
+    actions.take_over(
+        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
+    )
+    return _("You have taken this run over. Automation will not touch it until you release it.")
+
+
+def _release(run, user, data, request):
+    actions.release(
+        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
+    )
+    return _("Released. The run is back with TaskPilots.")
+
+
+def _cancel(run, user, data, request):
+    actions.cancel_run(
+        run.pk, user, reason=data["comment"], expected_version=data["expected_version"]
+    )
+    return _("The run is cancelled; side effects already done are being undone.")
+
+
+ACTIONS: dict[str, ActionSpec] = {
+    "approve": ActionSpec(ApproveForm, _approve),
+    "approve_edits": ActionSpec(EditParamsForm, _approve_edits),
+    "reject": ActionSpec(RejectForm, _reject),
+    "confirm_happened": ActionSpec(ConfirmHappenedForm, _confirm_happened),
+    "confirm_not_happened": ActionSpec(StepForm, _confirm_not_happened),
+    "retry": ActionSpec(ActionForm, _retry),
+    "retry_edits": ActionSpec(EditParamsForm, _retry_edits),
+    "skip": ActionSpec(ReasonForm, _skip),
+    "complete": ActionSpec(CompleteForm, _complete),
+    "take_over": ActionSpec(ActionForm, _take_over),
+    "release": ActionSpec(ActionForm, _release),
+    "cancel": ActionSpec(ReasonForm, _cancel),
+}
+
+
+def _bind(spec: ActionSpec, request: HttpRequest, run: Run):
+    if spec.form is not EditParamsForm:
+        return spec.form(request.POST)
+    ctx = console.build_run_context(run, request.user)
+    fields = ctx.edit_fields or {"tool": "", "params": {}}
+    return EditParamsForm(request.POST, **fields)
+
+
+@require_POST
+@console_view(act=True)
+def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
+    spec = ACTIONS.get(action)
+    if spec is None:
+        raise Http404("unknown action")
+    run = _get_run(run_id)
+    if not console.may_act_on(request.user, run):
+        owner = run.owner.get_username() if run.owner else "?"
+        return _forbidden(
+            request,
+            _("%(owner)s has taken this run over; only they or an admin can act on it.")
+            % {"owner": owner},
+        )
+    form = _bind(spec, request, run)
+    if not form.is_valid():
+        return _answer(request, run, status=422, error=_("Check the form."), bound={action: form})
+    try:
+        message = spec.perform(run, request.user, form.cleaned_data, request)
+    except actions.DecisionConflict:
+        return _answer(request, run, status=409, error=console.conflict_message(_fresh(run)))
+    except TransitionError:
+        return _answer(request, run, status=409, error=console.conflict_message(_fresh(run)))
+    except actions.ActionRefused as exc:
+        return _answer(request, run, status=422, error=str(exc), bound={action: form})
+    logger.info("console action %s on run %s by %s", action, run.pk, request.user.get_username())
+    return _answer(request, _fresh(run), status=200, success=message)
+
+
+def _fresh(run: Run) -> Run:
+    return Run.objects.select_related("owner").get(pk=run.pk)
+
+
+def _answer(request, run, *, status, success="", error="", bound=None) -> HttpResponse:
+    """htmx: the refreshed run (header, steps, actions) with the outcome; otherwise the page
+    itself (errors) or a redirect to it (success, so a reload does not post again)."""
+    if not request.htmx:
+        if status == 200:
+            messages.success(request, success)
+            return redirect(reverse("console:run-detail", args=[run.pk]), permanent=False)
+        context = _detail_context(request, _fresh(run), error=error, bound=bound)
+        return render(request, "console/run_detail.html", context, status=status)
+    if status == 409:
+        run, bound = _fresh(run), None
+    context = _detail_context(request, run, success=success, error=error, bound=bound)
+    return render(request, "console/run_detail.html#run-main", context, status=status)

@@ -1,0 +1,36 @@
+"""Real paused runs for the console tests, made by the engine from the test workflows."""
+
+from __future__ import annotations
+
+from runs import engine
+from runs.models import Run
+
+REFUND = ("test.refund", {"amount": 150, "payment": "pay_1"})
+LEAD = ("test.lead", {"email": "lee@example.com", "name": "Lee"})
+REPLY = ("test.reply", {"message": "Where is my refund?", "email": "ann@example.com",
+                        "ticket": "T-1"})  # fmt: skip
+
+
+def start(workflow: str, input: dict, **kw) -> Run:
+    run, _ = engine.start_run(workflow, input, **kw)
+    return engine.run_until_quiet(run.pk)
+
+
+def approval_run(**input) -> Run:
+    """A refund waiting for approval."""
+    return start("test.refund", {"amount": 150, "payment": "pay_1", **input})
+
+
+def unknown_outcome_run(sandbox) -> Run:
+    """A CRM create that committed, then answered 500: nobody knows whether it happened."""
+    sandbox.inject("crm", "commit_then_500", action="create")
+    return start(*LEAD)
+
+
+def invalid_data_run() -> Run:
+    """tickets.update answers 422 for an empty ticket id: a person must fix the data."""
+    return start("test.reply", {**REPLY[1], "ticket": ""})
+
+
+def fresh(run: Run) -> Run:
+    return Run.objects.get(pk=run.pk)

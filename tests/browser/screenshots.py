@@ -1,0 +1,98 @@
+"""Screenshots of the console for docs/screenshots/, from a live server with realistic runs.
+
+Not part of the suite (the file name does not match test_*.py); run it explicitly:
+
+    pytest tests/browser/screenshots.py -p no:randomly
+
+It drives the demo workflows against the sandbox so every paused run is a real one: a refund
+waiting for approval, a CRM write whose outcome is unknown, a mail outage that outlasted its
+wait window, a lead with invalid data, and a run someone took over.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+import runs.demo.workflows  # noqa: F401  (registers the demo workflows)
+from approvals import actions
+from runs import engine
+from runs.models import Run, Wait
+from tests.approvals.console_helpers import start
+from tests.browser.conftest import log_in
+from tests.factories import UserFactory
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+
+def _outage_run(sandbox, n):
+    sandbox.inject("mail", "outage", seconds=600)
+    message = "Where is my package? Order 88412"
+    run = start(
+        "support.reply", {"message": message, "email": f"mia{n}@example.com", "ticket_id": "T-1"}
+    )
+    Wait.objects.filter(run=run, status="pending").update(
+        due_at=timezone.now() - timedelta(seconds=1)
+    )
+    engine.sweep(now=timezone.now() + timedelta(seconds=61))
+    run = engine.run_until_quiet(run.pk)
+    sandbox.clear_faults()
+    return run
+
+
+def _age(run, *, hours, due_in_hours=None):
+    updates = {"created_at": timezone.now() - timedelta(hours=hours)}
+    if due_in_hours is not None:
+        updates["attention_due_at"] = timezone.now() + timedelta(hours=due_in_hours)
+    Run.objects.filter(pk=run.pk).update(**updates)
+
+
+def test_take_screenshots(page, sandbox):
+    support = UserFactory(username="mei.support", groups=["support"])
+    other = UserFactory(username="jonas.ops", groups=["support"])
+    OUT.mkdir(parents=True, exist_ok=True)
+
+    refund = start("refund.approval", {"payment_id": "pay_7Hq2", "amount": 240.0,
+                                       "reason": "Charged twice for order 88412"})  # fmt: skip
+    _age(refund, hours=5, due_in_hours=-1.2)
+    start("refund.approval", {"payment_id": "pay_9Kd1", "amount": 129.5})
+    sandbox.inject("crm", "commit_then_500", action="create")
+    unknown = start("crm.lead_sync", {"email": "lena.kraus@example.com", "name": "Lena Kraus",
+                                      "company": "Kraus GmbH", "employees": 800})  # fmt: skip
+    _age(unknown, hours=2, due_in_hours=0.5)
+    outage = _outage_run(sandbox, 1)
+    _age(outage, hours=1, due_in_hours=3)
+    invalid = start("crm.lead_sync", {"email": "not-an-address", "name": "Unknown lead"})
+    _age(invalid, hours=26)
+    taken = start("refund.approval", {"payment_id": "pay_3Zx8", "amount": 1200.0})
+    actions.take_over(taken.pk, other)
+    for n in range(4):
+        message = "How do I reset my password?"
+        start(
+            "support.reply", {"message": message, "email": f"u{n}@example.com", "ticket_id": "T-2"}
+        )
+    assert Run.objects.filter(status__in=Run.HUMAN).count() >= 6
+
+    log_in(page, support.username)
+    page.goto("/console/")
+    page.screenshot(path=OUT / "inbox.png", full_page=True)
+    page.goto(f"/console/runs/{refund.pk}/")
+    page.screenshot(path=OUT / "run-detail-approval.png", full_page=True)
+    page.goto(f"/console/runs/{unknown.pk}/")
+    page.screenshot(path=OUT / "run-detail-unknown-outcome.png", full_page=True)
+    page.goto(f"/console/runs/{outage.pk}/")
+    page.screenshot(path=OUT / "run-detail-outage.png", full_page=True)
+    page.goto(f"/console/runs/{invalid.pk}/")
+    page.screenshot(path=OUT / "run-detail-invalid-data.png", full_page=True)
+    page.goto("/console/runs/")
+    page.screenshot(path=OUT / "all-runs.png", full_page=True)
+    page.locator(".lang-switch button[value=zh-hans]").click()
+    page.goto("/console/")
+    page.screenshot(path=OUT / "inbox-zh-hans.png", full_page=True)
+    page.goto(f"/console/runs/{refund.pk}/")
+    page.screenshot(path=OUT / "run-detail-approval-zh-hans.png", full_page=True)
