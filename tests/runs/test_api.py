@@ -431,6 +431,18 @@ class TestWebhookSignatures:
         client.credentials = credentials
         assert post_signed(client, self.BODY)[0] == 403
 
+    def test_signatures_survive_a_secret_key_rotation_through_fallbacks(self, agent, settings):
+        old_key = settings.SECRET_KEY
+        settings.SECRET_KEY = "a-new-secret-key-" + "x" * 40
+        assert post_signed(agent, self.BODY)[0] == 401
+        settings.SECRET_KEY_FALLBACKS = [old_key]
+        assert post_signed(agent, self.BODY)[0] == 202
+
+    def test_an_oversized_signed_body_is_413(self, agent):
+        body = {**self.BODY, "payload": {"blob": ["x" * 1000] * 300}}
+        status, data = post_signed(agent, body)
+        assert status == 413 and data["error"]["code"] == "body_too_large"
+
     def test_a_rotated_secret_stops_working(self, agent):
         old = agent.credentials
         agent.credentials = agent.rotate_credentials()
