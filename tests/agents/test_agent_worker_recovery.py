@@ -1,0 +1,87 @@
+"""The demo agent (OpenAI Agents SDK + MCP tools) in real Celery worker processes: a worker that
+dies mid-agent, right after the MCP server sent the mail and before the receipt was recorded,
+is replaced and the run continues from its last recorded step — no second mail, no second
+model call for a recorded turn."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from approvals import actions
+from approvals.models import ApprovalRequest
+from runs import engine
+from runs.agents import demo  # noqa: F401  (registers demo.agent in this process too)
+from runs.models import Run, SideEffect, Step, TimelineEvent
+from taskpilots.celery import app as celery_app
+from tests.worker import Workers, wait_for
+
+pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+
+MODULES = "runs.demo.tools,tests.runs.flows,runs.agents.demo"
+CASE = {
+    "message": "My order arrived broken, please refund it.",
+    "customer": "ann@example.com",
+    "payment": "pay_1",
+    "amount": 120.0,
+    "ticket": "T-1",
+    "days_since_purchase": 10,
+}
+
+
+@pytest.fixture
+def workers(transactional_db, sandbox):
+    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
+    previous_queue = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = queue
+    settings.TASKPILOTS["DISPATCH"] = "celery"
+    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": MODULES})
+    yield pool
+    pool.close()
+    settings.TASKPILOTS["DISPATCH"] = "none"
+    celery_app.conf.task_default_queue = previous_queue
+    pool.delete_queue()
+
+
+def parked(run_id):
+    def check():
+        run = Run.objects.get(pk=run_id)
+        return run if run.status in (Run.TERMINAL | Run.HUMAN) else None
+
+    return check
+
+
+def test_the_agent_survives_a_worker_crash_without_a_second_mail_or_model_call(
+    workers, sandbox, support_user
+):
+    # The first turns run here, in the test process; the rest in workers: whichever process
+    # picks the run up continues from the recorded steps.
+    run, _ = engine.start_run("demo.agent", CASE)
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "needs_human", run.attention_reason
+    approval = ApprovalRequest.objects.get(run=run)
+    actions.decide_approval(approval.pk, support_user, "approved")  # resumes through the broker
+    first = workers.start(TASKPILOTS_CHAOS_CRASH_AFTER_CALL="mcp.sandbox.send_mail")
+    wait_for(lambda: not first.alive, what="the worker to die after sending the mail")
+    assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+    assert SideEffect.objects.get(run=run, tool="mcp.sandbox.send_mail").status == "intended"
+    Step.objects.filter(run=run, status="running").update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    workers.start()
+    engine.sweep()
+    run = wait_for(parked(run.pk), what="the run to finish")
+    assert run.status == "succeeded", run.attention_reason
+    assert run.result["final_output"].startswith("Refunded 120.00")
+    assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+    assert len(sandbox.ledger(system="payments", run=str(run.pk))) == 1
+    assert len(sandbox.ledger(system="tickets", run=str(run.pk))) == 1
+    mail = SideEffect.objects.get(run=run, tool="mcp.sandbox.send_mail")
+    assert mail.status == "committed" and mail.confirmed_by == "reconcile"
+    turns = Step.objects.filter(run=run, name__startswith="turn:")
+    assert turns.count() == 4 and all(t.attempts == 1 for t in turns)
+    assert TimelineEvent.objects.filter(run=run, verb="step.lease_reclaimed").exists()
