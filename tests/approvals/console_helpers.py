@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from runs import engine
 from runs.models import Run
 
@@ -34,3 +36,9 @@ def invalid_data_run() -> Run:
 
 def fresh(run: Run) -> Run:
     return Run.objects.get(pk=run.pk)
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    """Persona fixtures hash a password; the production hasher costs ~0.6 s per user."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
