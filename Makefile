@@ -40,6 +40,11 @@ format: $(STAMP)
 	@$(VENV)/bin/ruff format .
 
 test: $(STAMP)
+	@# The browser tests drive Debian's Chromium (never `playwright install`).
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "Installing chromium for the browser tests"; \
+	  SUDO=$$([ "$$(id -u)" -ne 0 ] && command -v sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y chromium; }
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@TASKPILOTS_TESTING=1 $(PY) manage.py makemigrations --check --dry-run
