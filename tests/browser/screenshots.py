@@ -58,9 +58,14 @@ def test_take_screenshots(page, sandbox):
     OUT.mkdir(parents=True, exist_ok=True)
 
     refund = start("refund.approval", {"payment_id": "pay_7Hq2", "amount": 240.0,
-                                       "reason": "Charged twice for order 88412"})  # fmt: skip
+                                       "reason": "Charged twice for order 88412"},
+                   business_key="order-88412/refund")  # fmt: skip
     _age(refund, hours=5, due_in_hours=-1.2)
-    start("refund.approval", {"payment_id": "pay_9Kd1", "amount": 129.5})
+    start(
+        "refund.approval",
+        {"payment_id": "pay_9Kd1", "amount": 129.5},
+        business_key="order-90311/refund",
+    )
     sandbox.inject("crm", "commit_then_500", action="create")
     unknown = start("crm.lead_sync", {"email": "lena.kraus@example.com", "name": "Lena Kraus",
                                       "company": "Kraus GmbH", "employees": 800})  # fmt: skip
