@@ -428,6 +428,8 @@ class Outcome:
     error: str = ""
     # Side effects to settle in the same transaction: (effect, target status, fields).
     effect_updates: list[tuple[SideEffect, str, dict]] = field(default_factory=list)
+    # For a re-check of an unknown outcome: when to claim the step again.
+    retry_at: datetime | None = None
     # For waits/approvals: rows to create when recording.
     wait: dict | None = None
     approval: dict | None = None
@@ -744,11 +746,20 @@ def _write_intent(
     return effect, None
 
 
+def _settle_window(claim: Claim, tool: Tool) -> timedelta:
+    if tool.settle_seconds is not None:
+        return timedelta(seconds=tool.settle_seconds)
+    timeout = _call_context(claim, tool).timeout or 0
+    return timedelta(seconds=2 * timeout + 1)
+
+
 def _reconcile(claim: Claim, tool: Tool, effect: SideEffect) -> str:
     """Settle an unknown outcome without guessing.
 
     Returns "committed" (the receipt is recorded), "resend" (safe to call again with the same
-    key: the system says it never got it, or it dedupes by key) or "unknown" (a person decides).
+    key: the system says it never got it, or it dedupes by key), "recheck" (the system has no
+    record yet, but the request may still be in flight there: ask again once the tool's settle
+    window has passed) or "unknown" (a person decides).
     """
     if tool.lookup is not None:
         try:
@@ -778,6 +789,8 @@ def _reconcile(claim: Claim, tool: Tool, effect: SideEffect) -> str:
                 confirmed_by="reconcile",
             )
             return "committed"
+        if found is not None and timezone.now() < effect.attempted_at + _settle_window(claim, tool):
+            return "recheck"
         if found is not None:
             effect.transition(
                 SideEffect.Status.NOT_COMMITTED,
@@ -818,6 +831,8 @@ def _execute_side_effect(claim: Claim) -> Outcome:
             return Outcome(Step.Status.SUCCEEDED, result=effect.receipt.get("response"))
         if verdict == "unknown":
             return _unknown_outcome(tool, effect, "a previous attempt did not report back")
+        if verdict == "recheck":
+            return _recheck(claim, tool, effect)
         effect, _ = (
             _write_intent(claim, tool, params, key)
             if effect.status == (SideEffect.Status.NOT_COMMITTED)
@@ -846,6 +861,8 @@ def _execute_side_effect(claim: Claim) -> Outcome:
         if verdict == "resend":
             # Known not committed, or safe to resend: an ordinary retry with the same key.
             return _failure(FailureClass.TRANSIENT, f"{exc.message} (reconciled: safe to retry)")
+        if verdict == "recheck":
+            return _recheck(claim, tool, effect)
         return _unknown_outcome(tool, effect, exc.message)
     return Outcome(
         Step.Status.SUCCEEDED,
@@ -867,6 +884,19 @@ def _execute_side_effect(claim: Claim) -> Outcome:
                 },
             )
         ],
+    )
+
+
+def _recheck(claim: Claim, tool: Tool, effect: SideEffect) -> Outcome:
+    """Nothing found by key yet, inside the settle window: never resend now (the first request
+    may still land); ask the system again once the window has passed."""
+    at = effect.attempted_at + _settle_window(claim, tool)
+    return Outcome(
+        Step.Status.RETRY_SCHEDULED,
+        retry_at=at,
+        failure_class=FailureClass.UNKNOWN_OUTCOME,
+        error=f"{tool.name} has no record of key {effect.idempotency_key} yet; the request may "
+        f"still be in flight, so it is asked again at {at:%H:%M:%S} before anything is resent.",
     )
 
 
@@ -992,6 +1022,20 @@ def _apply_outcome(claim: Claim, outcome: Outcome) -> bool:
         if step.spec.get("compensates"):
             _settle_compensation(step)
         return True
+    if outcome.status == S.RETRY_SCHEDULED and outcome.retry_at is not None:
+        step.transition(
+            S.RETRY_SCHEDULED,
+            verb="side_effect.recheck_scheduled",
+            held_by=lease,
+            error_class=outcome.failure_class,
+            last_error=outcome.error,
+            next_attempt_at=outcome.retry_at,
+            data={"recheck_at": outcome.retry_at, "attempt": step.attempts},
+        )
+        seconds = (outcome.retry_at - timezone.now()).total_seconds()
+        if seconds <= 5:
+            enqueue(run.pk, countdown=max(seconds, 0))
+        return False
     if outcome.status == S.WAITING and outcome.wait is not None:
         return _park_on_wait(claim, outcome.wait)
     if outcome.status == S.NEEDS_HUMAN and outcome.approval is not None:

@@ -618,6 +618,9 @@ class SideEffect(models.Model):
     compensation_key = models.CharField(max_length=255, blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # When the latest attempt was about to be sent: a "not found" answer by key is only trusted
+    # once the system can no longer be processing that request (the tool's settle window).
+    attempted_at = models.DateTimeField(default=timezone.now)
     committed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -641,6 +644,8 @@ class SideEffect(models.Model):
         updates: dict[str, Any] = {"status": target, "updated_at": now, **fields}
         if target == self.Status.COMMITTED:
             updates.setdefault("committed_at", now)
+        if target == self.Status.INTENDED:
+            updates.setdefault("attempted_at", now)
         with transaction.atomic():
             count = SideEffect.objects.filter(
                 pk=self.pk, status__in=_sources(self.TRANSITIONS, target)

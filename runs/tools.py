@@ -94,6 +94,10 @@ class Tool:
     compensation_params: Callable[[dict, dict], dict] | None = None
     fallback_tool: str = ""
     timeout: float | None = None
+    # How long after sending a call the system may still commit it (server-side processing of
+    # a request the caller gave up on). A lookup that finds nothing inside this window is not
+    # yet proof that nothing happened. None: twice the call's timeout plus a second.
+    settle_seconds: float | None = None
     # Snapshot fields that must be filled before this tool may be called.
     required_snapshot_fields: tuple[str, ...] = DEFAULT_REQUIRED_SNAPSHOT_FIELDS
     # A scope the run must hold to call this tool ("" = none needed).
@@ -148,6 +152,7 @@ class Tool:
             "compensating_tool": self.compensating_tool,
             "fallback_tool": self.fallback_tool,
             "timeout": self.timeout,
+            "settle_seconds": self.settle_seconds,
             "scope": self.scope,
         }
 

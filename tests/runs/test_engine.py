@@ -35,10 +35,12 @@ def later(**delta):
 
 
 def make_due(run):
-    """Drive time: whatever the run is waiting for (backoff, probe) is due now."""
+    """Drive time: whatever the run is waiting for (backoff, probe, settle window) is due now."""
+    past = timezone.now() - timedelta(hours=1)
     Step.objects.filter(run=run, status__in=["retry_scheduled", "waiting"]).update(
-        next_attempt_at=timezone.now() - timedelta(seconds=1)
+        next_attempt_at=past
     )
+    SideEffect.objects.filter(run=run).update(attempted_at=past)
 
 
 def steps(run):
@@ -158,6 +160,24 @@ class TestUnknownOutcome:
         ledger = sandbox.ledger(system="mail", run=str(run.pk))
         assert len(ledger) == 1 and ledger[0]["idempotency_key"] == f"tp-{run.pk}-send_reply"
 
+    def test_nothing_found_while_the_request_may_be_in_flight_is_not_resent(self, sandbox):
+        # The call times out after 1 s but the mail system commits after 1.5 s. A lookup at 1 s
+        # finds nothing; resending then would send twice. The engine asks again later instead.
+        sandbox.inject("mail", "latency", action="send", latency_ms=1500)
+        run = drive(start("test.reply", REPLY_INPUT))
+        step = Step.objects.get(run=run, name="send_reply")
+        assert step.status == "retry_scheduled"
+        assert "in flight" in step.last_error
+        assert SideEffect.objects.get(step=step).status == "unknown"
+        import time
+
+        time.sleep(0.8)  # the late commit lands at the sandbox
+        make_due(run)
+        run = drive(run)
+        assert run.status == "succeeded"
+        assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+        assert SideEffect.objects.get(step=step).confirmed_by == "reconcile"
+
     def test_a_deduping_system_is_simply_asked_again(self, sandbox):
         sandbox.inject("tickets", "commit_then_500", action="update")
         run = drive(start("test.reply", REPLY_INPUT))
@@ -208,6 +228,7 @@ class TestUnknownOutcome:
         params = engine._build_params(claim, tool)
         engine._write_intent(claim, tool, params, engine.idempotency_key_for(claim.step))
         Step.objects.filter(pk=claim.step.pk).update(lease_expires_at=later(seconds=-1))
+        SideEffect.objects.filter(run=run).update(attempted_at=later(hours=-1))
         run = drive(run)
         assert run.status == "succeeded"
         assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1

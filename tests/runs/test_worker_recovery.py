@@ -50,6 +50,8 @@ def expire_leases(run):
     Step.objects.filter(run=run, status="running").update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
+    # ... and so has the window in which the target system could still commit the lost call.
+    SideEffect.objects.filter(run=run).update(attempted_at=timezone.now() - timedelta(hours=1))
 
 
 def in_flight(run_id, tool):
