@@ -224,7 +224,8 @@ class _StdioConnection:
             async with server.client() as client:
                 self.opened.set_result(True)
                 while True:
-                    request, future, limit = await self.queue.get()
+                    request, future, limit, started = await self.queue.get()
+                    started.set()
                     try:
                         with anyio.fail_after(limit):
                             value = await request(client)
@@ -240,8 +241,9 @@ class _StdioConnection:
         finally:
             self.alive = False
             while not self.queue.empty():
-                _, future, _ = self.queue.get_nowait()
+                _, future, _, _ = self.queue.get_nowait()
                 future.set_exception(_NotSent("the MCP session closed"))
+            self.loop.call_soon(self.loop.stop)  # and the thread ends
 
     def run(self, request, limit: float):
         try:
@@ -250,9 +252,17 @@ class _StdioConnection:
             raise _NotSent(f"could not start the server within {limit}s") from None
         except Exception as exc:
             raise _NotSent(f"{type(exc).__name__}: {exc}") from exc
+        if not self.alive:
+            raise _NotSent("the MCP session closed")
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, (request, future, limit))
-        return future.result(timeout=limit + 5)
+        started = threading.Event()
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (request, future, limit, started))
+        try:
+            return future.result(timeout=limit + 5)
+        except concurrent.futures.TimeoutError:
+            if not started.is_set():  # the session ended before taking the request
+                raise _NotSent("the MCP session closed") from None
+            raise
 
 
 _CONNECTIONS: dict[tuple, _StdioConnection] = {}
