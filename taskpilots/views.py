@@ -2,10 +2,8 @@ from __future__ import annotations
 
 import time
 
-from django.contrib.auth.decorators import login_required
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -40,9 +38,3 @@ def healthz(request: HttpRequest) -> JsonResponse:
     body["ok"] = body["database"] == "ok" and body["broker"] == "ok"
     body["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
     return JsonResponse(body, status=200 if body["ok"] else 503)
-
-
-@require_GET
-@login_required
-def console_home(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/home.html")

@@ -1,0 +1,592 @@
+"""Recovery drills from the source articles, run against the sandbox with real workers.
+
+Each drill kind starts a batch of runs of the `drill.*` copies of the demo workflows, injects its
+fault, lets the real workers and the sweeper recover, plays the person where the seeds say a person
+decides (reading only the snapshot), and waits until every run is finished or parked for a person.
+The figures are computed afterwards from the database and the sandbox ledger, never from counters
+the drill keeps itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import close_old_connections, connections
+from django.utils import timezone
+
+from approvals import actions
+from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
+from runs import engine
+from runs.models import SNAPSHOT_FIELDS, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
+from runs.processes import Workers
+from runs.sandbox.client import SandboxClient, start_sandbox
+from taskpilots.celery import app as celery_app
+
+KINDS = (
+    "interrupt_before",  # the call times out before the system commits
+    "half_success",  # the write lands, the caller gets an error (lookup, or a person decides)
+    "disconnect",  # the connection is reset mid-request
+    "duplicate_trigger",  # the same run started twice, its message delivered three times
+    "outage_long",  # the system is down longer than the wait window: escalate, then retry
+    "worker_kill",  # a worker is SIGKILLed in the middle of a call
+    "restart_waiting",  # every worker restarts while runs wait for a callback
+    "approval_delayed",  # an approval is given later, and the run resumes from it
+    "local_record_failed",  # the side effect is done but the worker dies before recording it
+)
+DRILL_WORKFLOWS = ("drill.support.reply", "drill.refund.approval", "drill.crm.lead_sync")
+# Verbs that mean "something went wrong here and recovery had to act".
+FAULT_VERBS = {
+    "step.retry_scheduled",
+    "step.waiting_for_tool",
+    "step.lease_reclaimed",
+    "side_effect.unknown",
+    "step.escalated",
+    "step.unknown_outcome",
+    "step.degraded",
+}
+LEASE_SECONDS = 2
+OUTAGE_WINDOW_SECONDS = 2
+
+
+@dataclass
+class DrillConfig:
+    runs: int = 18
+    faults: tuple[str, ...] = KINDS
+    seed: int = 1
+    workers: int = 2
+    batch_timeout: float = 90.0
+    progress: Callable[[str], None] | None = None
+
+
+@dataclass
+class Batch:
+    kind: str
+    run_ids: list = field(default_factory=list)
+    started_at: datetime | None = None
+
+
+def parse_faults(value: str) -> tuple[str, ...]:
+    if value in ("all", ""):
+        return KINDS
+    kinds = tuple(part.strip() for part in value.split(",") if part.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"unknown drill kinds {unknown}; choose from: {', '.join(KINDS)}, all")
+    return kinds
+
+
+class Drill:
+    def __init__(self, config: DrillConfig):
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.tag = f"drill-{uuid.uuid4().hex[:8]}"
+        self.batches: list[Batch] = []
+        self._sandbox_process = None
+        self._workers: Workers | None = None
+        self._stop_sweeper = threading.Event()
+        self._sweeper: threading.Thread | None = None
+        self._rules: list[int] = []
+        self._previous: dict[str, Any] = {}
+        self.person = None
+
+    # -- environment ---------------------------------------------------------------------------
+    def say(self, message: str) -> None:
+        if self.config.progress:
+            self.config.progress(message)
+
+    def __enter__(self) -> Drill:
+        self._previous = {
+            "sandbox": settings.TASKPILOTS["SANDBOX_URL"],
+            "dispatch": settings.TASKPILOTS["DISPATCH"],
+            "queue": celery_app.conf.task_default_queue,
+        }
+        self.sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
+        if not self._sandbox_up():
+            self.say("starting the simulated external systems (sandbox)")
+            self._sandbox_process = start_sandbox()
+            settings.TASKPILOTS["SANDBOX_URL"] = self._sandbox_process.url
+            self.sandbox = self._sandbox_process.client
+        self.sandbox.clear_faults()
+        self._install_rules()
+        self.person, _ = get_user_model().objects.get_or_create(
+            username="drill-operator", defaults={"email": "drill@example.com"}
+        )
+        self._workers = Workers(
+            f"tp-{self.tag}",
+            {
+                "TASKPILOTS_LEASE_SECONDS": str(LEASE_SECONDS),
+                "TASKPILOTS_TOOL_TIMEOUT_SECONDS": "1",
+                "TASKPILOTS_INLINE_BUDGET_SECONDS": "2",
+            },
+        )
+        celery_app.conf.task_default_queue = self._workers.queue
+        settings.TASKPILOTS["DISPATCH"] = "celery"
+        self.say(f"starting {self.config.workers} Celery workers on queue {self._workers.queue}")
+        for _ in range(self.config.workers):
+            self._workers.start()
+        self._sweeper = threading.Thread(target=self._sweep_loop, daemon=True, name="sweeper")
+        self._sweeper.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop_sweeper.set()
+        if self._sweeper:
+            self._sweeper.join(5)
+        if self._workers:
+            self._workers.close()
+            self._workers.delete_queue()
+        EscalationRule.objects.filter(pk__in=self._rules).delete()
+        with contextlib.suppress(Exception):
+            self.sandbox.clear_faults()
+        if self._sandbox_process is not None:
+            self._sandbox_process.close()
+        settings.TASKPILOTS["SANDBOX_URL"] = self._previous["sandbox"]
+        settings.TASKPILOTS["DISPATCH"] = self._previous["dispatch"]
+        celery_app.conf.task_default_queue = self._previous["queue"]
+
+    def _sandbox_up(self) -> bool:
+        try:
+            return self.sandbox.health()
+        except Exception:
+            return False
+
+    def _install_rules(self) -> None:
+        # Fast retries and a short outage window for the drill copies of the workflows only.
+        for workflow in DRILL_WORKFLOWS:
+            for failure_class, action, extra in (
+                (
+                    "transient",
+                    "retry",
+                    {"max_attempts": 8, "backoff_base_seconds": 0.1, "backoff_cap_seconds": 0.5},
+                ),
+                (
+                    "outage",
+                    "wait",
+                    {"wait_window_seconds": OUTAGE_WINDOW_SECONDS, "probe_interval_seconds": 1},
+                ),
+            ):
+                rule = EscalationRule.objects.create(
+                    position=0,
+                    name=f"{self.tag}: {failure_class} in {workflow}",
+                    workflow=workflow,
+                    failure_class=failure_class,
+                    action=action,
+                    queue="ops",
+                    **extra,
+                )
+                self._rules.append(rule.pk)
+
+    def _sweep_loop(self) -> None:
+        while not self._stop_sweeper.wait(1.0):
+            try:
+                engine.sweep()
+            except Exception as exc:  # keep sweeping: a failed pass is retried next time
+                self.say(f"sweeper pass failed: {exc}")
+            finally:
+                close_old_connections()
+        connections.close_all()
+
+    def _restart_workers(self, **env: str) -> None:
+        for worker in self._workers.alive:
+            worker.kill()
+        for _ in range(self.config.workers):
+            self._workers.start(**env)
+
+    def _replace_dead_workers(self) -> None:
+        dead = len(self._workers.started) - len(self._workers.alive)
+        if dead and len(self._workers.alive) < self.config.workers:
+            for _ in range(self.config.workers - len(self._workers.alive)):
+                self._workers.start()
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self) -> dict:
+        kinds = self.config.faults
+        per_kind = max(1, math.ceil(self.config.runs / len(kinds)))
+        remaining = self.config.runs
+        started = time.monotonic()
+        for index, kind in enumerate(kinds):
+            count = min(per_kind, remaining - (len(kinds) - index - 1))
+            count = max(count, 1)
+            remaining -= count
+            batch = Batch(kind, started_at=timezone.now())
+            self.batches.append(batch)
+            self.say(f"[{index + 1}/{len(kinds)}] {kind}: {count} runs")
+            getattr(self, f"_drill_{kind}")(batch, count)
+            self._finish(batch)
+            self.sandbox.clear_faults()
+            self.say(f"    {kind}: {self._batch_line(batch)}")
+        report = compute_report(self.all_run_ids(), self.sandbox, self.batches)
+        report["elapsed_s"] = round(time.monotonic() - started, 1)
+        return report
+
+    def all_run_ids(self) -> list:
+        return [run_id for batch in self.batches for run_id in batch.run_ids]
+
+    def _batch_line(self, batch: Batch) -> str:
+        counts = Counter(Run.objects.filter(pk__in=batch.run_ids).values_list("status", flat=True))
+        return ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+
+    def _start(self, batch: Batch, workflow: str, input: dict, *, key: str | None = None) -> Run:
+        key = key or f"{self.tag}-{batch.kind}-{len(batch.run_ids)}"
+        run, created = engine.start_run(
+            f"drill.{workflow}",
+            input,
+            business_key=key,
+            principal="agent:drill",
+            session_context_ref=f"{self.tag}/{batch.kind}",
+        )
+        if created:
+            batch.run_ids.append(run.pk)
+        return run
+
+    def _reply_input(self, n: int) -> dict:
+        topic = self.rng.choice(["I want a refund", "Where is my package?", "password reset"])
+        return {
+            "message": topic,
+            "email": f"customer{n}@example.com",
+            "ticket_id": f"T-{n}",
+            "subject": topic,
+        }
+
+    def _refund_input(self, n: int, amount: float) -> dict:
+        return {"payment_id": f"pay_{self.tag}_{n}", "amount": amount}
+
+    def _lead_input(self, n: int) -> dict:
+        return {
+            "email": f"lead{n}.{self.tag}@example.com",
+            "name": f"Lead {n}",
+            "company": self.rng.choice(["Acme", "Globex", "Initech"]),
+            "employees": self.rng.choice([20, 800]),
+        }
+
+    # The drill kinds -----------------------------------------------------------------------
+    def _drill_interrupt_before(self, batch: Batch, count: int) -> None:
+        self.sandbox.inject("mail", "timeout_before_commit", action="send", count=count, seconds=2)
+        for n in range(count):
+            self._start(batch, "support.reply", self._reply_input(n))
+
+    def _drill_half_success(self, batch: Batch, count: int) -> None:
+        crm = max(1, count // 3)
+        mail = count - crm
+        self.sandbox.inject("mail", "commit_then_500", action="send", count=max(mail, 1))
+        self.sandbox.inject("crm", "commit_then_500", action="create", count=crm)
+        for n in range(mail):
+            self._start(batch, "support.reply", self._reply_input(100 + n))
+        for n in range(crm):
+            self._start(batch, "crm.lead_sync", self._lead_input(n))
+
+    def _drill_disconnect(self, batch: Batch, count: int) -> None:
+        self.sandbox.inject("tickets", "reset", action="update", count=count)
+        for n in range(count):
+            self._start(batch, "support.reply", self._reply_input(200 + n))
+
+    def _drill_duplicate_trigger(self, batch: Batch, count: int) -> None:
+        from runs.tasks import advance_run
+
+        self.sandbox.inject("mail", "latency", action="send", count=count, latency_ms=300)
+        for n in range(count):
+            key = f"{self.tag}-dup-{n}"
+            run = self._start(batch, "support.reply", self._reply_input(300 + n), key=key)
+            again = self._start(batch, "support.reply", run.input, key=key)
+            assert again.pk == run.pk
+            for _ in range(3):
+                advance_run.delay(str(run.pk))
+
+    def _drill_outage_long(self, batch: Batch, count: int) -> None:
+        self.sandbox.inject("payments", "outage", seconds=OUTAGE_WINDOW_SECONDS + 3)
+        for n in range(count):
+            self._start(batch, "refund.approval", self._refund_input(n, 20 + n))
+
+    def _drill_worker_kill(self, batch: Batch, count: int) -> None:
+        self.sandbox.inject("mail", "latency", action="send", count=count, latency_ms=1200)
+        for n in range(count):
+            self._start(batch, "support.reply", self._reply_input(400 + n))
+        self._wait(
+            lambda: SideEffect.objects.filter(
+                run_id__in=batch.run_ids, tool="mail.send", status="intended"
+            ).exists(),
+            what="a mail call in flight",
+        )
+        self.say("    SIGKILL every worker mid-call, then start new ones")
+        self._restart_workers()
+
+    def _drill_restart_waiting(self, batch: Batch, count: int) -> None:
+        for n in range(count):
+            self._start(batch, "refund.approval", self._refund_input(500 + n, 30))
+        self._wait(lambda: self._all_waiting(batch), what="runs waiting for settlement")
+        self.say("    restart every worker while the runs wait for their callback")
+        self._restart_workers()
+
+    def _drill_approval_delayed(self, batch: Batch, count: int) -> None:
+        for n in range(count):
+            self._start(batch, "refund.approval", self._refund_input(600 + n, 150 + n))
+        self._wait(
+            lambda: (
+                ApprovalRequest.objects.filter(run_id__in=batch.run_ids, status="pending").count()
+                == count
+            ),
+            what="approvals to be requested",
+        )
+        time.sleep(0.5)  # "later": the run sits parked with no worker holding anything
+        for index, approval in enumerate(
+            ApprovalRequest.objects.filter(run_id__in=batch.run_ids, status="pending")
+        ):
+            if index % 2:
+                edited = {**approval.proposed_params, "amount": 99.0}
+                actions.decide_approval(
+                    approval.pk,
+                    self.person,
+                    "approved_with_edits",
+                    edited_params=edited,
+                    comment="partial refund",
+                )
+            else:
+                actions.decide_approval(approval.pk, self.person, "approved")
+
+    def _drill_local_record_failed(self, batch: Batch, count: int) -> None:
+        self.say("    workers that die right after the mail system commits")
+        self._restart_workers(TASKPILOTS_CHAOS_CRASH_AFTER_CALL="mail.send")
+        for n in range(count):
+            self._start(batch, "support.reply", self._reply_input(700 + n))
+        # Every mail call lands and its worker process dies before recording it (prefork
+        # replaces the child; the message is redelivered; the lease and the settle window run
+        # out; the next claim asks the mail system by key).
+        self._wait(
+            lambda: all(self.sandbox.ledger(system="mail", run=str(r)) for r in batch.run_ids),
+            what="every mail to land",
+            timeout=30,
+        )
+        # Back to ordinary workers: they must reconcile what the chaos ones left behind.
+        self._restart_workers()
+
+    # -- settling ------------------------------------------------------------------------------
+    def _all_waiting(self, batch: Batch) -> bool:
+        return Run.objects.filter(pk__in=batch.run_ids).exclude(status="waiting").count() == 0
+
+    def _wait(self, predicate, *, what: str, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.config.batch_timeout)
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.1)
+        self.say(f"    gave up waiting for {what}")
+
+    def _settled(self, batch: Batch) -> bool:
+        open_runs = Run.objects.filter(pk__in=batch.run_ids).exclude(
+            status__in=[*Run.TERMINAL, *Run.HUMAN]
+        )
+        return not open_runs.exclude(
+            status="waiting", waits__kind="event", waits__status="pending"
+        ).exists()
+
+    def _finish(self, batch: Batch) -> None:
+        """Deliver callbacks and play the person until every run of the batch is at rest."""
+        deadline = time.monotonic() + self.config.batch_timeout
+        while time.monotonic() < deadline:
+            self._replace_dead_workers()
+            self._deliver_settlements(batch)
+            acted = self._play_the_person(batch)
+            if not acted and self._settled(batch) and not self._waiting_for_events(batch):
+                return
+            time.sleep(0.2)
+        self.say(f"    {batch.kind}: batch timed out; unsettled runs count as lost")
+
+    def _waiting_for_events(self, batch: Batch) -> bool:
+        return Wait.objects.filter(
+            run_id__in=batch.run_ids, kind="event", status="pending"
+        ).exists()
+
+    def _deliver_settlements(self, batch: Batch) -> None:
+        for wait in Wait.objects.filter(run_id__in=batch.run_ids, kind="event", status="pending"):
+            engine.deliver_event(
+                f"{self.tag}-settle-{wait.pk}",
+                wait.event_type,
+                wait.correlation_key,
+                {"settled": True},
+                source="drill",
+            )
+
+    def _play_the_person(self, batch: Batch) -> bool:
+        """The person of the seeds, who only reads the snapshot: check the external system by
+        the snapshot's idempotency key and confirm; retry an outage once the system is back."""
+        acted = False
+        for run in Run.objects.filter(pk__in=batch.run_ids, status="needs_human"):
+            step = (
+                Step.objects.filter(run=run, status__in=Step.UNFINISHED)
+                .order_by("position")
+                .first()
+            )
+            if step is None:
+                continue
+            try:
+                if step.status == Step.Status.UNKNOWN_OUTCOME:
+                    snapshot = Snapshot.objects.filter(step=step).order_by("-id").first()
+                    entries = self.sandbox.ledger(key=snapshot.idempotency_key)
+                    actions.confirm_outcome(
+                        step.pk,
+                        self.person,
+                        happened=bool(entries),
+                        proof=entries[0]["external_id"] if entries else "",
+                        comment="checked the target system by idempotency key",
+                    )
+                    acted = True
+                elif step.error_class == "outage" and batch.kind == "outage_long":
+                    if not self._outage_over():
+                        acted = True  # not yet: the person waits for the system to come back
+                        continue
+                    actions.retry_step(run.pk, self.person, comment="the system is back")
+                    acted = True
+                elif step.kind == "approval":
+                    approval = ApprovalRequest.objects.filter(step=step, status="pending").first()
+                    if approval:
+                        actions.decide_approval(approval.pk, self.person, "approved")
+                        acted = True
+            except (actions.DecisionConflict, actions.ActionRefused):
+                continue
+        return acted
+
+    def _outage_over(self) -> bool:
+        return not any(f["mode"] == "outage" for f in self.sandbox.faults())
+
+
+# --------------------------------------------------------------------------------------------
+# The figures, from the database and the sandbox ledger.
+
+
+def _parse_at(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def compute_report(run_ids: list, sandbox: SandboxClient, batches: list[Batch] = ()) -> dict:
+    runs = list(Run.objects.filter(pk__in=run_ids))
+    by_id = {str(r.pk): r for r in runs}
+    status = Counter(r.status for r in runs)
+    events = defaultdict(list)
+    for run_id, verb, at in (
+        TimelineEvent.objects.filter(run_id__in=run_ids)
+        .order_by("run_id", "seq")
+        .values_list("run_id", "verb", "at")
+    ):
+        events[str(run_id)].append((verb, at))
+    humans = {
+        str(r)
+        for r in HumanDecision.objects.filter(run_id__in=run_ids)
+        .values_list("run_id", flat=True)
+        .distinct()
+    }
+
+    lost = [
+        r for r in runs if not (r.is_terminal or (r.status in Run.HUMAN and r.attention_reason))
+    ]
+    faulted = {rid for rid, evs in events.items() if any(v in FAULT_VERBS for v, _ in evs)}
+    asked_human = {
+        rid for rid, evs in events.items() if any(v == "run.needs_human" for v, _ in evs)
+    }
+    recovered_auto = [
+        rid
+        for rid in faulted
+        if by_id[rid].status == "succeeded" and rid not in humans and rid not in asked_human
+    ]
+    recover_times = []
+    for rid in faulted:
+        run = by_id[rid]
+        if run.status != "succeeded" or not run.finished_at:
+            continue
+        first_fault = next(at for v, at in events[rid] if v in FAULT_VERBS)
+        recover_times.append((run.finished_at - first_fault).total_seconds())
+
+    # Ledger: what the outside world saw.
+    ledger = []
+    for run_id in by_id:
+        ledger.extend(sandbox.ledger(run=run_id))
+    writes = Counter((e["run"], e["step"], e["system"], e["action"]) for e in ledger)
+    duplicated = [
+        {"run": run, "step": step, "system": system, "action": action, "committed": n}
+        for (run, step, system, action), n in writes.items()
+        if n > 1
+    ]
+    duplicates = len(duplicated)
+    snapshots = list(
+        Snapshot.objects.filter(run_id__in=run_ids).values(
+            "idempotency_key", "created_at", "missing_fields"
+        )
+    )
+    first_snapshot: dict[str, datetime] = {}
+    for snap in snapshots:
+        key = snap["idempotency_key"]
+        first_snapshot[key] = min(first_snapshot.get(key, snap["created_at"]), snap["created_at"])
+    covered, latencies = 0, []
+    for entry in ledger:
+        taken = first_snapshot.get(entry["idempotency_key"])
+        committed_at = _parse_at(entry["at"])
+        if taken is not None and taken <= committed_at:
+            covered += 1
+            latencies.append((committed_at - taken).total_seconds() * 1000)
+    missing = sum(len(s["missing_fields"]) for s in snapshots)
+
+    per_kind = {}
+    for batch in batches:
+        ids = [str(r) for r in batch.run_ids]
+        per_kind[batch.kind] = {
+            "runs": len(ids),
+            "succeeded": sum(1 for i in ids if by_id[i].status == "succeeded"),
+            "needs_human": sum(1 for i in ids if by_id[i].status in Run.HUMAN),
+            "faults_hit": sum(1 for i in ids if i in faulted),
+            "recovered": sum(
+                1
+                for i in ids
+                if by_id[i].status == "succeeded"
+                and (
+                    i in faulted
+                    or i in humans
+                    or batch.kind in ("duplicate_trigger", "restart_waiting", "approval_delayed")
+                )
+            ),
+        }
+
+    def rate(n, d):
+        return round(n / d, 4) if d else None
+
+    return {
+        "runs": len(runs),
+        "succeeded": status["succeeded"],
+        "needs_human": status["needs_human"] + status["taken_over"],
+        "failed": status["failed"],
+        "cancelled": status["cancelled"],
+        "compensated": status["compensated"],
+        "lost_runs": len(lost),
+        "duplicate_side_effects": duplicates,
+        "duplicates": duplicated,
+        "side_effects_committed": len(ledger),
+        "runs_with_faults": len(faulted),
+        "auto_recovered": len(recovered_auto),
+        "local_recovery_rate": rate(len(recovered_auto), len(faulted)),
+        "human_takeover_rate": rate(len(asked_human | humans), len(runs)),
+        "mean_time_to_recover_s": round(statistics.fmean(recover_times), 3)
+        if recover_times
+        else None,
+        "snapshot_coverage": rate(covered, len(ledger)),
+        "snapshot_missing_field_rate": rate(missing, len(snapshots) * len(SNAPSHOT_FIELDS)),
+        "snapshot_to_side_effect_ms_p50": round(statistics.median(latencies), 2)
+        if latencies
+        else None,
+        "per_kind": per_kind,
+    }
+
+
+def progress_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from runs.drill import Drill, DrillConfig, parse_faults, progress_to_stderr
+
+KEYS = (
+    "runs", "succeeded", "needs_human", "failed", "lost_runs", "duplicate_side_effects",
+    "auto_recovered", "local_recovery_rate", "human_takeover_rate", "mean_time_to_recover_s",
+    "snapshot_coverage", "snapshot_missing_field_rate", "snapshot_to_side_effect_ms_p50",
+    "elapsed_s",
+)  # fmt: skip
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the recovery drills of the source articles against the simulated external systems "
+        "with real workers, and report the seed metrics from the database and the sandbox ledger."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--runs", type=int, default=18, help="how many runs in all")
+        parser.add_argument("--faults", default="all", help="comma-separated drill kinds, or all")
+        parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--workers", type=int, default=2)
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+    def handle(self, *args, **options):
+        if options["runs"] < 1:
+            raise CommandError("--runs must be at least 1")
+        try:
+            faults = parse_faults(options["faults"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        config = DrillConfig(
+            runs=options["runs"], faults=faults, seed=options["seed"],
+            workers=options["workers"], progress=progress_to_stderr,
+        )  # fmt: skip
+        with Drill(config) as drill:
+            report = drill.run()
+        if options["json"]:
+            self.stdout.write(json.dumps(report, sort_keys=True))
+        else:
+            width = max(len(k) for k in KEYS)
+            for key in KEYS:
+                self.stdout.write(f"{key:<{width}}  {report[key]}")
+            self.stdout.write("")
+            self.stdout.write(f"{'kind':<20} {'runs':>5} {'ok':>5} {'human':>6} {'faults':>7} "
+                              f"{'recovered':>10}")  # fmt: skip
+            for kind, row in report["per_kind"].items():
+                self.stdout.write(
+                    f"{kind:<20} {row['runs']:>5} {row['succeeded']:>5} {row['needs_human']:>6} "
+                    f"{row['faults_hit']:>7} {row['recovered']:>10}"
+                )
+        if report["lost_runs"] or report["duplicate_side_effects"]:
+            raise CommandError(
+                f"{report['lost_runs']} lost runs and {report['duplicate_side_effects']} "
+                "duplicate side effects: recovery is broken; see the runs in the console."
+            )
