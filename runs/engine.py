@@ -1328,7 +1328,10 @@ def begin_compensation(run: Run, reason: str, *, actor: str = "system") -> None:
     run.begin_compensation(reason, actor=actor)
     last = run.steps.order_by("-position").values_list("position", flat=True).first() or 0
     for offset, effect in enumerate(effects, start=1):
-        tool = tool_registry.all_tools().get(effect.tool)
+        try:
+            tool = tool_registry.get(effect.tool)
+        except tool_registry.UnknownTool:
+            tool = None
         if tool is None or not tool.compensating_tool:
             TimelineEvent.append(
                 run.pk,

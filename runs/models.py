@@ -210,7 +210,8 @@ class Run(models.Model):
             ),
             models.Index(fields=["workflow", "status", "-created_at"], name="run_workflow_idx"),
             models.Index(fields=["status", "-created_at"], name="run_status_idx"),
-            models.Index(fields=["-created_at"], name="run_created_idx"),
+            # Newest first, with the id as tie-breaker: keyset pagination (API cursors, run list).
+            models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
         ]
 
     def __str__(self) -> str:

@@ -175,6 +175,10 @@ def register(tool: Tool, *, replace: bool = False) -> Tool:
 
 
 def get(name: str) -> Tool:
+    if name not in _TOOLS:
+        from runs.registry import load_lazily
+
+        load_lazily(name)
     try:
         return _TOOLS[name]
     except KeyError:

@@ -273,6 +273,10 @@ def unregister(name: str, version: int) -> None:
 
 
 def get(name: str, version: int | None = None) -> Workflow:
+    from runs.registry import load_lazily
+
+    if not any(n == name for (n, _) in _WORKFLOWS):
+        load_lazily(name)
     if version is None:
         versions = [v for (n, v) in _WORKFLOWS if n == name]
         if not versions:

@@ -97,6 +97,22 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TEST"] = {"NAME": env_str("TASKPILOTS_TEST_DATABASE", None)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# A shared cache, so limits such as the login lockout hold across web processes: Redis when
+# CACHE_URL names one, otherwise a table in PostgreSQL (created by a migration).
+_cache_url = env_str("CACHE_URL")
+if _cache_url:
+    if not _cache_url.startswith(("redis://", "rediss://")):
+        raise ImproperlyConfigured("CACHE_URL must be a redis:// URL")
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                          "LOCATION": _cache_url}}  # fmt: skip
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
+                          "LOCATION": "taskpilots_cache"}}  # fmt: skip
+
+if TESTING:
+    # Hashing cost is a security property of production, not of tests.
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -233,9 +249,18 @@ TASKPILOTS = {
     "WORKFLOW_MODULES": env_list(
         "TASKPILOTS_WORKFLOW_MODULES", ["runs.demo.tools", "runs.demo.workflows"]
     ),
+    # Modules imported on first use of a workflow or tool name (or "prefix."), for registrations
+    # too heavy to import in every process: the demo agent pulls in openai-agents and mcp.
+    "LAZY_MODULES": {
+        "demo.agent": "runs.agents.demo",
+        "demo.agent.": "runs.agents.demo",
+        "mcp.sandbox.": "runs.agents.demo",
+    },
     # "celery" sends advance messages; "none" leaves all driving to the sweeper and to callers
     # (tests that step the engine by hand).
     "DISPATCH": env_str("TASKPILOTS_DISPATCH", "celery"),
+    # Refuse (404) an event nobody waits for, instead of keeping it for a later wait.
+    "EVENTS_STRICT": env_bool("TASKPILOTS_EVENTS_STRICT", False),
     # Password for make run's demo users (never created in production).
     "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
 }

@@ -520,3 +520,20 @@ def test_workflow_definitions_are_validated():
         workflows.Workflow("x", 1, [])
     with pytest.raises(workflows.WorkflowError):
         workflows.side_effect("s", "", params=lambda ctx: {})
+
+
+def test_heavy_registrations_load_on_first_use():
+    # The demo agent pulls in openai-agents and mcp; processes import it only when a run of it
+    # (or one of its tools) is first needed.
+    import subprocess
+    import sys
+
+    code = (
+        "import os, sys, django; os.environ['DJANGO_SETTINGS_MODULE'] = 'taskpilots.settings'; "
+        "django.setup(); assert 'runs.agents.demo' not in sys.modules; "
+        "from runs import tools, workflows; workflows.get('demo.agent'); "
+        "tools.get('mcp.sandbox.send_mail'); print('loaded')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=settings.BASE_DIR)  # fmt: skip
+    assert result.stdout.strip() == "loaded", result.stderr[-2000:]
