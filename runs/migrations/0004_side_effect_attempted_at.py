@@ -5,15 +5,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0003_apiclient'),
+        ("runs", "0003_apiclient"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='sideeffect',
-            name='attempted_at',
+            model_name="sideeffect",
+            name="attempted_at",
             field=models.DateTimeField(default=django.utils.timezone.now),
         ),
     ]

@@ -5,19 +5,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0004_side_effect_attempted_at'),
+        ("runs", "0004_side_effect_attempted_at"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='run',
-            name='run_created_idx',
+            model_name="run",
+            name="run_created_idx",
         ),
         migrations.AddIndex(
-            model_name='run',
-            index=models.Index(fields=['-created_at', '-id'], name='run_created_idx'),
+            model_name="run",
+            index=models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
         ),
     ]
