@@ -5,11 +5,11 @@ Steps, in order:
 1. Local defaults: TASKPILOTS_DEV=1 and DEBUG=1 (unless set), so there is a dev secret key and
    plain-HTTP cookies work.
 2. Without DATABASE_URL, start (or reuse) the embedded PostgreSQL under var/.
-3. ``manage.py migrate``, ``collectstatic --noinput``, ``demo_setup``, and ``seed_demo`` when that
-   command exists.
+3. ``manage.py migrate``, ``collectstatic --noinput``, ``demo_setup``.
 4. Children, each in its own process group with its output prefixed by its name: ``sandbox`` (the
    simulated external systems, when the command exists), ``web`` (gunicorn, 2 workers, static files
-   from WhiteNoise), ``worker`` (Celery) and ``beat`` (Celery beat, schedule under var/).
+   from WhiteNoise), ``worker`` (Celery) and ``beat`` (Celery beat, schedule under var/). Then
+   ``seed_demo`` (real demo runs, executed by that worker against that sandbox; once).
 5. Wait. Ctrl-C or SIGTERM stops web and beat, then the worker (warm shutdown, up to 20 s, then
    SIGKILL), then the sandbox, then the embedded database — only if this launcher started it.
    A child that dies on its own stops everything, naming it, with exit status 1.
@@ -206,8 +206,6 @@ class Launcher:
             ("static", [*manage, "collectstatic", "--noinput", "-v", "0"]),
             ("demo", [*manage, "demo_setup"]),
         ]
-        if "seed_demo" in commands:
-            steps.append(("seed", [*manage, "seed_demo"]))
         for name, args in steps:
             if not self.run_step(name, args):
                 return 0 if self.stop_requests else 1
@@ -243,6 +241,11 @@ class Launcher:
                 str(self.var_dir / "celerybeat-schedule"),
             ],
         )
+        if "seed_demo" in commands:
+            # Demo runs are real runs: they need the sandbox and the worker up.
+            _wait_for_url(settings.TASKPILOTS["SANDBOX_URL"] + "/_admin/health", timeout=20)
+            if not self.run_step("seed", [*manage, "seed_demo"]):
+                say("seeding the demo data failed; the console still works without it")
         return self._supervise(port)
 
     def _supervise(self, port: int) -> int:
@@ -291,6 +294,20 @@ class Launcher:
             say("embedded PostgreSQL stopped")
         except embedded.EmbeddedPostgresError as exc:
             say(str(exc))
+
+
+def _wait_for_url(url: str, timeout: float) -> bool:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.2)
+    return False
 
 
 def _wait(child: Child, timeout: float) -> bool:

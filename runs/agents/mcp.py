@@ -89,7 +89,7 @@ class McpServer:
 
     def client(self):
         from mcp import Client
-        from mcp.client.stdio import StdioServerParameters
+        from mcp.client.stdio import StdioServerParameters, stdio_client
 
         if self.url:
             return Client(self.url, cache=None)
@@ -100,7 +100,18 @@ class McpServer:
             env=dict(env) if env else None,
             cwd=self.cwd,
         )
-        return Client(params, cache=None)
+        # The server's stderr goes to a real file descriptor: inside a Celery worker sys.stderr
+        # is a logging proxy without one, and mcp binds its default at import time.
+        return Client(stdio_client(params, errlog=_server_errlog()), cache=None)
+
+
+def _server_errlog():
+    stream = sys.__stderr__
+    try:
+        stream.fileno()
+        return stream
+    except (AttributeError, OSError, ValueError):
+        return open(os.devnull, "w")  # noqa: SIM115  (lives as long as the server process)
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,18 @@ def test_the_agent_survives_a_worker_crash_without_a_second_mail_or_model_call(
     approval = ApprovalRequest.objects.get(run=run)
     actions.decide_approval(approval.pk, support_user, "approved")  # resumes through the broker
     first = workers.start(TASKPILOTS_CHAOS_CRASH_AFTER_CALL="mcp.sandbox.send_mail")
-    wait_for(lambda: not first.alive, what="the worker to die after sending the mail")
+    # The pool process dies right after the mail landed, before recording it (prefork replaces
+    # it, and would crash again on redelivery: stop this chaos worker altogether).
+    wait_for(lambda: sandbox.ledger(system="mail", run=str(run.pk)), what="the mail to land")
+    wait_for(
+        lambda: (
+            "exitcode 137" in "".join(first.output)
+            or "signal 9" in "".join(first.output)
+            or "WorkerLostError" in "".join(first.output)
+        ),
+        what="the pool process to die after sending the mail",
+    )
+    first.kill()
     assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
     assert SideEffect.objects.get(run=run, tool="mcp.sandbox.send_mail").status == "intended"
     Step.objects.filter(run=run, status="running").update(
