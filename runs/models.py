@@ -542,6 +542,8 @@ class Snapshot(ImmutableModel):
     idempotency_key = models.CharField(max_length=255)
     missing_fields = models.JSONField(default=list)
     checksum = models.CharField(max_length=64)
+    # Retention dropped the payload (params, prior results); the checksum stays as its proof.
+    pruned = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -754,6 +756,10 @@ class TimelineEvent(ImmutableModel):
     actor = models.CharField(max_length=200)
     verb = models.CharField(max_length=80)
     data = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    # The chain hashes the digest of the data, not the data: retention can drop a payload
+    # (`pruned`) and the chain still verifies.
+    data_digest = models.CharField(max_length=64)
+    pruned = models.BooleanField(default=False)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
 
@@ -769,8 +775,8 @@ class TimelineEvent(ImmutableModel):
         return f"{self.run_id}#{self.seq} {self.verb}"
 
     @staticmethod
-    def compute_hash(seq: int, at, actor: str, verb: str, data: Any, prev_hash: str) -> str:
-        material = canonical_json([seq, at.isoformat(), actor, verb, data, prev_hash])
+    def compute_hash(seq: int, at, actor: str, verb: str, data_digest: str, prev_hash: str) -> str:
+        material = canonical_json([seq, at.isoformat(), actor, verb, data_digest, prev_hash])
         return hashlib.sha256(material.encode()).hexdigest()
 
     @classmethod
@@ -778,7 +784,8 @@ class TimelineEvent(ImmutableModel):
         """Append an event to the run's chain.
 
         1. Lock the run row and read the chain head (seq, hash) in one statement.
-        2. Hash the event over (seq, time, actor, verb, canonical data, previous hash).
+        2. Hash the event over (seq, time, actor, verb, digest of the canonical data, previous
+           hash).
         3. Insert it and move the head. Callers are inside the transaction of the state change
            the event describes, so both commit or neither does.
         """
@@ -792,6 +799,7 @@ class TimelineEvent(ImmutableModel):
             seq, prev_hash = head[0] + 1, head[1]
             at = timezone.now()
             data = to_json_value(data)
+            data_digest = digest(data)
             event = cls(
                 run_id=run_id,
                 seq=seq,
@@ -800,7 +808,8 @@ class TimelineEvent(ImmutableModel):
                 verb=verb,
                 data=data,
                 prev_hash=prev_hash,
-                hash=cls.compute_hash(seq, at, actor, verb, data, prev_hash),
+                data_digest=data_digest,
+                hash=cls.compute_hash(seq, at, actor, verb, data_digest, prev_hash),
             )
             event.save()
             Run.objects.filter(pk=run_id).update(event_seq=seq, event_hash=event.hash)
@@ -808,7 +817,7 @@ class TimelineEvent(ImmutableModel):
 
     def recompute_hash(self) -> str:
         return self.compute_hash(
-            self.seq, self.at, self.actor, self.verb, self.data, self.prev_hash
+            self.seq, self.at, self.actor, self.verb, self.data_digest, self.prev_hash
         )
 
 
@@ -820,6 +829,8 @@ def verify_chain(events: Iterable[TimelineEvent]) -> tuple[bool, str]:
             return False, f"event seq {event.seq}: expected seq {expected_seq} (missing event)"
         if event.prev_hash != expected_prev:
             return False, f"event seq {event.seq}: prev_hash does not match the previous event"
+        if not event.pruned and digest(event.data) != event.data_digest:
+            return False, f"event seq {event.seq}: data does not match its digest"
         if event.recompute_hash() != event.hash:
             return False, f"event seq {event.seq}: content does not match its hash"
         expected_prev, expected_seq = event.hash, expected_seq + 1
