@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import close_old_connections
 
 from runs import engine
 
 
 @shared_task(name="runs.tasks.advance_run", acks_late=True, reject_on_worker_lost=True)
 def advance_run(run_id: str) -> int:
+    close_old_connections()  # drop a connection that broke since the last task
     return engine.advance(run_id)
 
 
 @shared_task(name="runs.tasks.sweep", acks_late=True)
 def sweep() -> dict:
+    close_old_connections()
     return engine.sweep().as_dict()

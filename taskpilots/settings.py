@@ -209,6 +209,10 @@ if TASK_TIME_LIMIT >= BROKER_VISIBILITY_TIMEOUT:
 if _broker_url and _broker_url.startswith(("redis://", "rediss://")):
     CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] = BROKER_VISIBILITY_TIMEOUT
 CELERY_TASK_DEFAULT_QUEUE = env_str("TASKPILOTS_QUEUE", "taskpilots")
+# Celery's Django fixup closes the database connection around every task unless told to reuse it;
+# reconnecting costs more than a whole step. Tasks call close_old_connections() first, so a
+# broken connection (a PostgreSQL restart) is replaced rather than reused.
+CELERY_DB_REUSE_MAX = env_int("TASKPILOTS_DB_REUSE_MAX", 1000, minimum=0)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

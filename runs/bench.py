@@ -1,0 +1,468 @@
+"""Benchmarks: what the safety costs, measured against references taken in the same run.
+
+    python manage.py bench engine|snapshot|recovery|console [--runs N] [--json]
+
+Every benchmark reports ratios against a reference measured in the same run on the same machine,
+because absolute figures vary between machines, and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from runs import engine
+from runs.models import Run, Step, TimelineEvent
+from runs.processes import ROOT, Workers, database_url
+from taskpilots.celery import app as celery_app
+
+Say = Callable[[str], None]
+BENCH_MODULES = "runs.demo.tools,runs.demo.workflows,runs.bench_flows"
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def broker_name() -> str:
+    scheme = urlsplit(settings.CELERY_BROKER_URL).scheme or settings.CELERY_BROKER_URL
+    return {"amqp": "rabbitmq", "pyamqp": "rabbitmq", "redis": "redis", "rediss": "redis"}.get(
+        scheme, scheme.rstrip(":/")
+    )
+
+
+def _psycopg_dsn() -> str:
+    db = connection.settings_dict
+    parts = [f"dbname={db['NAME']}", f"user={db['USER'] or 'postgres'}"]
+    if db["HOST"]:
+        parts.append(f"host={db['HOST']}")
+    if db["PORT"]:
+        parts.append(f"port={db['PORT']}")
+    if db["PASSWORD"]:
+        parts.append(f"password={db['PASSWORD']}")
+    return " ".join(parts)
+
+
+def _commits() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The physical reference: single-row INSERT commits from plain psycopg.
+
+
+def _peers(argv_list: list[list[str]], timeout: float) -> list[dict]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "runs.bench_peers", *argv],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for argv in argv_list
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"benchmark peer failed: {err.strip()[-800:]}")
+        results.append(json.loads(lines[-1]))
+    return results
+
+
+def baseline_commits_per_s(processes: int, seconds: float = 3.0) -> float:
+    """Single-row INSERT commits per second from `processes` plain psycopg processes."""
+    import psycopg
+
+    dsn = _psycopg_dsn()
+    table = f"bench_baseline_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id bigserial primary key, payload text)")
+    try:
+        start_at = time.time() + 3.0
+        results = _peers(
+            [
+                [
+                    "inserts",
+                    "--dsn",
+                    dsn,
+                    "--table",
+                    table,
+                    "--seconds",
+                    str(seconds),
+                    "--start-at",
+                    str(start_at),
+                ]
+                for _ in range(processes)
+            ],
+            timeout=seconds + 60,
+        )
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+    return sum(r["commits"] for r in results) / max(r["elapsed_s"] for r in results)
+
+
+# --------------------------------------------------------------------------------------------
+# The peer: the same workflow on DBOS Transact.
+
+
+def dbos_steps_per_s(processes: int, workflows: int, say: Say) -> float | None:
+    import psycopg
+
+    db = connection.settings_dict
+    name = f"{db['NAME']}_dbos"[:60]
+    dsn = _psycopg_dsn().replace(f"dbname={db['NAME']}", "dbname=postgres")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    host = db["HOST"] or "localhost"
+    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    if host.startswith("/"):
+        url = f"postgresql://{auth}@/{name}?host={host}"
+    else:
+        url = f"postgresql://{auth}@{host}:{db['PORT'] or 5432}/{name}"
+    start_at = time.time() + 8
+    per_process = max(1, workflows // processes)
+    say(f"DBOS: {processes} processes × {per_process} workflows")
+    try:
+        results = _peers(
+            [
+                ["dbos", "--url", url, "--workflows", str(per_process), "--start-at", str(start_at)]
+                for _ in range(processes)
+            ],
+            timeout=600,
+        )
+    except RuntimeError as exc:
+        say(str(exc))
+        return None
+    steps = sum(r["steps"] for r in results)
+    return steps / max(r["elapsed_s"] for r in results)
+
+
+# --------------------------------------------------------------------------------------------
+# 1. Engine throughput.
+
+
+def bench_engine(
+    runs: int = 500, workers: int = 2, say: Say = print, with_dbos: bool = True
+) -> dict:
+    from runs import bench_flows  # noqa: F401  (registers bench.five in this process too)
+
+    say(f"baseline: single-row INSERT commits with {workers} psycopg processes")
+    baseline = baseline_commits_per_s(workers)
+    say(f"  {baseline:,.0f} commits/s")
+
+    pool = Workers(
+        extra_env={
+            "TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES,
+            "TASKPILOTS_INLINE_BUDGET_SECONDS": "30",
+        }
+    )
+    previous = (settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue)
+    settings.TASKPILOTS["DISPATCH"] = "none"
+    celery_app.conf.task_default_queue = pool.queue
+    try:
+        say(f"starting {workers} Celery worker processes ({broker_name()})")
+        for _ in range(workers):
+            pool.start()
+        tag = uuid.uuid4().hex[:8]
+        say(f"creating {runs} runs of bench.five")
+        ids = [
+            engine.start_run("bench.five", {"n": n}, business_key=f"bench-{tag}-{n}")[0].pk
+            for n in range(runs)
+        ]
+        from runs.tasks import advance_run
+
+        polls = 0
+        before = _commits()
+        started = time.perf_counter()
+        for run_id in ids:
+            advance_run.delay(str(run_id))
+        done = 0
+        while done < runs:
+            time.sleep(0.25)
+            polls += 1
+            done = Run.objects.filter(pk__in=ids, status="succeeded").count()
+            if polls % 8 == 0:
+                say(f"  {done}/{runs} runs done")
+            if time.perf_counter() - started > 600:
+                raise RuntimeError(f"only {done}/{runs} runs finished in 10 minutes")
+        elapsed = time.perf_counter() - started
+        commits = _commits() - before - polls - 1
+    finally:
+        pool.close()
+        pool.delete_queue()
+        settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue = previous
+    steps = runs * 5
+    durations = [
+        (finished - begun).total_seconds() * 1000
+        for begun, finished in Step.objects.filter(run_id__in=ids).values_list(
+            "started_at", "finished_at"
+        )
+    ]
+    steps_per_s = steps / elapsed
+    say(f"TaskPilots: {steps_per_s:,.0f} steps/s ({steps} steps in {elapsed:.2f} s)")
+    dbos = dbos_steps_per_s(workers, runs, say) if with_dbos else None
+    if dbos:
+        say(f"DBOS: {dbos:,.0f} steps/s")
+    return {
+        "benchmark": "engine",
+        "runs": runs,
+        "steps": steps,
+        "workers": workers,
+        "broker": broker_name(),
+        "steps_per_s": round(steps_per_s, 1),
+        "baseline_commits_per_s": round(baseline, 1),
+        "ratio": round(steps_per_s / baseline, 4),
+        "dbos_steps_per_s": round(dbos, 1) if dbos else None,
+        "vs_dbos": round(steps_per_s / dbos, 3) if dbos else None,
+        "commits_per_step": round(commits / steps, 2),
+        "events_per_step": round(TimelineEvent.objects.filter(run_id__in=ids).count() / steps, 2),
+        "p50_ms": round(percentile(durations, 50), 2),
+        "p99_ms": round(percentile(durations, 99), 2),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Snapshot overhead: a side-effect step against the bare tool call it wraps.
+
+
+def bench_snapshot(samples: int = 200, say: Say = print) -> dict:
+    """In-process, so only the protocol is measured: claim, snapshot + intent, call, receipt."""
+    from runs import bench_flows  # noqa: F401
+    from runs import tools
+    from runs.tools import CallContext
+
+    previous = settings.TASKPILOTS["DISPATCH"]
+    settings.TASKPILOTS["DISPATCH"] = "none"
+    results = {}
+    try:
+        for label, tool_name, kind in (
+            ("noop", "bench.write", "bench"),
+            ("http", "mail.send", "mail"),
+        ):
+            tool = tools.get(tool_name)
+            bare = []
+            for n in range(samples):
+                params = (
+                    {"n": n}
+                    if kind == "bench"
+                    else {"to": f"b{n}@example.com", "subject": "s", "body": "b"}
+                )
+                ctx = CallContext(f"bench-bare-{uuid.uuid4().hex}", "bench", "step", 1, 5.0)
+                t0 = time.perf_counter()
+                tool.invoke(params, ctx)
+                bare.append((time.perf_counter() - t0) * 1000)
+            wrapped = []
+            tag = uuid.uuid4().hex[:6]
+            for n in range(samples):
+                run, _ = engine.start_run(
+                    "bench.five" if kind == "bench" else "support.reply",
+                    {"n": n}
+                    if kind == "bench"
+                    else {"message": "refund", "email": f"w{n}@example.com", "ticket_id": f"T-{n}"},
+                    business_key=f"snap-{label}-{tag}-{n}",
+                )
+                target = "write_a" if kind == "bench" else "send_reply"
+                while True:
+                    claim = engine.claim_next(run.pk)
+                    if claim is None:
+                        break
+                    t0 = time.perf_counter()
+                    outcome = engine.execute(claim)
+                    engine.record_outcome(claim, outcome)
+                    took = (time.perf_counter() - t0) * 1000
+                    if claim.step.name == target:
+                        wrapped.append(took)
+                        break
+            b50, w50 = statistics.median(bare), statistics.median(wrapped)
+            say(f"{label}: bare call p50 {b50:.3f} ms, as a side-effect step p50 {w50:.3f} ms")
+            results[label] = {
+                "bare_p50_ms": round(b50, 3),
+                "step_p50_ms": round(w50, 3),
+                "overhead_ms": round(w50 - b50, 3),
+                "ratio": round(w50 / b50, 2),
+            }
+    finally:
+        settings.TASKPILOTS["DISPATCH"] = previous
+    return {
+        "benchmark": "snapshot",
+        "samples": samples,
+        **results,
+        "ratio": results["http"]["ratio"],
+        "overhead_ms": results["noop"]["overhead_ms"],
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Recovery latency.
+
+
+def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) -> dict:
+    """Time from a worker SIGKILL to the run continuing on another worker (bounded by the lease
+    and the sweep interval), and from an approval decision or event delivery to the next step."""
+    from django.contrib.auth import get_user_model
+
+    from approvals import actions
+    from runs.sandbox.client import SandboxClient, start_sandbox
+
+    person, _ = get_user_model().objects.get_or_create(username="bench-operator")
+    sandbox_process = None
+    sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
+    try:
+        sandbox.health()
+    except Exception:
+        sandbox_process = start_sandbox()
+        settings.TASKPILOTS["SANDBOX_URL"] = sandbox_process.url
+        sandbox = sandbox_process.client
+    pool = Workers(
+        extra_env={
+            "TASKPILOTS_LEASE_SECONDS": str(lease_seconds),
+            "TASKPILOTS_TOOL_TIMEOUT_SECONDS": "5",
+        }
+    )
+    previous = (settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue)
+    settings.TASKPILOTS["DISPATCH"] = "celery"
+    celery_app.conf.task_default_queue = pool.queue
+    tag = uuid.uuid4().hex[:6]
+
+    def first_at(run_id, verb, after=None, step=None):
+        events = TimelineEvent.objects.filter(run_id=run_id, verb=verb).order_by("seq")
+        for event in events:
+            if (after is None or event.at > after) and (
+                step is None or event.data.get("step") == step
+            ):
+                return event.at
+        return None
+
+    def wait(predicate, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.02)
+        raise RuntimeError("benchmark timed out")
+
+    kill, approve, event = [], [], []
+    try:
+        for _ in range(2):
+            pool.start()
+        say(f"approval → next step, {samples} runs")
+        for n in range(samples):
+            run, _ = engine.start_run(
+                "refund.approval",
+                {"payment_id": f"p{n}", "amount": 300},
+                business_key=f"rb-a-{tag}-{n}",
+            )
+            approval = wait(lambda r=run: r.approvals.filter(status="pending").first())
+            decided = timezone.now()
+            actions.decide_approval(approval.pk, person, "approved")
+            started = wait(
+                lambda r=run, d=decided: first_at(r.pk, "step.started", d, "issue_refund")
+            )
+            approve.append((started - decided).total_seconds() * 1000)
+            wait_row = wait(lambda r=run: r.waits.filter(kind="event", status="pending").first())
+            delivered = timezone.now()
+            engine.deliver_event(
+                f"rb-{tag}-{n}", wait_row.event_type, wait_row.correlation_key, {}, source="bench"
+            )
+            done = wait(lambda r=run, d=delivered: first_at(r.pk, "run.succeeded", d))
+            event.append((done - delivered).total_seconds() * 1000)
+        say(
+            f"worker SIGKILL → run continues elsewhere, {max(3, samples // 4)} runs "
+            f"(lease {lease_seconds} s, sweeper every 1 s)"
+        )
+        for n in range(max(3, samples // 4)):
+            sandbox.inject("mail", "latency", action="send", latency_ms=1500)
+            run, _ = engine.start_run(
+                "support.reply",
+                {"message": "refund", "email": f"k{n}@example.com", "ticket_id": f"T-{n}"},
+                business_key=f"rb-k-{tag}-{n}",
+            )
+            wait(lambda r=run: r.side_effects.filter(status="intended").exists())
+            killed = timezone.now()
+            for worker in pool.alive:
+                worker.kill()
+            pool.start()
+            pool.start()
+            while True:
+                engine.sweep()
+                resumed = first_at(run.pk, "step.lease_reclaimed", killed)
+                if resumed:
+                    break
+                time.sleep(1.0)
+            kill.append((resumed - killed).total_seconds() * 1000)
+            wait(lambda r=run: Run.objects.get(pk=r.pk).status == "succeeded")
+    finally:
+        pool.close()
+        pool.delete_queue()
+        settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue = previous
+        if sandbox_process is not None:
+            sandbox_process.close()
+
+    def summary(values):
+        return {
+            "p50_ms": round(percentile(values, 50), 1),
+            "p95_ms": round(percentile(values, 95), 1),
+        }
+
+    return {
+        "benchmark": "recovery",
+        "lease_seconds": lease_seconds,
+        "broker": broker_name(),
+        "kill_to_resume": summary(kill),
+        "approval_to_next_step": summary(approve),
+        "event_to_next_step": summary(event),
+    }
+
+
+def run_in_scratch_database(args: list[str], say: Say) -> int:
+    """Run `manage.py bench ...` again against a scratch database next to the configured one, so
+    benchmark runs never mix with real ones."""
+    import psycopg
+
+    db = connection.settings_dict
+    scratch = f"{db['NAME']}_bench"[:60]
+    dsn = _psycopg_dsn().replace(f"dbname={db['NAME']}", "dbname=postgres")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{scratch}"')
+    url = database_url().rsplit("/", 1)[0] + f"/{scratch}"
+    if "?" in database_url():
+        url += "?" + database_url().split("?", 1)[1]
+    env = {**os.environ, "DATABASE_URL": url, "TASKPILOTS_TESTING": "1"}
+    say(f"scratch database {scratch}: migrating")
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+    return subprocess.run(
+        [sys.executable, "manage.py", "bench", *args, "--here"], cwd=ROOT, env=env
+    ).returncode
+
+
+def to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
