@@ -1,0 +1,644 @@
+"""The audit trail: verify the hash-chained timeline, export it, prune old payloads.
+
+- Verification walks each run's events in seq order and names the first broken one (run, seq,
+  what is wrong). It works on the database (and then also compares every chain with the run's
+  head, so events cut off the end are found, and every snapshot with the checksum its
+  `snapshot.written` event recorded) or on an exported JSON Lines file, offline: the export
+  carries each run's head and a closing line with the counts, so a truncated or shortened file
+  fails too. Nothing here needs the database for a file.
+- Export streams one run or a search result as JSON Lines (verifiable) or CSV (for people),
+  reading the events in batches with `.iterator()` so a large export never sits in memory.
+- Pruning replaces the payloads of runs that finished before the retention cutoff: event data
+  becomes {"pruned": true} and snapshot params / prior results become {}. `data_digest`, the
+  hashes and the snapshot checksums stay, so the chain still verifies and still proves what
+  the payload was. The append-only trigger lets exactly these UPDATEs through in transactions
+  that `SET LOCAL taskpilots.prune = 'on'`.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from runs.models import canonical_json, digest
+from taskpilots.env import env_int
+
+# How long finished runs keep their full payloads (TASKPILOTS_RETENTION_DAYS, default 365).
+RETENTION_DAYS = env_int("TASKPILOTS_RETENTION_DAYS", 365, minimum=1)
+
+EXPORT_FORMAT = "taskpilots-audit"
+EXPORT_VERSION = 1
+PRUNED_DATA = {"pruned": True}
+# Runs per batch when walking or exporting many runs; events are read `CHUNK` rows at a time.
+RUN_BATCH = 500
+CHUNK = 2000
+PROGRESS_EVERY = 1000
+
+EVENT_FIELDS = (
+    "run", "seq", "at", "actor", "verb", "data", "data_digest", "pruned", "prev_hash", "hash",
+)  # fmt: skip
+
+
+def retention_days() -> int:
+    from django.conf import settings
+
+    return int(settings.TASKPILOTS.get("RETENTION_DAYS", RETENTION_DAYS))
+
+
+def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, prev: str) -> str:
+    """The same material as TimelineEvent.compute_hash, from the ISO time as exported."""
+    material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Verification
+
+
+@dataclass(frozen=True)
+class Problem:
+    run_id: str
+    seq: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"run {self.run_id}" + (f" seq {self.seq}" if self.seq is not None else "")
+        return f"{where}: {self.message}"
+
+
+@dataclass
+class VerifyReport:
+    runs: int = 0
+    events: int = 0
+    snapshots: int = 0
+    pruned_events: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        text = (
+            f"{self.runs} runs, {self.events} events ({self.pruned_events} pruned), "
+            f"{self.snapshots} snapshots checked"
+        )
+        if self.ok:
+            return f"OK: {text}; every chain verifies."
+        return f"FAILED: {text}; {len(self.problems)} broken chain(s)."
+
+
+class ChainChecker:
+    """Checks one run's events as they come, in seq order; keeps the first problem only."""
+
+    def __init__(self, run_id: str, head_seq: int | None = None, head_hash: str | None = None):
+        self.run_id = str(run_id)
+        self.head_seq, self.head_hash = head_seq, head_hash
+        self.expected_seq, self.prev_hash = 1, ""
+        self.problem: Problem | None = None
+        # snapshot id → (event seq, checksum) as the chain recorded them
+        self.snapshot_checksums: dict[int, tuple[int, str]] = {}
+
+    def _fail(self, seq: int | None, message: str) -> Problem:
+        self.problem = Problem(self.run_id, seq, message)
+        return self.problem
+
+    def feed(self, seq: int, at_iso: str, actor: str, verb: str, data: Any, data_digest: str,
+             pruned: bool, prev_hash: str, event_hash: str) -> Problem | None:  # fmt: skip
+        if self.problem is not None:
+            return self.problem
+        expected = self.expected_seq
+        if seq > expected:
+            return self._fail(expected, f"event missing (the next event found is seq {seq})")
+        if seq < expected:
+            return self._fail(seq, f"out of order or duplicated (expected seq {expected})")
+        if prev_hash != self.prev_hash:
+            return self._fail(
+                seq,
+                "prev_hash does not match the previous event's hash "
+                "(an event was inserted, removed or reordered before it)",
+            )
+        if pruned:
+            if data != PRUNED_DATA:
+                return self._fail(seq, "marked pruned but still carries a payload")
+        elif digest(data) != data_digest:
+            return self._fail(seq, "data was changed (it no longer matches its data_digest)")
+        if chain_hash(seq, at_iso, actor, verb, data_digest, prev_hash) != event_hash:
+            return self._fail(
+                seq, "time, actor, verb or digest was changed (the hash does not match)"
+            )
+        snapshot_id = data.get("snapshot") if isinstance(data, dict) else None
+        if verb == "snapshot.written" and not pruned and isinstance(snapshot_id, int):
+            self.snapshot_checksums[snapshot_id] = (seq, str(data.get("checksum", "")))
+        self.expected_seq, self.prev_hash = seq + 1, event_hash
+        return None
+
+    def finish(self) -> Problem | None:
+        if self.problem is not None or self.head_seq is None:
+            return self.problem
+        last = self.expected_seq - 1
+        if last != self.head_seq:
+            return self._fail(
+                last + 1 if last < self.head_seq else self.head_seq + 1,
+                f"the chain ends at seq {last} but the run's head says seq {self.head_seq} "
+                "(events were removed from the end, or added after it)",
+            )
+        if self.prev_hash != (self.head_hash or ""):
+            return self._fail(last, "the last event's hash does not match the run's head hash")
+        return None
+
+
+def verify_queryset_runs(
+    runs, *, progress: Callable[[int, int], None] | None = None
+) -> VerifyReport:
+    """Verify the chains of `runs` (a Run queryset) in the database, `RUN_BATCH` runs at a time.
+
+    Each batch reads the run heads, their events and their snapshots in one REPEATABLE READ
+    transaction (when not already inside one), so a run that moves on meanwhile is seen
+    consistently and is not reported as broken."""
+    from django.db import connection, transaction
+
+    report = VerifyReport()
+    last, next_progress = None, PROGRESS_EVERY
+    while True:
+        outermost = not connection.in_atomic_block
+        with transaction.atomic():
+            if outermost:  # the first statement of the transaction may set its isolation
+                with connection.cursor() as cursor:
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            page = runs.order_by("pk")
+            if last is not None:
+                page = page.filter(pk__gt=last)
+            heads = list(page.values_list("pk", "event_seq", "event_hash")[:RUN_BATCH])
+            if not heads:
+                break
+            last = heads[-1][0]
+            _check_batch(heads, report)
+        report.runs += len(heads)
+        if progress and report.runs >= next_progress:
+            progress(report.runs, report.events)
+            next_progress += PROGRESS_EVERY
+    return report
+
+
+def _check_batch(heads: list[tuple], report: VerifyReport) -> None:
+    from runs.models import Snapshot, TimelineEvent
+
+    checkers = {pk: ChainChecker(pk, seq, head) for pk, seq, head in heads}
+    events = (
+        TimelineEvent.objects.filter(run_id__in=list(checkers))
+        .order_by("run_id", "seq")
+        .values_list(
+            "run_id",
+            "seq",
+            "at",
+            "actor",
+            "verb",
+            "data",
+            "data_digest",
+            "pruned",
+            "prev_hash",
+            "hash",
+        )  # fmt: skip
+    )
+    for (
+        run_id,
+        seq,
+        at,
+        actor,
+        verb,
+        data,
+        data_digest,
+        pruned,
+        prev,
+        event_hash,
+    ) in events.iterator(chunk_size=CHUNK):
+        report.events += 1
+        report.pruned_events += pruned
+        checkers[run_id].feed(
+            seq, at.isoformat(), actor, verb, data, data_digest, pruned, prev, event_hash
+        )
+    snapshots = Snapshot.objects.filter(run_id__in=list(checkers)).order_by("pk")
+    for snapshot in snapshots.iterator(chunk_size=CHUNK):
+        report.snapshots += 1
+        checker = checkers[snapshot.run_id]
+        if checker.problem is not None:
+            continue
+        recorded = checker.snapshot_checksums.get(snapshot.pk)
+        if recorded is not None and recorded[1] != snapshot.checksum:
+            checker._fail(
+                recorded[0], f"snapshot {snapshot.pk} no longer has the checksum recorded here"
+            )
+        elif not snapshot.pruned and snapshot.compute_checksum() != snapshot.checksum:
+            seq = recorded[0] if recorded else None
+            checker._fail(seq, f"snapshot {snapshot.pk} content does not match its checksum")
+    for checker in checkers.values():
+        problem = checker.finish()
+        if problem is not None:
+            report.problems.append(problem)
+
+
+def verify_run(run) -> VerifyReport:
+    from runs.models import Run
+
+    return verify_queryset_runs(Run.objects.filter(pk=run.pk))
+
+
+def verify_export(lines: Iterable[str | bytes],
+                  progress: Callable[[int, int], None] | None = None) -> VerifyReport:  # fmt: skip
+    """Verify an export made by `export_jsonl`, offline (no database)."""
+    report = VerifyReport()
+    checker: ChainChecker | None = None
+    seen_header = seen_end = False
+    runs_seen: set[str] = set()
+
+    def file_problem(number: int, message: str) -> VerifyReport:
+        report.problems.append(Problem("-", None, f"line {number}: {message}"))
+        return report
+
+    def close(checker):
+        if checker is not None:
+            problem = checker.finish()
+            if problem is not None:
+                report.problems.append(problem)
+
+    for number, raw in enumerate(lines, start=1):
+        line = raw.decode() if isinstance(raw, bytes) else raw
+        if not line.strip():
+            continue
+        if seen_end:
+            return file_problem(number, "content after the end line")
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return file_problem(number, "not valid JSON")
+        kind = record.get("type") if isinstance(record, dict) else None
+        if not seen_header:
+            if kind != "header" or record.get("format") != EXPORT_FORMAT:
+                return file_problem(number, "not a TaskPilots audit export (no header line)")
+            if record.get("version") != EXPORT_VERSION:
+                return file_problem(number, f"unsupported export version {record.get('version')}")
+            seen_header = True
+        elif kind == "run":
+            close(checker)
+            run_id = str(record.get("run"))
+            if run_id in runs_seen:
+                return file_problem(number, f"run {run_id} appears twice")
+            runs_seen.add(run_id)
+            checker = ChainChecker(run_id, record.get("head_seq"), record.get("head_hash"))
+            report.runs += 1
+            if progress and report.runs % PROGRESS_EVERY == 0:
+                progress(report.runs, report.events)
+        elif kind == "event":
+            if checker is None or str(record.get("run")) != checker.run_id:
+                return file_problem(number, "an event outside its run's section")
+            try:
+                checker.feed(
+                    int(record["seq"]), str(record["at"]), str(record["actor"]),
+                    str(record["verb"]), record["data"], str(record["data_digest"]),
+                    bool(record["pruned"]), str(record["prev_hash"]), str(record["hash"]),
+                )  # fmt: skip
+            except (KeyError, TypeError, ValueError):
+                return file_problem(number, "an event with missing or malformed fields")
+            report.events += 1
+            report.pruned_events += bool(record["pruned"])
+        elif kind == "end":
+            close(checker)
+            checker = None
+            seen_end = True
+            if record.get("runs") != report.runs or record.get("events") != report.events:
+                report.problems.append(
+                    Problem(
+                        "-",
+                        None,
+                        f"the end line counts {record.get('runs')} runs and "
+                        f"{record.get('events')} events; the file holds {report.runs} and "
+                        f"{report.events}",
+                    )  # fmt: skip
+                )
+        else:
+            return file_problem(number, f"unknown line type {kind!r}")
+    if not seen_header:
+        return file_problem(0, "empty file")
+    if not seen_end:
+        close(checker)
+        report.problems.append(Problem("-", None, "the export is truncated (no end line)"))
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+
+
+def _run_batches(runs) -> Iterator[list]:
+    batch: list = []
+    for run in runs.iterator(chunk_size=RUN_BATCH):
+        batch.append(run)
+        if len(batch) >= RUN_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _events_of(batch) -> Iterator:
+    from runs.models import TimelineEvent
+
+    events = TimelineEvent.objects.filter(run_id__in=[r.pk for r in batch]).order_by(
+        "run_id", "seq"
+    )
+    return events.iterator(chunk_size=CHUNK)
+
+
+def event_record(event) -> dict[str, Any]:
+    return {
+        "type": "event",
+        "run": str(event.run_id),
+        "seq": event.seq,
+        "at": event.at.isoformat(),
+        "actor": event.actor,
+        "verb": event.verb,
+        "data": event.data,
+        "data_digest": event.data_digest,
+        "pruned": event.pruned,
+        "prev_hash": event.prev_hash,
+        "hash": event.hash,
+    }
+
+
+def _run_record(run) -> dict[str, Any]:
+    return {
+        "type": "run",
+        "run": str(run.pk),
+        "workflow": run.workflow,
+        "workflow_version": run.workflow_version,
+        "status": run.status,
+        "created_at": run.created_at.isoformat(),
+        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "head_seq": run.event_seq,
+        "head_hash": run.event_hash,
+    }
+
+
+def _line(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False, sort_keys=True, default=str) + "\n"
+
+
+def export_jsonl(runs, *, exported_by: str = "", query: dict | None = None,
+                 now: datetime | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Iterator[str]:  # fmt: skip
+    """JSON Lines: a header, then per run (ordered by id) a `run` line with its chain head and
+    its events in seq order, then an `end` line with the counts. `verify_export` checks it."""
+    from django.utils import timezone
+
+    yield _line({
+        "type": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
+        "exported_at": (now or timezone.now()).isoformat(), "exported_by": exported_by,
+        "query": query or {}, "fields": list(EVENT_FIELDS),
+        "hash": "sha256(canonical_json([seq, at, actor, verb, data_digest, prev_hash]))",
+        "data_digest": "sha256(canonical_json(data)); canonical = sorted keys, no spaces, UTF-8",
+    })  # fmt: skip
+    run_count = event_count = 0
+    for batch in _run_batches(runs.order_by("pk")):
+        by_run: dict[Any, list] = {}
+        for event in _events_of(batch):
+            by_run.setdefault(event.run_id, []).append(event)
+        for run in batch:
+            yield _line(_run_record(run))
+            for event in by_run.pop(run.pk, []):
+                yield _line(event_record(event))
+                event_count += 1
+            run_count += 1
+            if progress and run_count % PROGRESS_EVERY == 0:
+                progress(run_count, event_count)
+    yield _line({"type": "end", "runs": run_count, "events": event_count})
+
+
+class _Echo:
+    """A file-like object whose write() hands the row back, for csv.writer in a generator."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(value: Any) -> str:
+    # Spreadsheets run cells that start like a formula; agent data is untrusted.
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def export_csv(runs) -> Iterator[str]:
+    """CSV for people (one row per event). Hash fields are included; use JSONL to verify."""
+    writer = csv.writer(_Echo())
+    yield writer.writerow(
+        [
+            "run",
+            "workflow",
+            "seq",
+            "at",
+            "actor",
+            "verb",
+            "data",
+            "data_digest",
+            "pruned",
+            "prev_hash",
+            "hash",
+        ]  # fmt: skip
+    )
+    for batch in _run_batches(runs.order_by("pk")):
+        workflows = {run.pk: run.workflow for run in batch}
+        for event in _events_of(batch):
+            yield writer.writerow(
+                [
+                    str(event.run_id),
+                    _cell(workflows[event.run_id]),
+                    event.seq,
+                    event.at.isoformat(),
+                    _cell(event.actor),
+                    _cell(event.verb),
+                    _cell(event.data),
+                    event.data_digest,
+                    "true" if event.pruned else "false",
+                    event.prev_hash,
+                    event.hash,
+                ]  # fmt: skip
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# Retention
+
+
+@dataclass
+class PruneReport:
+    cutoff: datetime
+    dry_run: bool
+    runs: int = 0
+    events: int = 0
+    snapshots: int = 0
+
+    def summary(self) -> str:
+        verb = "would prune" if self.dry_run else "pruned"
+        return (
+            f"{verb} {self.events} events and {self.snapshots} snapshots; {self.runs} runs "
+            f"finished before {self.cutoff.isoformat()}"
+        )
+
+
+def prune_payloads(
+    older_than_days: int | None = None,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    batch_size: int = RUN_BATCH,
+    progress: Callable[[PruneReport], None] | None = None,
+) -> PruneReport:
+    """Drop the payloads of runs that finished before the cutoff.
+
+    1. Walk finished runs with finished_at < now - days, by id, `batch_size` at a time.
+    2. Per batch, in one transaction that sets `taskpilots.prune`: events not yet pruned get
+       data {"pruned": true} and pruned=true; snapshots get params and prior results {} and
+       pruned=true. data_digest, hashes and checksums are left alone (the chain still proves
+       what the payload was).
+    3. With dry_run, only count what would change.
+    """
+    from django.db import connection, transaction
+    from django.utils import timezone
+
+    from runs.models import Run, Snapshot, TimelineEvent
+
+    days = retention_days() if older_than_days is None else older_than_days
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    report = PruneReport(cutoff=cutoff, dry_run=dry_run)
+    finished = Run.objects.filter(status__in=Run.TERMINAL, finished_at__lt=cutoff)
+    last = None
+    while True:
+        page = finished.order_by("pk")
+        if last is not None:
+            page = page.filter(pk__gt=last)
+        ids = list(page.values_list("pk", flat=True)[:batch_size])
+        if not ids:
+            break
+        last = ids[-1]
+        if dry_run:
+            events = TimelineEvent.objects.filter(run_id__in=ids, pruned=False).count()
+            snapshots = Snapshot.objects.filter(run_id__in=ids, pruned=False).count()
+        else:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL taskpilots.prune = 'on'")
+                cursor.execute(
+                    "UPDATE runs_timelineevent SET data = %s::jsonb, pruned = true "
+                    "WHERE run_id = ANY(%s) AND NOT pruned",
+                    [json.dumps(PRUNED_DATA), ids],
+                )
+                events = cursor.rowcount
+                cursor.execute(
+                    "UPDATE runs_snapshot SET params = '{}'::jsonb, "
+                    "prior_results_summary = '{}'::jsonb, pruned = true "
+                    "WHERE run_id = ANY(%s) AND NOT pruned",
+                    [ids],
+                )
+                snapshots = cursor.rowcount
+        report.events += events
+        report.snapshots += snapshots
+        report.runs += len(ids)
+        if progress:
+            progress(report)
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# Search across runs (the console's audit page and export_audit use the same query)
+
+# Outcome filters: the run's final status, an open side effect nobody can vouch for, or how a
+# person decided its approval.
+OUTCOMES = (
+    "succeeded", "failed", "cancelled", "compensated", "open", "needs_human",
+    "unknown_outcome", "approved", "approved_with_edits", "rejected", "human_decision",
+)  # fmt: skip
+
+
+@dataclass
+class AuditQuery:
+    date_from: Any = None  # date: runs started on or after
+    date_to: Any = None  # date: runs started on or before
+    workflow: str = ""
+    tool: str = ""
+    target: str = ""  # target resource, prefix
+    actor: str = ""  # "ada" means user:ada; "api:crm-bot" or "system" as written
+    outcome: str = ""
+
+    def as_dict(self) -> dict[str, str]:
+        return {k: str(v) for k, v in self.__dict__.items() if v}
+
+    def actor_values(self) -> list[str]:
+        actor = self.actor.strip()
+        if not actor:
+            return []
+        return [actor] if ":" in actor or actor == "system" else [f"user:{actor}", actor]
+
+    def runs(self):
+        """A Run queryset, newest first. Every filter is an indexed column or an EXISTS on an
+        indexed foreign key, so a page costs the same few queries whatever matches."""
+        from django.db.models import Exists, OuterRef, Q
+        from django.utils import timezone
+
+        from approvals.models import ApprovalRequest, HumanDecision
+        from runs.models import Run, SideEffect, Step, TimelineEvent
+
+        runs = Run.objects.all()
+        tz = timezone.get_current_timezone()
+        if self.date_from:
+            start = datetime.combine(self.date_from, datetime.min.time(), tzinfo=tz)
+            runs = runs.filter(created_at__gte=start)
+        if self.date_to:
+            end = datetime.combine(self.date_to, datetime.min.time(), tzinfo=tz)
+            runs = runs.filter(created_at__lt=end + timedelta(days=1))
+        if self.workflow:
+            runs = runs.filter(workflow=self.workflow)
+        if self.tool:
+            runs = runs.filter(Exists(Step.objects.filter(run=OuterRef("pk"), tool=self.tool)))
+        if self.target.strip():
+            runs = runs.filter(
+                Exists(
+                    SideEffect.objects.filter(
+                        run=OuterRef("pk"), target__startswith=self.target.strip()
+                    )
+                )
+            )
+        actors = self.actor_values()
+        if actors:
+            runs = runs.filter(
+                Exists(TimelineEvent.objects.filter(run=OuterRef("pk"), actor__in=actors))
+            )
+        outcome = self.outcome
+        if outcome in ("succeeded", "failed", "cancelled", "compensated", "needs_human"):
+            runs = runs.filter(status=outcome)
+        elif outcome == "open":
+            runs = runs.exclude(status__in=Run.TERMINAL)
+        elif outcome == "unknown_outcome":
+            runs = runs.filter(
+                Exists(SideEffect.objects.filter(run=OuterRef("pk"), status="unknown"))
+                | Exists(Step.objects.filter(run=OuterRef("pk"), status="unknown_outcome"))
+            )
+        elif outcome in ("approved", "approved_with_edits", "rejected"):
+            decided = ApprovalRequest.objects.filter(run=OuterRef("pk"), decision=outcome)
+            users = [a.removeprefix("user:") for a in actors if a.startswith("user:")]
+            if users:  # "approved by this user": the approver, not just anyone on the run
+                decided = decided.filter(decided_by__username__in=users)
+            runs = runs.filter(Exists(decided))
+        elif outcome == "human_decision":
+            decisions = HumanDecision.objects.filter(run=OuterRef("pk"))
+            users = [a.removeprefix("user:") for a in actors if a.startswith("user:")]
+            if users:
+                decisions = decisions.filter(user__username__in=users)
+            runs = runs.filter(Q(Exists(decisions)))
+        return runs.order_by("-created_at", "-id")

@@ -1,0 +1,257 @@
+"""verify_audit and export_audit: real chains verify; any edit, deletion, insertion or reorder
+made behind the ORM's back (raw SQL with the append-only trigger disabled) is named by run and
+seq; an export verifies offline, with no database, and a doctored export does not."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from runs import audit
+from runs.models import Run, Snapshot, TimelineEvent
+from tests.approvals.console_helpers import approval_run, start
+
+pytestmark = pytest.mark.django_db
+
+
+@contextmanager
+def trigger_disabled():
+    """Tamper like someone with raw database access: the append-only trigger is off."""
+    with connection.cursor() as cursor:
+        # Django's foreign keys are deferred; ALTER TABLE refuses while checks are pending.
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute(
+            "ALTER TABLE runs_timelineevent DISABLE TRIGGER runs_timelineevent_append_only"
+        )
+        cursor.execute("ALTER TABLE runs_snapshot DISABLE TRIGGER runs_snapshot_append_only")
+    try:
+        yield connection.cursor()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "ALTER TABLE runs_timelineevent ENABLE TRIGGER runs_timelineevent_append_only"
+            )
+            cursor.execute("ALTER TABLE runs_snapshot ENABLE TRIGGER runs_snapshot_append_only")
+            cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+
+
+def verify(*args) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("verify_audit", *args, stdout=out, stderr=err)
+        code = 0
+    except CommandError as exc:
+        code, err = exc.returncode, io.StringIO(err.getvalue() + str(exc))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def runs(sandbox):
+    """A finished reply run (side effects, receipts) and a refund waiting for approval."""
+    reply = start("test.reply", {"message": "refund?", "email": "a@example.com", "ticket": "T-1"})
+    assert reply.status == "succeeded"
+    return reply, approval_run()
+
+
+def test_untouched_chains_verify(runs):
+    code, out, _err = verify()
+    assert code == 0, out
+    assert out.startswith("OK: 2 runs")
+    code, out, _err = verify("--run", str(runs[0].pk))
+    assert code == 0 and "OK: 1 runs" in out
+
+
+def _event(run, seq):
+    return TimelineEvent.objects.get(run=run, seq=seq)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "seq", "message"),
+    [
+        ("edit_data", 3, "data was changed"),
+        ("edit_actor", 3, "hash does not match"),
+        ("edit_time", 2, "hash does not match"),
+        ("delete_middle", 3, "event missing"),
+        ("delete_last", None, "events were removed from the end"),
+        ("insert", 3, "prev_hash does not match"),
+        ("reorder", 2, "prev_hash does not match"),
+        ("fake_prune", 4, "data was changed"),
+    ],
+)
+def test_tampering_is_named_by_run_and_seq(runs, tamper, seq, message):
+    reply = runs[0]
+    last = Run.objects.get(pk=reply.pk).event_seq
+    with trigger_disabled() as cursor:
+        table = "runs_timelineevent"
+        if tamper == "edit_data":
+            cursor.execute(
+                f"UPDATE {table} SET data = jsonb_set(data, '{{step}}', '\"other\"') "
+                "WHERE run_id = %s AND seq = 3",
+                [reply.pk],
+            )
+        elif tamper == "edit_actor":
+            cursor.execute(
+                f"UPDATE {table} SET actor = 'user:mallory' WHERE run_id = %s AND seq = 3",
+                [reply.pk],
+            )
+        elif tamper == "edit_time":
+            cursor.execute(
+                f"UPDATE {table} SET at = at + interval '1 hour' WHERE run_id = %s AND seq = 2",
+                [reply.pk],
+            )
+        elif tamper == "delete_middle":
+            cursor.execute(f"DELETE FROM {table} WHERE run_id = %s AND seq = 3", [reply.pk])
+        elif tamper == "delete_last":
+            cursor.execute(f"DELETE FROM {table} WHERE run_id = %s AND seq = %s", [reply.pk, last])
+        elif tamper == "insert":
+            # Make room at seq 3 and insert a plausible event whose own hash is right.
+            cursor.execute(
+                f"UPDATE {table} SET seq = seq + 1000 WHERE run_id = %s AND seq >= 3", [reply.pk]
+            )
+            cursor.execute(
+                f"UPDATE {table} SET seq = seq - 999 WHERE run_id = %s AND seq > 1000", [reply.pk]
+            )
+            before = _event(reply, 2)
+            data = {"note": "added later"}
+            data_digest = audit.digest(data)
+            at = before.at
+            event_hash = audit.chain_hash(
+                3, at.isoformat(), "system", "run.note", data_digest, "not-the-real-prev"
+            )
+            cursor.execute(
+                f"INSERT INTO {table} (run_id, seq, at, actor, verb, data, data_digest, pruned, "
+                "prev_hash, hash) VALUES (%s, 3, %s, 'system', 'run.note', %s, %s, false, %s, %s)",
+                [reply.pk, at, json.dumps(data), data_digest, "not-the-real-prev", event_hash],
+            )
+        elif tamper == "reorder":
+            for old, new in ((2, 100000), (3, 2), (100000, 3)):  # (run, seq) is unique
+                cursor.execute(
+                    f"UPDATE {table} SET seq = %s WHERE run_id = %s AND seq = %s",
+                    [new, reply.pk, old],
+                )
+        elif tamper == "fake_prune":
+            # Hiding a payload by calling it pruned does not hide it: the data must be the
+            # pruned marker, and changing it to that breaks the digest of an unpruned event.
+            cursor.execute(
+                f"UPDATE {table} SET data = '{{\"pruned\": true}}' WHERE run_id = %s AND seq = 4",
+                [reply.pk],
+            )
+    code, out, _err = verify()
+    assert code == 1
+    broken = [line for line in out.splitlines() if line.startswith("BROKEN")]
+    assert len(broken) == 1, out  # the other run still verifies
+    expected = f"BROKEN run {reply.pk}" + (f" seq {seq}:" if seq else "")
+    assert broken[0].startswith(expected), broken[0]
+    assert message in broken[0]
+
+
+def test_a_changed_snapshot_is_caught_by_its_recorded_checksum(runs):
+    reply = runs[0]
+    snapshot = Snapshot.objects.filter(run=reply).order_by("pk").first()
+    written = TimelineEvent.objects.get(
+        run=reply, verb="snapshot.written", data__snapshot=snapshot.pk
+    )
+    with trigger_disabled() as cursor:
+        cursor.execute(
+            'UPDATE runs_snapshot SET params = \'{"to": "mallory@example.com"}\' WHERE id = %s',
+            [snapshot.pk],
+        )
+    code, out, _err = verify("--run", str(reply.pk))
+    assert code == 1
+    assert f"seq {written.seq}: snapshot {snapshot.pk} content does not match" in out
+
+
+def test_progress_goes_to_stderr(runs, monkeypatch):
+    monkeypatch.setattr(audit, "RUN_BATCH", 1)
+    monkeypatch.setattr(audit, "PROGRESS_EVERY", 1)
+    code, _out, err = verify()
+    assert code == 0
+    assert "… 1 runs" in err and "… 2 runs" in err
+
+
+def test_a_missing_run_is_an_error(db):
+    import uuid
+
+    code, _out, err = verify("--run", str(uuid.uuid4()))
+    assert code == 1 and "No run" in err
+    code, _out, err = verify("--run", "nope")
+    assert code == 1 and "not a run id" in err
+
+
+# --------------------------------------------------------------------------------------------
+# Export, then verify offline
+
+
+def export(tmp_path, *args) -> str:
+    path = tmp_path / "audit.jsonl"
+    call_command("export_audit", *args, "--output", str(path), stderr=io.StringIO())
+    return str(path)
+
+
+def test_an_export_verifies_offline_without_a_database(runs, tmp_path, django_db_blocker):
+    path = export(tmp_path)
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    header, end = json.loads(lines[0]), json.loads(lines[-1])
+    assert header["format"] == "taskpilots-audit" and end["runs"] == 2
+    event = next(json.loads(line) for line in lines if '"type": "event"' in line)
+    assert set(audit.EVENT_FIELDS) <= set(event)
+    with django_db_blocker.block():  # any query would raise
+        code, out, _err = verify("--file", path)
+    assert code == 0, out
+    assert out.startswith("OK: 2 runs")
+
+
+@pytest.mark.parametrize(
+    ("doctor", "message"),
+    [
+        ("edit", "data was changed"),
+        ("drop_event", "event missing"),
+        ("drop_last_event", "events were removed from the end"),
+        ("truncate", "truncated"),
+        ("swap", "prev_hash does not match"),
+    ],
+)
+def test_a_doctored_export_fails(runs, tmp_path, django_db_blocker, doctor, message):
+    path = export(tmp_path, "--run", str(runs[0].pk))
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    events = [i for i, line in enumerate(lines) if '"type": "event"' in line]
+    if doctor == "edit":
+        record = json.loads(lines[events[2]])
+        record["data"]["step"] = "other"
+        lines[events[2]] = json.dumps(record)
+    elif doctor == "drop_event":
+        del lines[events[2]]
+    elif doctor == "drop_last_event":
+        del lines[events[-1]]
+    elif doctor == "truncate":
+        lines = lines[: events[4]]
+    elif doctor == "swap":
+        lines[events[1]], lines[events[2]] = lines[events[2]], lines[events[1]]
+        for index in (events[1], events[2]):  # renumber so only the chain can tell
+            record = json.loads(lines[index])
+            record["seq"] = index - events[0] + 1
+            lines[index] = json.dumps(record)
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with django_db_blocker.block():
+        code, out, err = verify("--file", path)
+    assert code == 1
+    assert message in out + err
+
+
+def test_export_filters_and_csv(runs, tmp_path):
+    reply, refund = runs
+    path = export(tmp_path, "--workflow", "test.refund")
+    text = Path(path).read_text(encoding="utf-8")
+    assert str(refund.pk) in text and str(reply.pk) not in text
+    csv_path = tmp_path / "audit.csv"
+    call_command("export_audit", "--run", str(reply.pk), "--format", "csv", "-o", str(csv_path),
+                 stderr=io.StringIO())  # fmt: skip
+    rows = csv_path.read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("run,workflow,seq,at,actor,verb,data")
+    assert len(rows) == 1 + TimelineEvent.objects.filter(run=reply).count()
