@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
+from django.db.models.signals import post_save
 from django.utils import timezone
 
 from runs.models import FailureClass, Risk, Run, Step, _choices_check
@@ -169,6 +170,10 @@ class EscalationRule(models.Model):
     wait_window_seconds = models.PositiveIntegerField(default=900)
     probe_interval_seconds = models.PositiveIntegerField(default=30)
     approval_sla_seconds = models.PositiveIntegerField(default=4 * 3600)
+    # When a person misses the SLA of a run routed here (failure class `timeout` rules): the
+    # queue it moves to ("" = stays) and the SLA it gets there (0 = none).
+    escalate_to = models.CharField(max_length=100, blank=True, default="")
+    escalate_after_seconds = models.PositiveIntegerField(default=0)
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -205,6 +210,19 @@ class EscalationRule(models.Model):
             )
         )
 
+    @classmethod
+    def first_match(
+        cls, *, workflow: str, step: str, tool: str, failure_class: str, risk: str
+    ) -> EscalationRule | None:
+        """The rule that routes this failure: the first enabled one, in order, that matches.
+        Read from the database every time, so an admin's edit applies to the next failure."""
+        for rule in cls.objects.filter(enabled=True).order_by("position", "id"):
+            if rule.matches(
+                workflow=workflow, step=step, tool=tool, failure_class=failure_class, risk=risk
+            ):
+                return rule
+        return None
+
     def backoff(self, attempt: int, rng: random.Random | None = None) -> timedelta:
         """Exponential backoff with full jitter, capped: base·2^(attempt-1), then uniform(½, 1)."""
         raw = min(self.backoff_cap_seconds, self.backoff_base_seconds * 2 ** max(attempt - 1, 0))
@@ -214,3 +232,203 @@ class EscalationRule(models.Model):
     def describe(self) -> dict[str, Any]:
         return {"rule_id": self.pk, "rule": self.name, "version": self.version,
                 "action": self.action, "queue": self.queue}  # fmt: skip
+
+    VERSIONED_FIELDS = (
+        "position", "name", "enabled", "workflow", "step", "tool", "failure_class", "risk",
+        "action", "queue", "max_attempts", "backoff_base_seconds", "backoff_cap_seconds",
+        "wait_window_seconds", "probe_interval_seconds", "approval_sla_seconds", "escalate_to",
+        "escalate_after_seconds",
+    )  # fmt: skip
+
+    def data(self) -> dict[str, Any]:
+        """The rule's settings as one JSON object (what RuleVersion keeps)."""
+        return {name: getattr(self, name) for name in self.VERSIONED_FIELDS}
+
+
+# --------------------------------------------------------------------------------------------
+# Rule history, tool pauses, SLA breaches and notifications (the admin side of issue 7)
+
+
+class RuleChange(models.TextChoices):
+    CREATED = "created", "Created"
+    UPDATED = "updated", "Updated"
+    ENABLED = "enabled", "Enabled"
+    DISABLED = "disabled", "Disabled"
+    MOVED = "moved", "Moved"
+
+
+class RuleVersion(models.Model):
+    """One row per change of an EscalationRule, written in the transaction of the change.
+
+    `data` is the rule as it was after the change; `before` as it was before (None on create),
+    so an auditor reads who changed what without diffing rows.
+    """
+
+    Change = RuleChange
+
+    rule = models.ForeignKey(EscalationRule, on_delete=models.PROTECT, related_name="versions")
+    version = models.PositiveIntegerField()
+    change = models.CharField(max_length=20, choices=Change.choices)
+    data = models.JSONField(encoder=DjangoJSONEncoder)
+    before = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    changed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["rule", "-version"]
+        constraints = [
+            models.UniqueConstraint(fields=["rule", "version"], name="rule_version_unique"),
+            _choices_check("change", RuleChange, "rule_version_change_valid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"rule {self.rule_id} v{self.version} ({self.change})"
+
+    @property
+    def changes(self) -> list[tuple[str, Any, Any]]:
+        """(field, before, after) for every setting this version changed."""
+        if not self.before:
+            return []
+        return [
+            (name, self.before.get(name), value)
+            for name, value in self.data.items()
+            if self.before.get(name) != value
+        ]
+
+
+class ToolPause(models.Model):
+    """An admin's circuit breaker on a tool: while a pause is open (resumed_at is null), steps
+    that would call the tool wait instead, and no call is made."""
+
+    tool = models.CharField(max_length=150)
+    reason = models.TextField()
+    paused_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    paused_at = models.DateTimeField(default=timezone.now)
+    resumed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    resumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # At most one open pause per tool; its index serves the engine's per-call check.
+            models.UniqueConstraint(
+                fields=["tool"], condition=Q(resumed_at__isnull=True), name="tool_pause_one_open"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"pause of {self.tool} ({'open' if self.resumed_at is None else 'resumed'})"
+
+    @classmethod
+    def active_for(cls, tool: str) -> ToolPause | None:
+        """The open pause of this tool, if any (one index lookup: tool_pause_one_open)."""
+        return cls.objects.filter(tool=tool, resumed_at__isnull=True).first()
+
+
+class SlaBreach(models.Model):
+    """A run that stayed with a person past its due time, escalated once per due time."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="sla_breaches")
+    due_at = models.DateTimeField()
+    breached_at = models.DateTimeField(default=timezone.now)
+    level = models.PositiveIntegerField()
+    from_queue = models.CharField(max_length=100, blank=True, default="")
+    to_queue = models.CharField(max_length=100, blank=True, default="")
+    action = models.CharField(max_length=20, blank=True, default="")
+    rule = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "due_at"], name="sla_breach_once_per_due")
+        ]
+
+
+class ChannelKind(models.TextChoices):
+    EMAIL = "email", "Email"
+    WEBHOOK = "webhook", "Webhook (JSON)"
+
+
+class NotificationChannel(models.Model):
+    """Where a queue's notifications go: email addresses or an outgoing JSON webhook."""
+
+    Kind = ChannelKind
+
+    queue = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    # Comma-separated addresses for email, an http(s) URL for a webhook.
+    target = models.CharField(max_length=1000)
+    enabled = models.BooleanField(default=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["queue", "id"]
+        constraints = [_choices_check("kind", ChannelKind, "channel_kind_valid")]
+        indexes = [models.Index(fields=["queue"], name="channel_queue_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.kind} {self.target}"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    SENT = "sent", "Sent"
+    FAILED = "failed", "Failed (gave up)"
+
+
+class NotificationDelivery(models.Model):
+    """One notification to one channel for one run event. The key makes it at most one row per
+    (run, event, channel, timeline seq), however often the code that records it runs."""
+
+    Status = DeliveryStatus
+
+    key = models.CharField(max_length=255, unique=True)
+    channel = models.ForeignKey(
+        NotificationChannel, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="notifications")
+    event = models.CharField(max_length=40)
+    payload = models.JSONField(encoder=DjangoJSONEncoder)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    # When a sender may (next) take it: now for a fresh one, later after a failure, and a short
+    # claim while a sender holds it.
+    next_attempt_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [_choices_check("status", DeliveryStatus, "delivery_status_valid")]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="delivery_due_idx",
+                condition=Q(status="pending"),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status})"
+
+
+def _notify_on_timeline_event(sender, instance, created, raw=False, **kwargs) -> None:
+    # Every way a run enters a queue (Run.ask_human) or breaches its SLA writes its timeline
+    # event in the transaction of the change; recording the notification here puts the intent
+    # in that same transaction, whichever code path made the change.
+    if created and not raw and instance.verb in ("run.needs_human", "run.sla_breached"):
+        from approvals import notifications
+
+        notifications.on_timeline_event(instance)
+
+
+post_save.connect(
+    _notify_on_timeline_event, sender="runs.TimelineEvent", dispatch_uid="approvals.notify"
+)

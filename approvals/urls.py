@@ -14,3 +14,8 @@ urlpatterns = [
     path("runs/<uuid:run_id>/raw/<slug:part>/<int:ident>/", views.run_raw, name="run-raw-item"),
     path("runs/<uuid:run_id>/actions/<slug:action>/", views.run_action, name="run-action"),
 ]
+
+# Admin pages: escalation rules, tool pauses, notification channels.
+from approvals.rules_views import urlpatterns as rules_urlpatterns  # noqa: E402
+
+urlpatterns += rules_urlpatterns

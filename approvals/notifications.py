@@ -1,0 +1,299 @@
+"""Notifications to a queue's channels (email, an outgoing JSON webhook) when a run lands in the
+queue, when its SLA is breached and when an escalation moves it.
+
+Exactly once per event and channel, and never in the way of a run:
+1. The intent is recorded in the transaction of the state change: a `NotificationDelivery`
+   keyed `{run}:{event}:{channel}:{timeline seq}` (unique), created from the timeline event the
+   change writes (`run.needs_human`, `run.sla_breached`). Recording it twice finds the same row.
+2. After commit a Celery task (approvals/tasks.py) claims the row with a conditional update and
+   sends it; the sweeper hints undelivered rows again. A failure is recorded and retried later
+   with backoff (the schedule lives in PostgreSQL, not as broker ETAs); after MAX_ATTEMPTS the
+   row is `failed`. A sender that dies mid-send leaves a claim that expires: that one message may
+   go out twice (at least once), the row is never lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django import forms
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
+from django.core.validators import validate_email
+from django.db import transaction
+from django.db.models import F
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from approvals.models import NotificationChannel, NotificationDelivery
+from runs.models import Run
+
+logger = logging.getLogger("taskpilots.notifications")
+
+MAX_ATTEMPTS = 6
+CLAIM_SECONDS = 60
+WEBHOOK_TIMEOUT_SECONDS = 5.0
+WEBHOOK_MAX_RESPONSE_BYTES = 64 * 1024
+
+QUEUED, SLA_BREACHED, ESCALATED = "queued", "sla_breached", "escalated"
+
+
+class DeliveryError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# Recording (inside the transaction of the state change)
+
+
+def on_timeline_event(event) -> None:
+    """Called for every new TimelineEvent (approvals/models.py connects it); cheap for the verbs
+    that notify nobody (no query)."""
+    data = event.data or {}
+    if event.verb == "run.needs_human":
+        record(event.run_id, QUEUED, data.get("queue", ""), event.seq)
+    elif event.verb == "run.sla_breached":
+        record(event.run_id, SLA_BREACHED, data.get("from_queue", ""), event.seq, extra=data)
+        if data.get("to_queue") and data.get("to_queue") != data.get("from_queue"):
+            record(event.run_id, ESCALATED, data["to_queue"], event.seq, extra=data)
+
+
+def record(run_id, event: str, queue: str, seq: int, *, extra: dict | None = None) -> list[int]:
+    """Record one delivery per enabled channel of the queue; returns the new rows' ids."""
+    if not queue:
+        return []
+    channels = list(NotificationChannel.objects.filter(queue=queue, enabled=True))
+    if not channels:
+        return []
+    payload = build_payload(run_id, event, queue, extra or {})
+    created_ids = []
+    for channel in channels:
+        delivery, created = NotificationDelivery.objects.get_or_create(
+            key=f"{run_id}:{event}:{channel.pk}:{seq}",
+            defaults={"channel": channel, "run_id": run_id, "event": event, "payload": payload},
+        )
+        if created:
+            created_ids.append(delivery.pk)
+    if created_ids and settings.TASKPILOTS["DISPATCH"] == "celery":
+        transaction.on_commit(lambda: _hint(created_ids))
+    return created_ids
+
+
+def console_url(run_id) -> str:
+    base = settings.TASKPILOTS.get("PUBLIC_URL", "") or ""
+    return base.rstrip("/") + reverse("console:run-detail", args=[run_id])
+
+
+def build_payload(run_id, event: str, queue: str, extra: dict) -> dict[str, Any]:
+    """Shaped for chat tools' incoming webhooks: `text` is what they show; the rest is data."""
+    run = Run.objects.filter(pk=run_id).values(
+        "id", "workflow", "workflow_version", "status", "stage", "queue", "attention_reason",
+        "attention_due_at", "escalation_level", "business_key",
+    ).get()  # fmt: skip
+    name = f"{run['workflow']} run {str(run['id'])[:8]}"
+    reason = (run["attention_reason"] or "")[:300]
+    rule = (extra.get("rule") or {}).get("rule", "")
+    if event == QUEUED:
+        text = f"[{queue}] {name} needs a person: {reason}"
+    elif event == SLA_BREACHED:
+        text = (
+            f"[{queue}] SLA breached: {name} was due {extra.get('due_at', '')}"
+            f" (rule “{rule}”): {extra.get('outcome', '')}"
+        )
+    else:
+        text = (
+            f"[{queue}] Escalated here from {extra.get('from_queue', '')} (level "
+            f"{run['escalation_level']}): {name} missed its SLA. {reason}"
+        )
+    return {
+        "text": text,
+        "event": event,
+        "queue": queue,
+        "run": {
+            "id": str(run["id"]),
+            "workflow": run["workflow"],
+            "version": run["workflow_version"],
+            "status": run["status"],
+            "stage": run["stage"],
+            "queue": run["queue"],
+            "reason": reason,
+            "due_at": run["attention_due_at"].isoformat() if run["attention_due_at"] else None,
+            "escalation_level": run["escalation_level"],
+            "business_key": run["business_key"],
+        },
+        "url": console_url(run_id),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Sending (outside any transaction)
+
+
+def _backoff(attempts: int) -> timedelta:
+    return timedelta(seconds=min(30 * 2 ** max(attempts - 1, 0), 3600))
+
+
+def deliver(delivery_id: int, now: datetime | None = None) -> str:
+    """Send one delivery if it is due and nobody else holds it. Returns "sent", "retry",
+    "failed" or "skipped" (not due, already sent, or claimed by another sender)."""
+    now = now or timezone.now()
+    claimed = NotificationDelivery.objects.filter(
+        pk=delivery_id, status=NotificationDelivery.Status.PENDING, next_attempt_at__lte=now
+    ).update(next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS), attempts=F("attempts") + 1)
+    if not claimed:
+        return "skipped"
+    delivery = NotificationDelivery.objects.select_related("channel").get(pk=delivery_id)
+    try:
+        if not delivery.channel.enabled:
+            raise DeliveryError("the channel was disabled")
+        send(delivery.channel, delivery.payload)
+    except Exception as exc:  # any failure of a channel is recorded, never raised into a run
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        gave_up = delivery.attempts >= MAX_ATTEMPTS or isinstance(exc, DeliveryError)
+        NotificationDelivery.objects.filter(pk=delivery_id).update(
+            status=NotificationDelivery.Status.FAILED
+            if gave_up
+            else NotificationDelivery.Status.PENDING,
+            last_error=error,
+            next_attempt_at=now + _backoff(delivery.attempts),
+        )
+        logger.warning("notification %s failed (attempt %s): %s", delivery.key,
+                       delivery.attempts, error)  # fmt: skip
+        return "failed" if gave_up else "retry"
+    NotificationDelivery.objects.filter(pk=delivery_id).update(
+        status=NotificationDelivery.Status.SENT, sent_at=timezone.now(), last_error=""
+    )
+    return "sent"
+
+
+def send(channel: NotificationChannel, payload: dict) -> None:
+    if channel.kind == NotificationChannel.Kind.EMAIL:
+        recipients = split_addresses(channel.target)
+        subject = payload["text"].splitlines()[0][:150]
+        body = f"{payload['text']}\n\n{payload['url']}\n"
+        send_mail(subject, body, None, recipients, fail_silently=False)
+    else:
+        post_json(channel.target, payload)
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    # A redirect could point anywhere (another host, an internal address): never follow one.
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        raise DeliveryError(f"the webhook answered {code} redirecting to {newurl}; not followed")
+
+
+_opener = urllib.request.build_opener(_RefuseRedirects)
+
+
+def post_json(url: str, payload: dict, *, timeout: float = WEBHOOK_TIMEOUT_SECONDS) -> int:
+    validate_webhook_url(url)
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(payload, ensure_ascii=False).encode(),
+        headers={"Content-Type": "application/json", "User-Agent": "TaskPilots-notify/1"},
+        method="POST",
+    )
+    try:
+        with _opener.open(request, timeout=timeout) as response:
+            response.read(WEBHOOK_MAX_RESPONSE_BYTES)
+            return response.status
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"the webhook answered {exc.code}") from None
+
+
+def dispatch_due(now: datetime | None = None, batch: int = 500) -> int:
+    """The sweeper's part: hint every due, undelivered row again (or send it right here when
+    there is no Celery dispatch, as in tests and `make shell`)."""
+    now = now or timezone.now()
+    ids = list(
+        NotificationDelivery.objects.filter(
+            status=NotificationDelivery.Status.PENDING, next_attempt_at__lte=now
+        )
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:batch]
+    )
+    if settings.TASKPILOTS["DISPATCH"] == "celery":
+        _hint(ids)
+    else:
+        for delivery_id in ids:
+            deliver(delivery_id, now=now)
+    return len(ids)
+
+
+def _hint(ids: list[int]) -> None:
+    from approvals.tasks import deliver_notification
+
+    for delivery_id in ids:
+        try:
+            deliver_notification.apply_async((delivery_id,), expires=CLAIM_SECONDS)
+        except Exception:  # the broker being down only delays it: the sweeper hints again
+            logger.warning("could not enqueue notification %s", delivery_id)
+
+
+# --------------------------------------------------------------------------------------------
+# Channel configuration
+
+
+def split_addresses(text: str) -> list[str]:
+    return [a.strip() for a in text.replace(";", ",").split(",") if a.strip()]
+
+
+def validate_webhook_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DeliveryError(_("A webhook URL must be http:// or https:// with a host."))
+    if parts.username or parts.password:
+        raise DeliveryError(_("Put no user name or password in the webhook URL."))
+
+
+class ChannelForm(forms.ModelForm):
+    class Meta:
+        model = NotificationChannel
+        fields = ["queue", "kind", "target", "enabled"]
+        labels = {
+            "queue": gettext_lazy("Queue"),
+            "kind": gettext_lazy("Channel"),
+            "target": gettext_lazy("Addresses or webhook URL"),
+            "enabled": gettext_lazy("Enabled"),
+        }
+        help_texts = {
+            "target": gettext_lazy(
+                "Email: addresses separated by commas. Webhook: an http(s) URL that takes a JSON "
+                "POST with a “text” field (chat tools' incoming webhooks do)."
+            )
+        }
+
+    def clean(self):
+        data = super().clean()
+        kind, target = data.get("kind"), (data.get("target") or "").strip()
+        if not target:
+            return data
+        if kind == NotificationChannel.Kind.EMAIL:
+            addresses = split_addresses(target)
+            bad = []
+            for address in addresses:
+                try:
+                    validate_email(address)
+                except ValidationError:
+                    bad.append(address)
+            if bad or not addresses:
+                self.add_error("target", _("Not an email address: %(bad)s")
+                               % {"bad": ", ".join(bad) or target})  # fmt: skip
+            else:
+                data["target"] = ", ".join(addresses)
+        elif kind == NotificationChannel.Kind.WEBHOOK:
+            try:
+                validate_webhook_url(target)
+            except DeliveryError as exc:
+                self.add_error("target", str(exc))
+            data["target"] = target
+        return data

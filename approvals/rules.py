@@ -1,0 +1,508 @@
+"""Escalation rules for admins: validation with suggestions, the "which rule would match" tester,
+versioned changes (every change is a RuleVersion written in its own transaction), and tool pauses.
+
+The engine reads rules from the database at routing time (EscalationRule.first_match), so a saved
+change routes the very next failure, in every worker, without a restart.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.db import transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+
+from approvals.models import EscalationRule, RuleChange, RuleVersion, ToolPause
+from runs import tools as tool_registry
+from runs import workflows as workflow_registry
+from runs.models import FailureClass, Risk, Step, TimelineEvent, Wait
+
+A = EscalationRule.Action
+
+
+class RuleConflict(Exception):
+    """Someone else changed the rule since the form was loaded."""
+
+    def __init__(self, rule: EscalationRule, version: RuleVersion | None):
+        self.rule = rule
+        self.version = version
+        who = version.changed_by.get_username() if version and version.changed_by else "?"
+        super().__init__(
+            _("Someone else changed this rule first: %(user)s saved version %(version)s.")
+            % {"user": who, "version": rule.version}
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Names the deployment knows (for validation and suggestions)
+
+
+def known_workflows() -> dict[str, set[str]]:
+    """Workflow name → the step names declared in any registered version."""
+    names: dict[str, set[str]] = {}
+    for workflow in workflow_registry.all_workflows():
+        names.setdefault(workflow.name, set()).update(s.name for s in workflow.steps)
+    return names
+
+
+def known_tools() -> dict[str, tool_registry.Tool]:
+    return tool_registry.all_tools()
+
+
+def _suggest(name: str, known) -> str:
+    close = difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.5)
+    listed = ", ".join(sorted(known)[:12]) + ("…" if len(known) > 12 else "")
+    if close:
+        return _("Did you mean %(close)s? Known: %(known)s.") % {
+            "close": " / ".join(close),
+            "known": listed,
+        }
+    return _("Known: %(known)s.") % {"known": listed or "—"}
+
+
+def _is_known_workflow(name: str) -> bool:
+    try:
+        workflow_registry.get(name)  # also loads lazily registered workflows
+    except workflow_registry.UnknownWorkflow:
+        return False
+    return True
+
+
+def _tool(name: str) -> tool_registry.Tool | None:
+    try:
+        return tool_registry.get(name)
+    except tool_registry.UnknownTool:
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# The form
+
+
+class RuleForm(forms.ModelForm):
+    expected_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    allow_unknown = forms.BooleanField(
+        required=False,
+        label=gettext_lazy("Save even if a workflow, step or tool name is not known here"),
+        help_text=gettext_lazy("For names another deployment or a later release registers."),
+    )
+
+    class Meta:
+        model = EscalationRule
+        fields = [
+            "name", "position", "enabled", "workflow", "step", "tool", "failure_class", "risk",
+            "action", "queue", "escalate_to", "max_attempts", "backoff_base_seconds",
+            "backoff_cap_seconds", "wait_window_seconds", "probe_interval_seconds",
+            "approval_sla_seconds", "escalate_after_seconds",
+        ]  # fmt: skip
+        labels = {
+            "name": gettext_lazy("Name"),
+            "position": gettext_lazy("Position (lower is tried first)"),
+            "enabled": gettext_lazy("Enabled"),
+            "workflow": gettext_lazy("Workflow"),
+            "step": gettext_lazy("Step"),
+            "tool": gettext_lazy("Tool"),
+            "failure_class": gettext_lazy("Failure class"),
+            "risk": gettext_lazy("Risk"),
+            "action": gettext_lazy("Action"),
+            "queue": gettext_lazy("Queue"),
+            "escalate_to": gettext_lazy("Past the SLA, move to queue"),
+            "max_attempts": gettext_lazy("Max attempts"),
+            "backoff_base_seconds": gettext_lazy("Backoff base (s)"),
+            "backoff_cap_seconds": gettext_lazy("Backoff cap (s)"),
+            "wait_window_seconds": gettext_lazy("Wait window (s)"),
+            "probe_interval_seconds": gettext_lazy("Probe interval (s)"),
+            "approval_sla_seconds": gettext_lazy("Approval SLA (s)"),
+            "escalate_after_seconds": gettext_lazy("SLA in the next queue (s, 0 = none)"),
+        }
+        help_texts = {
+            "workflow": gettext_lazy("Empty matches any workflow."),
+            "failure_class": gettext_lazy("“Wait timed out” also covers approvals past their SLA."),
+        }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["failure_class"].choices = [("", _("Any"))] + list(FailureClass.choices)
+        self.fields["risk"].choices = [("", _("Any"))] + list(Risk.choices)
+        self.warnings: list[str] = []
+        if self.instance.pk and not self.is_bound:
+            self.initial["expected_version"] = self.instance.version
+
+    def clean_backoff_base_seconds(self):
+        value = self.cleaned_data["backoff_base_seconds"]
+        if value is not None and value <= 0:
+            raise forms.ValidationError(_("The backoff base must be more than 0 seconds."))
+        return value
+
+    def clean_max_attempts(self):
+        value = self.cleaned_data["max_attempts"]
+        if value is not None and value < 1:
+            raise forms.ValidationError(_("Allow at least 1 attempt."))
+        return value
+
+    def clean(self):
+        data = super().clean()
+        self._check_thresholds(data)
+        self._check_names(data)
+        self._check_action(data)
+        return data
+
+    def _check_thresholds(self, data: dict) -> None:
+        base, cap = data.get("backoff_base_seconds"), data.get("backoff_cap_seconds")
+        if base is not None and cap is not None and cap < base:
+            self.add_error(
+                "backoff_cap_seconds",
+                _("The backoff cap (%(cap)s s) must be at least the base (%(base)s s).")
+                % {"cap": cap, "base": base},
+            )
+        window, probe = data.get("wait_window_seconds"), data.get("probe_interval_seconds")
+        if data.get("action") == A.WAIT and window is not None and probe is not None:
+            if probe < 1:
+                self.add_error("probe_interval_seconds", _("Probe at least every second."))
+            elif probe > window:
+                self.add_error(
+                    "probe_interval_seconds",
+                    _("The probe interval (%(probe)s s) is longer than the wait window "
+                      "(%(window)s s): the tool would never be probed.")
+                    % {"probe": probe, "window": window},
+                )  # fmt: skip
+
+    def _check_names(self, data: dict) -> None:
+        """Unknown names are usually typos: refused with suggestions, unless the admin ticks
+        "save even if not known" (a name another deployment registers)."""
+        allow = data.get("allow_unknown")
+        problems: list[tuple[str, str]] = []
+        workflow, step, tool = data.get("workflow", ""), data.get("step", ""), data.get("tool", "")
+        workflows = known_workflows()
+        if workflow and not _is_known_workflow(workflow):
+            hint = _suggest(workflow, workflows)
+            problems.append(("workflow", _("No workflow is called “%(name)s”. %(hint)s")
+                             % {"name": workflow, "hint": hint}))  # fmt: skip
+        elif workflow and step:
+            declared = known_workflows().get(workflow, set())
+            if step not in declared:
+                problems.append(("step", _("%(workflow)s declares no step “%(name)s” (steps "
+                                           "decided at run time are fine). %(hint)s")
+                                 % {"workflow": workflow, "name": step,
+                                    "hint": _suggest(step, declared)}))  # fmt: skip
+        if tool and _tool(tool) is None:
+            problems.append(("tool", _("No tool is called “%(name)s”. %(hint)s")
+                             % {"name": tool, "hint": _suggest(tool, known_tools())}))  # fmt: skip
+        for field_name, message in problems:
+            if allow:
+                self.warnings.append(message)
+            else:
+                self.add_error(field_name, message)
+
+    def _check_action(self, data: dict) -> None:
+        action, tool = data.get("action"), data.get("tool", "")
+        cls = data.get("failure_class", "")
+        if action == A.DEGRADE:
+            with_fallback = sorted(
+                f"{t.name} → {t.fallback_tool}" for t in known_tools().values() if t.fallback_tool
+            )
+            listed = ", ".join(with_fallback) or "—"
+            found = _tool(tool) if tool else None
+            if not tool:
+                self.add_error("tool", _("“Degrade” needs a tool with a fallback. Tools with a "
+                                         "fallback: %(tools)s.") % {"tools": listed})  # fmt: skip
+            elif found is not None and not found.fallback_tool:
+                self.add_error("action", _("%(tool)s has no fallback tool to degrade to. Tools "
+                                           "with a fallback: %(tools)s.")
+                               % {"tool": tool, "tools": listed})  # fmt: skip
+        if cls == FailureClass.TIMEOUT and action in (A.RETRY, A.WAIT, A.DEGRADE):
+            self.add_error("action", _("A wait or approval that timed out cannot be retried, "
+                                       "waited for or degraded: choose escalate, compensate "
+                                       "or fail."))  # fmt: skip
+        if action in (A.ESCALATE, A.RETRY, A.WAIT, A.DEGRADE) and not data.get("queue"):
+            self.add_error("queue", _("Name the queue a person picks this up from."))
+
+
+# --------------------------------------------------------------------------------------------
+# Versioned changes
+
+
+def _record_version(rule: EscalationRule, change: str, before: dict | None, user) -> RuleVersion:
+    return RuleVersion.objects.create(
+        rule=rule,
+        version=rule.version,
+        change=change,
+        data=rule.data(),
+        before=before,
+        changed_by=user,
+        changed_at=rule.updated_at,
+    )
+
+
+def _lock(rule_id: int, expected_version: int | None) -> EscalationRule:
+    rule = EscalationRule.objects.select_for_update().get(pk=rule_id)
+    if expected_version is not None and rule.version != expected_version:
+        last = rule.versions.select_related("changed_by").order_by("-version").first()
+        raise RuleConflict(rule, last)
+    return rule
+
+
+def save_rule(form: RuleForm, user) -> tuple[EscalationRule, bool]:
+    """Create or update a rule and its RuleVersion in one transaction.
+
+    Returns (rule, changed); saving an unchanged form writes no new version.
+    """
+    with transaction.atomic():
+        if form.instance.pk is None:
+            rule = form.save(commit=False)
+            rule.version = 1
+            rule.updated_at = timezone.now()
+            rule.save()
+            _record_version(rule, RuleChange.CREATED, None, user)
+            return rule, True
+        current = _lock(form.instance.pk, form.cleaned_data.get("expected_version"))
+        before = current.data()
+        rule = form.save(commit=False)
+        if rule.data() == before:
+            return current, False
+        rule.version = current.version + 1
+        rule.updated_at = timezone.now()
+        rule.save()
+        _record_version(rule, RuleChange.UPDATED, before, user)
+        return rule, True
+
+
+def _change(rule: EscalationRule, change: str, before: dict, user, **fields: Any) -> None:
+    for name, value in fields.items():
+        setattr(rule, name, value)
+    rule.version += 1
+    rule.updated_at = timezone.now()
+    rule.save(update_fields=[*fields, "version", "updated_at"])
+    _record_version(rule, change, before, user)
+
+
+def set_enabled(
+    rule_id: int, enabled: bool, user, expected_version: int | None = None
+) -> EscalationRule:
+    with transaction.atomic():
+        rule = _lock(rule_id, expected_version)
+        if rule.enabled != enabled:  # a repeated POST changes nothing
+            change = RuleChange.ENABLED if enabled else RuleChange.DISABLED
+            _change(rule, change, rule.data(), user, enabled=enabled)
+    return rule
+
+
+def move_rule(rule_id: int, direction: str, user) -> EscalationRule:
+    """Swap the rule with its neighbour in routing order; both get a new version."""
+    with transaction.atomic():
+        ordered = list(EscalationRule.objects.select_for_update().order_by("position", "id"))
+        index = next(i for i, r in enumerate(ordered) if r.pk == rule_id)
+        other_index = index - 1 if direction == "up" else index + 1
+        rule = ordered[index]
+        if not 0 <= other_index < len(ordered):
+            return rule
+        other = ordered[other_index]
+        first, second = (other, rule) if direction == "up" else (rule, other)
+        # `first` comes before `second` now; afterwards it must come after it.
+        if first.position == second.position:
+            new_first, new_second = second.position + 1, first.position
+        else:
+            new_first, new_second = second.position, first.position
+        before_first, before_second = first.data(), second.data()
+        _change(first, RuleChange.MOVED, before_first, user, position=new_first)
+        _change(second, RuleChange.MOVED, before_second, user, position=new_second)
+    return rule
+
+
+# --------------------------------------------------------------------------------------------
+# The tester: which rule would route this failure, and what would happen
+
+
+@dataclass
+class Verdict:
+    rule: EscalationRule | None
+    sentence: str
+    risk: str
+    also_matching: list[EscalationRule]
+
+
+def explain(rule: EscalationRule | None, *, tool: str = "") -> str:
+    if rule is None:
+        return _("No enabled rule matches: the engine hands the run to the “ops” queue.")
+    head = _("Rule #%(position)s “%(name)s” (version %(version)s)") % {
+        "position": rule.position,
+        "name": rule.name,
+        "version": rule.version,
+    }
+    values = {
+        "head": head,
+        "queue": rule.queue,
+        "attempts": rule.max_attempts,
+        "base": f"{rule.backoff_base_seconds:g}",
+        "cap": f"{rule.backoff_cap_seconds:g}",
+        "window": rule.wait_window_seconds,
+        "probe": rule.probe_interval_seconds,
+        "tool": tool or _("the tool"),
+        "fallback": "",
+    }
+    if rule.action == A.RETRY:
+        text = _("%(head)s retries up to %(attempts)s attempts with exponential backoff from "
+                 "%(base)s s up to %(cap)s s (with jitter), then hands the run to the “%(queue)s” "
+                 "queue.")  # fmt: skip
+    elif rule.action == A.WAIT:
+        text = _("%(head)s waits up to %(window)s s for %(tool)s to recover, probing every "
+                 "%(probe)s s, then hands the run to the “%(queue)s” queue.")  # fmt: skip
+    elif rule.action == A.DEGRADE:
+        found = _tool(tool or rule.tool)
+        values["fallback"] = found.fallback_tool if found and found.fallback_tool else "?"
+        text = _("%(head)s answers from the fallback tool %(fallback)s instead (reads only); if "
+                 "that fails too, it hands the run to the “%(queue)s” queue.")  # fmt: skip
+    elif rule.action == A.COMPENSATE:
+        text = _("%(head)s undoes the run's committed side effects, newest first, and ends the "
+                 "run.")  # fmt: skip
+    elif rule.action == A.FAIL:
+        text = _("%(head)s fails the run.")
+    else:
+        text = _("%(head)s hands the run to the “%(queue)s” queue.")
+    text = text % values
+    if rule.failure_class in ("", FailureClass.TIMEOUT) and rule.escalate_to:
+        text += " " + _("Past its SLA it moves to the “%(to)s” queue.") % {"to": rule.escalate_to}
+    return text
+
+
+def which_rule(*, workflow="", step="", tool="", failure_class="", risk="") -> Verdict:
+    """The rule the engine would pick for this failure (the same EscalationRule.first_match),
+    plus the later rules that also match (they never fire while the first one does)."""
+    if not risk and tool:
+        found = _tool(tool)
+        risk = found.risk if found else ""
+    match = {"workflow": workflow, "step": step, "tool": tool, "failure_class": failure_class,
+             "risk": risk}  # fmt: skip
+    matching = [r for r in EscalationRule.objects.filter(enabled=True) if r.matches(**match)]
+    first = EscalationRule.first_match(**match)
+    return Verdict(first, explain(first, tool=tool), risk, matching[1:])
+
+
+def recent_failures(limit: int = 20) -> list[Step]:
+    """Recent steps that failed with a class, for the tester's "pick a past failure"."""
+    return list(
+        Step.objects.exclude(error_class="")
+        .select_related("run")
+        .only("id", "name", "tool", "error_class", "created_at", "run__workflow", "run__id")
+        .order_by("-id")[:limit]
+    )
+
+
+class TesterForm(forms.Form):
+    failure = forms.TypedChoiceField(
+        label=gettext_lazy("A past failure"), required=False, coerce=int, empty_value=None
+    )
+    workflow = forms.CharField(label=gettext_lazy("Workflow"), required=False, max_length=100)
+    step = forms.CharField(label=gettext_lazy("Step"), required=False, max_length=150)
+    tool = forms.CharField(label=gettext_lazy("Tool"), required=False, max_length=150)
+    failure_class = forms.ChoiceField(label=gettext_lazy("Failure class"), required=False)
+    risk = forms.ChoiceField(label=gettext_lazy("Risk"), required=False)
+
+    def __init__(self, *args, failures: list[Step] = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.failures = {s.pk: s for s in failures}
+        self.fields["failure"].choices = [("", _("— or type below —"))] + [
+            (s.pk, f"{s.run.workflow} · {s.name} · {s.tool or '—'} · {s.error_class}")
+            for s in failures
+        ]
+        self.fields["failure_class"].choices = [("", _("Any"))] + list(FailureClass.choices)
+        self.fields["risk"].choices = [("", _("From the tool"))] + list(Risk.choices)
+
+    def query(self) -> dict[str, str] | None:
+        if not self.is_valid():
+            return None
+        data = self.cleaned_data
+        step = self.failures.get(data["failure"]) if data.get("failure") else None
+        if step is not None:
+            return {"workflow": step.run.workflow, "step": step.name, "tool": step.tool,
+                    "failure_class": step.error_class, "risk": data.get("risk", "")}  # fmt: skip
+        return {k: data.get(k, "") or "" for k in ("workflow", "step", "tool", "failure_class",
+                                                   "risk")}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Tool pauses (the circuit breaker)
+
+
+class PauseError(ValueError):
+    pass
+
+
+def pause_tool(tool: str, user, reason: str) -> tuple[ToolPause, bool]:
+    """Open a pause on the tool (steps that would call it wait). Returns (pause, created); an
+    already paused tool keeps its pause (a repeated POST changes nothing)."""
+    if _tool(tool) is None:
+        raise PauseError(_("No tool is called “%(name)s”. %(hint)s")
+                         % {"name": tool, "hint": _suggest(tool, known_tools())})  # fmt: skip
+    if not reason.strip():
+        raise PauseError(_("Say why the tool is paused; the people whose runs wait will read it."))
+    with transaction.atomic():
+        existing = (
+            ToolPause.objects.select_for_update().filter(tool=tool, resumed_at__isnull=True).first()
+        )
+        if existing is not None:
+            return existing, False
+        return ToolPause.objects.create(tool=tool, reason=reason.strip(), paused_by=user), True
+
+
+def resume_tool(tool: str, user) -> tuple[ToolPause | None, int]:
+    """Close the tool's pause and wake the steps it held.
+
+    1. Lock the open pause and close it (who, when).
+    2. For every step parked by it: make its probe due now and write `tool.resumed` on the
+       run's timeline (same transaction). The sweeper then resumes those runs; the engine checks
+       the pause again before the call.
+    Returns (pause, steps woken); (None, 0) when the tool was not paused.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        pause = (
+            ToolPause.objects.select_for_update().filter(tool=tool, resumed_at__isnull=True).first()
+        )
+        if pause is None:
+            return None, 0
+        ToolPause.objects.filter(pk=pause.pk).update(resumed_at=now, resumed_by=user)
+        pause.resumed_at, pause.resumed_by = now, user
+        held = list(
+            Wait.objects.filter(
+                kind=Wait.Kind.TOOL_RECOVERY,
+                status=Wait.Status.PENDING,
+                event_type=tool,
+                correlation_key=f"pause:{pause.pk}",
+            ).values_list("run_id", "step_id")
+        )
+        Step.objects.filter(
+            pk__in=[step_id for _run_id, step_id in held], status=Step.Status.WAITING
+        ).update(next_attempt_at=now)
+        for run_id, _step_id in held:
+            TimelineEvent.append(
+                run_id,
+                "tool.resumed",
+                {"tool": tool, "pause": pause.pk},
+                actor=f"user:{user.get_username()}",
+            )
+    return pause, len(held)
+
+
+def tool_rows() -> list[dict]:
+    """Every registered tool with its open pause and how many steps it holds."""
+    pauses = {
+        p.tool: p
+        for p in ToolPause.objects.filter(resumed_at__isnull=True).select_related("paused_by")
+    }
+    held: dict[str, int] = {}
+    for tool_name in Wait.objects.filter(
+        kind=Wait.Kind.TOOL_RECOVERY,
+        status=Wait.Status.PENDING,
+        correlation_key__startswith="pause:",
+    ).values_list("event_type", flat=True):
+        held[tool_name] = held.get(tool_name, 0) + 1
+    rows = []
+    for name, tool in sorted(known_tools().items()):
+        rows.append({"tool": tool, "pause": pauses.get(name), "held": held.get(name, 0)})
+    return rows

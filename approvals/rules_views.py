@@ -1,0 +1,235 @@
+"""Admin pages of the console: escalation rules (list, create, edit, reorder, enable/disable,
+history), the rule tester, tool pauses and notification channels.
+
+Admins only (others get a 403); thin views over approvals/rules.py and approvals/notifications.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import wraps
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path
+from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from approvals import console, notifications, rules
+from approvals.models import EscalationRule, NotificationChannel, NotificationDelivery
+from approvals.views import _forbidden
+
+logger = logging.getLogger("taskpilots.console")
+
+
+def admin_view(view):
+    @wraps(view)
+    @login_required
+    def wrapper(request, *args, **kwargs):
+        if not console.is_admin(request.user):
+            return _forbidden(request, _("Only admins may change escalation rules."))
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------------------------
+# Rules and the tester
+
+
+def _tester(request: HttpRequest) -> dict:
+    form = rules.TesterForm(request.GET or None, failures=rules.recent_failures())
+    query = form.query() if form.is_bound else None
+    return {"tester": form, "verdict": rules.which_rule(**query) if query else None,
+            "query": query}  # fmt: skip
+
+
+@require_GET
+@never_cache
+@admin_view
+def rule_list(request: HttpRequest) -> HttpResponse:
+    context = {"rules": list(EscalationRule.objects.order_by("position", "id")), **_tester(request)}
+    template = "console/rules.html"
+    if request.htmx and request.htmx.target == "tester-result":
+        template += "#tester-result"
+    return render(request, template, context)
+
+
+def _form_page(request, form: rules.RuleForm, *, status: int = 200, error: str = ""):
+    rule = form.instance if form.instance.pk else None
+    versions = (
+        list(rule.versions.select_related("changed_by").order_by("-version")[:50]) if rule else []
+    )
+    context = {"form": form, "rule": rule, "versions": versions, "error": error,
+               "known_tools": sorted(rules.known_tools()),
+               "known_workflows": sorted(rules.known_workflows())}  # fmt: skip
+    return render(request, "console/rules_form.html", context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+@never_cache
+@admin_view
+def rule_create(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _form_page(request, rules.RuleForm(initial={"position": 100, "queue": "ops"}))
+    form = rules.RuleForm(request.POST)
+    if not form.is_valid():
+        return _form_page(request, form, status=422, error=_("Check the form."))
+    rule, _changed = rules.save_rule(form, request.user)
+    logger.info("rule %s created by %s", rule.pk, request.user.get_username())
+    messages.success(request, _("Rule “%(name)s” created (version 1).") % {"name": rule.name})
+    return redirect("console:rule-list")
+
+
+@require_http_methods(["GET", "POST"])
+@never_cache
+@admin_view
+def rule_edit(request: HttpRequest, rule_id: int) -> HttpResponse:
+    rule = get_object_or_404(EscalationRule, pk=rule_id)
+    if request.method == "GET":
+        return _form_page(request, rules.RuleForm(instance=rule))
+    form = rules.RuleForm(request.POST, instance=rule)
+    if not form.is_valid():
+        return _form_page(request, form, status=422, error=_("Check the form."))
+    try:
+        rule, changed = rules.save_rule(form, request.user)
+    except rules.RuleConflict as exc:
+        fresh = EscalationRule.objects.get(pk=rule_id)
+        return _form_page(request, rules.RuleForm(instance=fresh), status=409, error=str(exc))
+    if changed:
+        logger.info("rule %s v%s saved by %s", rule.pk, rule.version, request.user.get_username())
+        messages.success(
+            request,
+            _("Rule “%(name)s” saved as version %(version)s. It routes the next failure.")
+            % {"name": rule.name, "version": rule.version},
+        )
+    else:
+        messages.info(request, _("Nothing changed."))
+    return redirect("console:rule-list")
+
+
+@require_POST
+@admin_view
+def rule_toggle(request: HttpRequest, rule_id: int) -> HttpResponse:
+    rule = get_object_or_404(EscalationRule, pk=rule_id)
+    enabled = request.POST.get("enabled") == "1"
+    rule = rules.set_enabled(rule.pk, enabled, request.user)
+    messages.success(
+        request,
+        (_("Rule “%(name)s” enabled.") if enabled else _("Rule “%(name)s” disabled."))
+        % {"name": rule.name},
+    )
+    return redirect("console:rule-list")
+
+
+@require_POST
+@admin_view
+def rule_move(request: HttpRequest, rule_id: int, direction: str) -> HttpResponse:
+    rule = get_object_or_404(EscalationRule, pk=rule_id)
+    rules.move_rule(rule.pk, direction, request.user)
+    return redirect("console:rule-list")
+
+
+# --------------------------------------------------------------------------------------------
+# Tool pauses
+
+
+@require_GET
+@never_cache
+@admin_view
+def tool_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "console/rules_tools.html", {"rows": rules.tool_rows()})
+
+
+@require_POST
+@admin_view
+def tool_pause(request: HttpRequest) -> HttpResponse:
+    tool = request.POST.get("tool", "")[:150]
+    try:
+        pause, created = rules.pause_tool(tool, request.user, request.POST.get("reason", "")[:2000])
+    except rules.PauseError as exc:
+        context = {"rows": rules.tool_rows(), "error": str(exc), "failed_tool": tool}
+        return render(request, "console/rules_tools.html", context, status=422)
+    if created:
+        logger.warning("tool %s paused by %s", tool, request.user.get_username())
+        messages.success(
+            request, _("%(tool)s is paused: steps that call it wait.") % {"tool": tool}
+        )
+    return redirect("console:tool-list")
+
+
+@require_POST
+@admin_view
+def tool_resume(request: HttpRequest) -> HttpResponse:
+    tool = request.POST.get("tool", "")[:150]
+    pause, woken = rules.resume_tool(tool, request.user)
+    if pause is not None:
+        logger.warning("tool %s resumed by %s", tool, request.user.get_username())
+        messages.success(
+            request,
+            _("%(tool)s is resumed; %(count)s waiting steps go on.")
+            % {"tool": tool, "count": woken},
+        )
+    return redirect("console:tool-list")
+
+
+# --------------------------------------------------------------------------------------------
+# Notification channels
+
+
+def _channels_page(request, form, *, status=200):
+    context = {
+        "form": form,
+        "channels": list(NotificationChannel.objects.order_by("queue", "id")),
+        "deliveries": list(
+            NotificationDelivery.objects.select_related("channel").order_by("-id")[:30]
+        ),
+    }
+    return render(request, "console/channels.html", context, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+@never_cache
+@admin_view
+def channel_list(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return _channels_page(request, notifications.ChannelForm())
+    form = notifications.ChannelForm(request.POST)
+    if not form.is_valid():
+        return _channels_page(request, form, status=422)
+    channel = form.save(commit=False)
+    channel.created_by = request.user
+    channel.save()
+    messages.success(
+        request,
+        _("Queue “%(queue)s” now notifies %(target)s.")
+        % {"queue": channel.queue, "target": channel.target},
+    )
+    return redirect("console:channel-list")
+
+
+@require_POST
+@admin_view
+def channel_toggle(request: HttpRequest, channel_id: int) -> HttpResponse:
+    channel = get_object_or_404(NotificationChannel, pk=channel_id)
+    enabled = request.POST.get("enabled") == "1"
+    NotificationChannel.objects.filter(pk=channel.pk).update(enabled=enabled)
+    return redirect("console:channel-list")
+
+
+# Included by approvals/urls.py under the console namespace.
+urlpatterns = [
+    path("rules/", rule_list, name="rule-list"),
+    path("rules/new/", rule_create, name="rule-create"),
+    path("rules/<int:rule_id>/", rule_edit, name="rule-edit"),
+    path("rules/<int:rule_id>/toggle/", rule_toggle, name="rule-toggle"),
+    path("rules/<int:rule_id>/move/<str:direction>/", rule_move, name="rule-move"),
+    path("rules/tools/", tool_list, name="tool-list"),
+    path("rules/tools/pause/", tool_pause, name="tool-pause"),
+    path("rules/tools/resume/", tool_resume, name="tool-resume"),
+    path("rules/channels/", channel_list, name="channel-list"),
+    path("rules/channels/<int:channel_id>/toggle/", channel_toggle, name="channel-toggle"),
+]

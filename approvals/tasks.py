@@ -1,0 +1,14 @@
+"""Celery tasks of the approvals app: thin, take ids, safe to run twice."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from approvals import notifications
+
+
+@shared_task(name="approvals.tasks.deliver_notification", acks_late=True, ignore_result=True)
+def deliver_notification(delivery_id: int) -> str:
+    # A second run of the same message finds the row claimed or sent and does nothing; failures
+    # are retried from the database by the sweeper (backoff in next_attempt_at), not by ETAs.
+    return notifications.deliver(delivery_id)
