@@ -2,13 +2,15 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views
+from approvals import metrics_views, views
 
 app_name = "console"
 
 urlpatterns = [
     path("", views.inbox, name="inbox"),
     path("runs/", views.run_list, name="run-list"),
+    path("metrics/", metrics_views.metrics_page, name="metrics"),
+    path("metrics.json", metrics_views.metrics_json, name="metrics-json"),
     path("runs/<uuid:run_id>/", views.run_detail, name="run-detail"),
     path("runs/<uuid:run_id>/raw/<slug:part>/", views.run_raw, name="run-raw"),
     path("runs/<uuid:run_id>/raw/<slug:part>/<int:ident>/", views.run_raw, name="run-raw-item"),

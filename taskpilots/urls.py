@@ -6,12 +6,14 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from approvals.auth import LockoutLoginView
+from approvals.metrics_views import prometheus
 from runs.api import api
 from taskpilots import views
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/", permanent=False)),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", prometheus, name="prometheus-metrics"),
     path("accounts/login/", LockoutLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("i18n/", include("django.conf.urls.i18n")),

@@ -1,0 +1,247 @@
+"""The recovery metrics dashboard, its JSON twin, and the Prometheus endpoint."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.utils import formats, timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from approvals import console
+from approvals import metrics as m
+from approvals.views import console_view
+from taskpilots.env import env_secret
+
+logger = logging.getLogger("taskpilots.console")
+
+GROUPS = [
+    (gettext_lazy("Does recovery work?"), [
+        "execution_success_rate", "auto_recovery_rate", "local_recovery_rate",
+        "tool_failure_rate",
+    ]),
+    (gettext_lazy("How long does it take?"), [
+        "time_to_recover_median", "time_to_close_median", "pause_to_resume_median",
+        "approval_handling_median",
+    ]),
+    (gettext_lazy("How much do people have to do?"), [
+        "human_takeover_rate", "takeovers_per_100_runs", "second_intervention_rate",
+        "waits_timed_out",
+    ]),
+    (gettext_lazy("Are side effects safe?"), [
+        "duplicate_side_effect_rate", "wrong_retry_rate", "snapshot_coverage",
+        "missing_field_rate", "snapshot_latency_p50",
+    ]),
+]  # fmt: skip
+WINDOW_CHOICES = [
+    ("24h", gettext_lazy("24 hours")),
+    ("7d", gettext_lazy("7 days")),
+    ("30d", gettext_lazy("30 days")),
+]
+SPARK_W, SPARK_H, SPARK_PAD = 160, 36, 3
+
+
+# --------------------------------------------------------------------------------------------
+# Formatting
+
+
+def format_value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "—"
+    if unit == "ratio":
+        digits = 1 if value >= 0.1 or value == 0 else 2
+        return f"{formats.number_format(value * 100, digits)} %"
+    if unit == "per100":
+        return formats.number_format(value, 1)
+    if unit == "ms":
+        if value < 1000:
+            return _("%(n)s ms") % {"n": formats.number_format(value, 0)}
+        value = value / 1000
+    return format_duration(value)
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 60:
+        return _("%(n)s s") % {"n": formats.number_format(seconds, 1 if seconds < 10 else 0)}
+    if seconds < 3600:
+        return _("%(n)s min") % {"n": formats.number_format(seconds / 60, 1)}
+    if seconds < 86400:
+        return _("%(n)s h") % {"n": formats.number_format(seconds / 3600, 1)}
+    return _("%(n)s d") % {"n": formats.number_format(seconds / 86400, 1)}
+
+
+@dataclass
+class Spark:
+    segments: list[str]  # polyline point lists; a gap where a bucket had no data
+    dots: list[tuple[float, float]]  # isolated points
+    last: tuple[float, float] | None
+    width: int = SPARK_W
+    height: int = SPARK_H
+
+
+def sparkline(series: list[float | None]) -> Spark:
+    """Points of an SVG polyline, scaled to the series' own range (0 at the bottom for rates)."""
+    values = [v for v in series if v is not None]
+    if not values:
+        return Spark([], [], None)
+    low, high = min(0.0, min(values)), max(values)
+    span = (high - low) or 1.0
+    n = len(series)
+    step = (SPARK_W - 2 * SPARK_PAD) / max(n - 1, 1)
+
+    def point(i: int, v: float) -> tuple[float, float]:
+        x = SPARK_PAD + i * step if n > 1 else SPARK_W / 2
+        y = SPARK_H - SPARK_PAD - (v - low) / span * (SPARK_H - 2 * SPARK_PAD)
+        return round(x, 1), round(y, 1)
+
+    segments, dots, current = [], [], []
+    for i, v in enumerate(series + [None]):
+        if v is not None:
+            current.append(point(i, v))
+            continue
+        if len(current) > 1:
+            segments.append(" ".join(f"{x},{y}" for x, y in current))
+        elif current:
+            dots.append(current[0])
+        current = []
+    last_index = max(i for i, v in enumerate(series) if v is not None)
+    return Spark(segments, dots, point(last_index, series[last_index]))
+
+
+def _trend_title(fig: m.Figure, buckets: list[datetime], bucket: str) -> str:
+    fmt = "H:i" if bucket == "hour" else "M j"
+    parts = []
+    for at, value in zip(buckets, fig.series, strict=True):
+        if value is not None:
+            parts.append(f"{formats.date_format(at, fmt)}: {format_value(value, fig.unit)}")
+    return "\n".join(parts[-48:])
+
+
+def _card(fig: m.Figure, dashboard: m.Dashboard) -> dict[str, Any]:
+    detail = ""
+    if fig.unit == "ratio" and fig.counts:
+        detail = _("%(n)s of %(d)s") % {
+            "n": formats.number_format(fig.counts[0], force_grouping=True),
+            "d": formats.number_format(fig.counts[1], force_grouping=True),
+        }
+    elif fig.unit == "per100" and fig.counts:
+        detail = _("%(n)s takeovers in %(d)s runs") % {
+            "n": formats.number_format(fig.counts[0], force_grouping=True),
+            "d": formats.number_format(fig.counts[1], force_grouping=True),
+        }
+    if "mean" in fig.extra:
+        detail = _("mean %(v)s") % {"v": format_value(fig.extra["mean"], fig.unit)}
+    if "p95" in fig.extra:
+        detail = _("p95 %(v)s") % {"v": format_value(fig.extra["p95"], fig.unit)}
+    return {
+        "fig": fig,
+        "display": format_value(fig.value, fig.unit),
+        "detail": detail,
+        "spark": sparkline(fig.series),
+        "trend_title": _trend_title(fig, dashboard.buckets, dashboard.window.bucket),
+        "tone": "good" if fig.higher_is_better else "bad" if fig.higher_is_better is False else "",
+    }
+
+
+def _tool_rows(fig: m.Figure) -> list[dict[str, Any]]:
+    rows = []
+    for row in fig.extra.get("by_tool", []):
+        rows.append({
+            **row,
+            "display": format_value(row["rate"], "ratio") if row["calls"] else "—",
+            "classes": [
+                {"name": cls, "label": console.REASON_LABELS.get(cls, cls),
+                 "failures": v["failures"], "display": format_value(v["rate"], "ratio")}
+                for cls, v in row["by_class"].items()
+            ],
+        })  # fmt: skip
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Views
+
+
+def _window_or_error(request: HttpRequest) -> tuple[m.Window, str]:
+    try:
+        return m.parse_window(request.GET), ""
+    except m.BadWindow as exc:
+        return m.parse_window({}), str(exc)
+
+
+@require_GET
+@never_cache
+@console_view()
+def metrics_page(request: HttpRequest) -> HttpResponse:
+    window, error = _window_or_error(request)
+    dashboard = m.compute(window)
+    figures = {f.key: f for f in dashboard.figures}
+    groups = [(title, [_card(figures[key], dashboard) for key in keys]) for title, keys in GROUPS]
+    local_end = timezone.localtime(window.end)
+    context = {
+        "dashboard": dashboard,
+        "groups": groups,
+        "window": window,
+        "window_choices": WINDOW_CHOICES,
+        "window_error": error,
+        "tool_failures": figures["tool_failure_rate"],
+        "tool_rows": _tool_rows(figures["tool_failure_rate"]),
+        "inconsistencies": [
+            {
+                "kind": kind,
+                "label": m.INCONSISTENCY_LABELS[kind],
+                "definition": m.INCONSISTENCIES[kind] % {"minutes": m.STALE_MINUTES},
+                "count": dashboard.inconsistencies[kind],
+            }
+            for kind in m.INCONSISTENCIES
+        ],  # fmt: skip
+        "custom_start": request.GET.get("start") or timezone.localtime(window.start).date(),
+        "custom_end": request.GET.get("end") or local_end.date(),
+    }
+    return render(request, "console/metrics.html", context, status=400 if error else 200)
+
+
+@require_GET
+@never_cache
+@console_view()
+def metrics_json(request: HttpRequest) -> JsonResponse:
+    try:
+        window = m.parse_window(request.GET)
+    except m.BadWindow as exc:
+        return JsonResponse(
+            {"error": {"code": "bad_window", "message": str(exc), "field": "window"}}, status=400
+        )
+    return JsonResponse(m.compute(window).as_json(), json_dumps_params={"ensure_ascii": False})
+
+
+def _bearer_ok(request: HttpRequest) -> bool:
+    token = env_secret("TASKPILOTS_METRICS_TOKEN") or ""
+    header = request.headers.get("Authorization", "")
+    scheme, _sep, given = header.partition(" ")
+    if not token or scheme.lower() != "bearer" or not given.strip():
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@require_GET
+@never_cache
+def prometheus(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape target. A bearer token (env TASKPILOTS_METRICS_TOKEN) or an admin's
+    session; without a configured token only logged-in admins get in."""
+    if not (_bearer_ok(request) or console.is_admin(request.user)):
+        logger.warning("metrics scrape refused: path=%s", request.path)
+        response = HttpResponse("authentication required\n", status=401,
+                                content_type="text/plain; charset=utf-8")  # fmt: skip
+        response["WWW-Authenticate"] = 'Bearer realm="taskpilots-metrics"'
+        return response
+    return HttpResponse(
+        m.prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8"
+    )
