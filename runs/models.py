@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -144,22 +144,37 @@ class Run(models.Model):
     TRANSITIONS: dict[str, set[str]] = {
         S.PENDING: {S.RUNNING, S.NEEDS_HUMAN, S.FAILED, S.CANCELLED},
         S.RUNNING: {
-            S.WAITING, S.NEEDS_HUMAN, S.TAKEN_OVER, S.COMPENSATING,
-            S.SUCCEEDED, S.FAILED, S.CANCELLED,
+            S.WAITING,
+            S.NEEDS_HUMAN,
+            S.TAKEN_OVER,
+            S.COMPENSATING,
+            S.SUCCEEDED,
+            S.FAILED,
+            S.CANCELLED,
         },
         S.WAITING: {S.RUNNING, S.NEEDS_HUMAN, S.TAKEN_OVER, S.COMPENSATING, S.CANCELLED, S.FAILED},
         S.NEEDS_HUMAN: {
-            S.RUNNING, S.TAKEN_OVER, S.COMPENSATING, S.SUCCEEDED, S.FAILED, S.CANCELLED,
+            S.RUNNING,
+            S.TAKEN_OVER,
+            S.COMPENSATING,
+            S.SUCCEEDED,
+            S.FAILED,
+            S.CANCELLED,
         },
         S.TAKEN_OVER: {
-            S.RUNNING, S.NEEDS_HUMAN, S.COMPENSATING, S.SUCCEEDED, S.FAILED, S.CANCELLED,
+            S.RUNNING,
+            S.NEEDS_HUMAN,
+            S.COMPENSATING,
+            S.SUCCEEDED,
+            S.FAILED,
+            S.CANCELLED,
         },
         S.COMPENSATING: {S.COMPENSATED, S.NEEDS_HUMAN, S.TAKEN_OVER, S.FAILED},
         S.SUCCEEDED: set(),
         S.FAILED: set(),
         S.CANCELLED: set(),
         S.COMPENSATED: set(),
-    }  # fmt: skip
+    }
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.CharField(max_length=100)
@@ -250,20 +265,22 @@ class Run(models.Model):
         filters: dict[str, Any] = {"pk": self.pk, "status__in": _sources(self.TRANSITIONS, target)}
         if expected_version is not None:
             filters["lock_version"] = expected_version
-        with transaction.atomic():
+        # No savepoint (a round trip each); a refused change writes nothing and raises only
+        # after the block, so a caller's transaction stays usable.
+        with transaction.atomic(savepoint=False):
             count = Run.objects.filter(**filters).update(
                 lock_version=F("lock_version") + 1, **updates
             )
-            if count == 0:
-                current = Run.objects.filter(pk=self.pk).values_list("status", "lock_version")
-                row = current.first()
-                if row is None:
-                    raise Run.DoesNotExist(self.pk)
-                if row[0] in filters["status__in"]:
-                    raise ConcurrentUpdate(f"run {self.pk} changed (version {row[1]})")
-                raise InvalidTransition("run", self.pk, row[0], target)
-            event_data = {"from": self.status, "to": target, **(data or {})}
-            self.record(verb, event_data, actor=actor)
+            if count:
+                event_data = {"from": self.status, "to": target, **(data or {})}
+                self.record(verb, event_data, actor=actor)
+        if count == 0:
+            row = Run.objects.filter(pk=self.pk).values_list("status", "lock_version").first()
+            if row is None:
+                raise Run.DoesNotExist(self.pk)
+            if row[0] in filters["status__in"]:
+                raise ConcurrentUpdate(f"run {self.pk} changed (version {row[1]})")
+            raise InvalidTransition("run", self.pk, row[0], target)
         for name, value in updates.items():
             setattr(self, name, value)
         self.lock_version = (
@@ -398,8 +415,14 @@ class Step(models.Model):
     TRANSITIONS: dict[str, set[str]] = {
         S.PENDING: {S.RUNNING, S.SKIPPED, S.FAILED, S.NEEDS_HUMAN},
         S.RUNNING: {
-            S.SUCCEEDED, S.DEGRADED, S.RETRY_SCHEDULED, S.WAITING, S.NEEDS_HUMAN,
-            S.UNKNOWN_OUTCOME, S.FAILED, S.SKIPPED,
+            S.SUCCEEDED,
+            S.DEGRADED,
+            S.RETRY_SCHEDULED,
+            S.WAITING,
+            S.NEEDS_HUMAN,
+            S.UNKNOWN_OUTCOME,
+            S.FAILED,
+            S.SKIPPED,
         },
         S.RETRY_SCHEDULED: {S.RUNNING, S.NEEDS_HUMAN, S.SKIPPED, S.FAILED},
         S.WAITING: {S.RUNNING, S.SUCCEEDED, S.NEEDS_HUMAN, S.SKIPPED, S.FAILED},
@@ -410,7 +433,7 @@ class Step(models.Model):
         S.FAILED: set(),
         S.SKIPPED: set(),
         S.COMPENSATED: set(),
-    }  # fmt: skip
+    }
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
     name = models.CharField(max_length=150)
@@ -494,18 +517,19 @@ class Step(models.Model):
         }
         if held_by is not None:
             filters["lease_owner"] = held_by
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             count = Step.objects.filter(**filters).update(**updates)
-            if count == 0:
-                row = Step.objects.filter(pk=self.pk).values_list("status", flat=True).first()
-                if row is None:
-                    raise Step.DoesNotExist(self.pk)
-                if row in filters["status__in"]:
-                    raise ConcurrentUpdate(f"step {self.pk} is leased by someone else")
-                raise InvalidTransition("step", self.pk, row, target)
-            event = {"step": self.name, "iteration": self.iteration, "from": self.status}
-            event.update({"to": target, **(data or {})})
-            TimelineEvent.append(self.run_id, verb, event, actor=actor)
+            if count:
+                event = {"step": self.name, "iteration": self.iteration, "from": self.status}
+                event.update({"to": target, **(data or {})})
+                TimelineEvent.append(self.run_id, verb, event, actor=actor)
+        if count == 0:
+            row = Step.objects.filter(pk=self.pk).values_list("status", flat=True).first()
+            if row is None:
+                raise Step.DoesNotExist(self.pk)
+            if row in filters["status__in"]:
+                raise ConcurrentUpdate(f"step {self.pk} is leased by someone else")
+            raise InvalidTransition("step", self.pk, row, target)
         for name, value in updates.items():
             setattr(self, name, value)
 
@@ -641,24 +665,32 @@ class SideEffect(models.Model):
     def __str__(self) -> str:
         return f"{self.tool} {self.idempotency_key} ({self.status})"
 
-    def transition(self, target: str, *, verb: str, data: dict | None = None,
-                   actor: str = "system", **fields: Any) -> None:  # fmt: skip
+    def transition(
+        self,
+        target: str,
+        *,
+        verb: str,
+        data: dict | None = None,
+        actor: str = "system",
+        **fields: Any,
+    ) -> None:
         now = timezone.now()
         updates: dict[str, Any] = {"status": target, "updated_at": now, **fields}
         if target == self.Status.COMMITTED:
             updates.setdefault("committed_at", now)
         if target == self.Status.INTENDED:
             updates.setdefault("attempted_at", now)
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             count = SideEffect.objects.filter(
                 pk=self.pk, status__in=_sources(self.TRANSITIONS, target)
             ).update(**updates)
-            if count == 0:
-                row = SideEffect.objects.filter(pk=self.pk).values_list("status", flat=True)
-                raise InvalidTransition("side effect", self.pk, row.first() or "?", target)
-            event = {"key": self.idempotency_key, "tool": self.tool, "from": self.status}
-            event.update({"to": target, **(data or {})})
-            TimelineEvent.append(self.run_id, verb, event, actor=actor)
+            if count:
+                event = {"key": self.idempotency_key, "tool": self.tool, "from": self.status}
+                event.update({"to": target, **(data or {})})
+                TimelineEvent.append(self.run_id, verb, event, actor=actor)
+        if count == 0:
+            row = SideEffect.objects.filter(pk=self.pk).values_list("status", flat=True)
+            raise InvalidTransition("side effect", self.pk, row.first() or "?", target)
         for name, value in updates.items():
             setattr(self, name, value)
 
@@ -783,42 +815,73 @@ class TimelineEvent(ImmutableModel):
     def append(cls, run_id, verb: str, data: dict, *, actor: str = "system") -> TimelineEvent:
         """Append an event to the run's chain.
 
-        1. Lock the run row and read the chain head (seq, hash) in one statement.
-        2. Hash the event over (seq, time, actor, verb, digest of the canonical data, previous
-           hash).
-        3. Insert it and move the head. Callers are inside the transaction of the state change
-           the event describes, so both commit or neither does.
+        One round trip: a single statement locks the run row, reads the chain head, inserts the
+        event with its hash and moves the head. PostgreSQL computes the hash over exactly the
+        bytes `compute_hash` hashes (the seq and previous hash are spliced into the canonical
+        JSON built here), so the chain verifies in Python. Callers are inside the transaction
+        of the state change the event describes, so both commit or neither does.
         """
-        with transaction.atomic():
-            head = (
-                Run.objects.select_for_update()
-                .filter(pk=run_id)
-                .values_list("event_seq", "event_hash")
-                .get()
+        at = timezone.now()
+        data = to_json_value(data)
+        data_digest = digest(data)
+        # canonical_json([seq, at, actor, verb, digest, prev]) = "[" seq "," middle ',"' prev '"]'
+        middle = canonical_json([at.isoformat(), actor, verb, data_digest])[1:-1]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _APPEND_SQL,
+                {
+                    "run": run_id,
+                    "at": at,
+                    "actor": actor,
+                    "verb": verb,
+                    "data": canonical_json(data),
+                    "digest": data_digest,
+                    "middle": middle,
+                },
             )
-            seq, prev_hash = head[0] + 1, head[1]
-            at = timezone.now()
-            data = to_json_value(data)
-            data_digest = digest(data)
-            event = cls(
-                run_id=run_id,
-                seq=seq,
-                at=at,
-                actor=actor,
-                verb=verb,
-                data=data,
-                prev_hash=prev_hash,
-                data_digest=data_digest,
-                hash=cls.compute_hash(seq, at, actor, verb, data_digest, prev_hash),
-            )
-            event.save()
-            Run.objects.filter(pk=run_id).update(event_seq=seq, event_hash=event.hash)
+            row = cursor.fetchone()
+        if row is None:
+            raise Run.DoesNotExist(run_id)
+        event_id, seq, prev_hash, event_hash = row
+        event = cls(
+            id=event_id,
+            run_id=run_id,
+            seq=seq,
+            at=at,
+            actor=actor,
+            verb=verb,
+            data=data,
+            data_digest=data_digest,
+            prev_hash=prev_hash,
+            hash=event_hash,
+        )
+        event._state.adding = False
+        event._state.db = "default"
         return event
 
     def recompute_hash(self) -> str:
         return self.compute_hash(
             self.seq, self.at, self.actor, self.verb, self.data_digest, self.prev_hash
         )
+
+
+_APPEND_SQL = """
+WITH head AS (
+    SELECT event_seq + 1 AS seq, event_hash AS prev FROM runs_run WHERE id = %(run)s FOR UPDATE
+), event AS (
+    INSERT INTO runs_timelineevent
+        (run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash)
+    SELECT %(run)s, head.seq, %(at)s, %(actor)s, %(verb)s, %(data)s::jsonb, %(digest)s, false,
+        head.prev,
+        encode(sha256(convert_to(
+            '[' || head.seq || ',' || %(middle)s || ',"' || head.prev || '"]', 'UTF8')), 'hex')
+    FROM head
+    RETURNING id, seq, prev_hash, hash
+)
+UPDATE runs_run SET event_seq = event.seq, event_hash = event.hash, updated_at = %(at)s
+FROM event WHERE runs_run.id = %(run)s
+RETURNING event.id, event.seq, event.prev_hash, event.hash
+"""
 
 
 def verify_chain(events: Iterable[TimelineEvent]) -> tuple[bool, str]:
