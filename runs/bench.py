@@ -252,8 +252,10 @@ def bench_engine(
 
 def bench_snapshot(samples: int = 200, say: Say = print) -> dict:
     """In-process, so only the protocol is measured: claim, snapshot + intent, call, receipt."""
-    from runs import bench_flows  # noqa: F401
-    from runs import tools
+    from runs import (
+        bench_flows,  # noqa: F401
+        tools,
+    )
     from runs.tools import CallContext
 
     previous = settings.TASKPILOTS["DISPATCH"]

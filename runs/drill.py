@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -25,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import close_old_connections, connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 
 from approvals import actions
@@ -33,7 +37,7 @@ from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import engine
 from runs.models import SNAPSHOT_FIELDS, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
 from runs.processes import Workers
-from runs.sandbox.client import SandboxClient, start_sandbox
+from runs.sandbox.client import SandboxClient, SandboxError, start_sandbox
 from taskpilots.celery import app as celery_app
 
 KINDS = (
@@ -70,6 +74,10 @@ class DrillConfig:
     workers: int = 2
     batch_timeout: float = 90.0
     progress: Callable[[str], None] | None = None
+    # Chaos soak: while the drills run, SIGKILL workers, restart the broker and PostgreSQL, and
+    # drop the simulated systems for longer than the wait window.
+    chaos: bool = False
+    chaos_interval: tuple[float, float] = (4.0, 9.0)
 
 
 @dataclass
@@ -96,6 +104,9 @@ class Drill:
         self.tag = f"drill-{uuid.uuid4().hex[:8]}"
         self.batches: list[Batch] = []
         self._sandbox_process = None
+        self._stop_chaos = threading.Event()
+        self._chaos: threading.Thread | None = None
+        self.chaos_log: list[dict] = []
         self._workers: Workers | None = None
         self._stop_sweeper = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -115,7 +126,8 @@ class Drill:
             "queue": celery_app.conf.task_default_queue,
         }
         self.sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
-        if not self._sandbox_up():
+        if self.config.chaos or not self._sandbox_up():
+            # The chaos soak stops and restarts the sandbox, so it needs one of its own.
             self.say("starting the simulated external systems (sandbox)")
             self._sandbox_process = start_sandbox()
             settings.TASKPILOTS["SANDBOX_URL"] = self._sandbox_process.url
@@ -140,9 +152,15 @@ class Drill:
             self._workers.start()
         self._sweeper = threading.Thread(target=self._sweep_loop, daemon=True, name="sweeper")
         self._sweeper.start()
+        if self.config.chaos:
+            self._chaos = threading.Thread(target=self._chaos_loop, daemon=True, name="chaos")
+            self._chaos.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._stop_chaos.set()
+        if self._chaos:
+            self._chaos.join(120)
         self._stop_sweeper.set()
         if self._sweeper:
             self._sweeper.join(5)
@@ -200,6 +218,101 @@ class Drill:
                 close_old_connections()
         connections.close_all()
 
+    # -- chaos ---------------------------------------------------------------------------------
+    def _chaos_loop(self) -> None:
+        actions = [
+            self._chaos_kill_worker,
+            self._chaos_kill_worker,
+            self._chaos_restart_broker,
+            self._chaos_restart_postgres,
+            self._chaos_drop_sandbox,
+        ]
+        while not self._stop_chaos.wait(self.rng.uniform(*self.config.chaos_interval)):
+            action = self.rng.choice(actions)
+            started = time.monotonic()
+            try:
+                what = action()
+            except Exception as exc:  # the soak goes on; what failed is reported
+                what = f"{action.__name__} failed: {exc}"
+            finally:
+                close_old_connections()
+            if what:
+                self.chaos_log.append(
+                    {"action": what, "seconds": round(time.monotonic() - started, 2)}
+                )
+                self.say(f"    chaos: {what}")
+        connections.close_all()
+
+    def _chaos_kill_worker(self) -> str:
+        alive = self._workers.alive
+        if not alive:
+            return ""
+        victim = self.rng.choice(alive)
+        victim.kill()
+        self._workers.start()
+        return f"SIGKILL worker {victim.name}; started a replacement"
+
+    def _chaos_restart_broker(self) -> str:
+        broker = settings.CELERY_BROKER_URL
+        if broker.startswith(("redis://", "rediss://")):
+            _run(["redis-cli", "-u", broker, "shutdown", "nosave"], check=False)
+            _run(
+                [
+                    "redis-server",
+                    "--daemonize",
+                    "yes",
+                    "--bind",
+                    "127.0.0.1",
+                    "-::1",
+                    "--port",
+                    "6379",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    "/var/lib/redis",
+                    "--logfile",
+                    "/var/log/redis/ci.log",
+                ]
+            )
+            _wait_port(6379)
+            return "restarted Redis (the broker)"
+        if broker.startswith(("amqp://", "pyamqp://")):
+            _run(["rabbitmqctl", "-q", "stop_app"])
+            _run(["rabbitmqctl", "-q", "start_app"])
+            _wait_port(5672)
+            return "restarted RabbitMQ (the broker)"
+        return ""
+
+    def _chaos_restart_postgres(self) -> str:
+        db = connections["default"].settings_dict
+        versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
+        if not versions or db["HOST"] not in ("127.0.0.1", "localhost", ""):
+            return ""
+        connections.close_all()
+        _run(
+            [
+                "pg_ctlcluster",
+                "--skip-systemctl-redirect",
+                versions[-1],
+                "main",
+                "restart",
+                "-m",
+                "fast",
+            ]
+        )
+        _wait_port(int(db["PORT"] or 5432))
+        return "restarted PostgreSQL"
+
+    def _chaos_drop_sandbox(self) -> str:
+        if self._sandbox_process is None:
+            return ""
+        self._sandbox_process.stop()
+        self._stop_chaos.wait(OUTAGE_WINDOW_SECONDS + 2)
+        self._sandbox_process.start()
+        return f"dropped the simulated systems for {OUTAGE_WINDOW_SECONDS + 2} s"
+
     def _restart_workers(self, **env: str) -> None:
         for worker in self._workers.alive:
             worker.kill()
@@ -225,11 +338,19 @@ class Drill:
             batch = Batch(kind, started_at=timezone.now())
             self.batches.append(batch)
             self.say(f"[{index + 1}/{len(kinds)}] {kind}: {count} runs")
-            getattr(self, f"_drill_{kind}")(batch, count)
+            self._survive(getattr(self, f"_drill_{kind}"), batch, count)
             self._finish(batch)
-            self.sandbox.clear_faults()
-            self.say(f"    {kind}: {self._batch_line(batch)}")
-        report = compute_report(self.all_run_ids(), self.sandbox, self.batches)
+            self._survive(self.sandbox.clear_faults)
+            self.say(f"    {kind}: {self._survive(self._batch_line, batch)}")
+        if self.config.chaos:
+            self._stop_chaos.set()
+            self._chaos.join(120)
+            self.say("chaos over: letting every run come to rest")
+            for batch in self.batches:
+                self._finish(batch)
+        report = self._survive(compute_report, self.all_run_ids(), self.sandbox, self.batches)
+        if self.config.chaos:
+            report["chaos"] = self.chaos_log
         report["elapsed_s"] = round(time.monotonic() - started, 1)
         return report
 
@@ -242,7 +363,8 @@ class Drill:
 
     def _start(self, batch: Batch, workflow: str, input: dict, *, key: str | None = None) -> Run:
         key = key or f"{self.tag}-{batch.kind}-{len(batch.run_ids)}"
-        run, created = engine.start_run(
+        run, created = self._survive(
+            engine.start_run,
             f"drill.{workflow}",
             input,
             business_key=key,
@@ -380,10 +502,30 @@ class Drill:
     def _wait(self, predicate, *, what: str, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (timeout or self.config.batch_timeout)
         while time.monotonic() < deadline:
-            if predicate():
+            if self._survive(predicate):
                 return
             time.sleep(0.1)
         self.say(f"    gave up waiting for {what}")
+
+    def _survive(self, fn, *args, **kwargs):
+        """Call fn, riding out a database, broker or sandbox restart (the chaos soak's)."""
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except (
+                OperationalError,
+                InterfaceError,
+                ConnectionError,
+                OSError,
+                SandboxError,
+                urllib.error.URLError,
+            ) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self.say(f"    waiting out: {type(exc).__name__}: {str(exc)[:120]}")
+                close_old_connections()
+                time.sleep(1.0)
 
     def _settled(self, batch: Batch) -> bool:
         open_runs = Run.objects.filter(pk__in=batch.run_ids).exclude(
@@ -397,10 +539,14 @@ class Drill:
         """Deliver callbacks and play the person until every run of the batch is at rest."""
         deadline = time.monotonic() + self.config.batch_timeout
         while time.monotonic() < deadline:
-            self._replace_dead_workers()
-            self._deliver_settlements(batch)
-            acted = self._play_the_person(batch)
-            if not acted and self._settled(batch) and not self._waiting_for_events(batch):
+            self._survive(self._replace_dead_workers)
+            self._survive(self._deliver_settlements, batch)
+            acted = self._survive(self._play_the_person, batch)
+            if (
+                not acted
+                and self._survive(self._settled, batch)
+                and not self._survive(self._waiting_for_events, batch)
+            ):
                 return
             time.sleep(0.2)
         self.say(f"    {batch.kind}: batch timed out; unsettled runs count as lost")
@@ -461,6 +607,21 @@ class Drill:
 
     def _outage_over(self) -> bool:
         return not any(f["mode"] == "outage" for f in self.sandbox.faults())
+
+
+def _run(args: list[str], check: bool = True) -> None:
+    subprocess.run(args, check=check, capture_output=True, timeout=120)
+
+
+def _wait_port(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout} s")
 
 
 # --------------------------------------------------------------------------------------------

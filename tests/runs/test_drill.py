@@ -31,3 +31,23 @@ def test_unknown_drill_kinds_are_refused_with_the_list():
         parse_faults("interrupt_before,meteor")
     with pytest.raises(CommandError, match="--runs"):
         call_command("drill", runs=0)
+
+
+@pytest.mark.timeout(600)
+def test_a_short_chaos_soak_loses_nothing_and_duplicates_nothing(sandbox):
+    # Workers SIGKILLed, the broker and PostgreSQL restarted, the simulated systems dropped,
+    # while every drill kind runs. The services are running again afterwards.
+    from django.db import connections
+
+    config = DrillConfig(
+        runs=len(KINDS) * 2, workers=4, batch_timeout=240, chaos=True, chaos_interval=(2.0, 4.0)
+    )
+    try:
+        with Drill(config) as drill:
+            report = drill.run()
+    finally:
+        connections.close_all()
+    assert report["lost_runs"] == 0
+    assert report["duplicate_side_effects"] == 0, report["duplicates"]
+    assert report["chaos"], "no fault was injected"
+    assert report["succeeded"] + report["needs_human"] == report["runs"]

@@ -26,6 +26,11 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument(
+            "--chaos",
+            action="store_true",
+            help="soak: SIGKILL workers, restart the broker and PostgreSQL, drop the sandbox",
+        )
 
     def handle(self, *args, **options):
         if options["runs"] < 1:
@@ -36,7 +41,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         config = DrillConfig(
             runs=options["runs"], faults=faults, seed=options["seed"],
-            workers=options["workers"], progress=progress_to_stderr,
+            workers=max(options["workers"], 4 if options["chaos"] else 1),
+            progress=progress_to_stderr, chaos=options["chaos"],
+            batch_timeout=300.0 if options["chaos"] else 90.0,
         )  # fmt: skip
         with Drill(config) as drill:
             report = drill.run()
