@@ -22,7 +22,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, EscalationRule
+from approvals.models import ApprovalRequest, EscalationRule, ToolPause
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.models import (
@@ -440,6 +440,8 @@ class Outcome:
     wait: dict | None = None
     approval: dict | None = None
     events: list[tuple[str, dict]] = field(default_factory=list)
+    # The step's tool is paused by an admin: park the step without calling it.
+    paused: dict | None = None
 
 
 def advance(run_id, *, worker: str | None = None, budget: float | None = None) -> int:
@@ -471,6 +473,10 @@ def execute(claim: Claim) -> Outcome:
     """Run the claimed step outside any transaction (a tool call never holds a lock)."""
     kind = claim.step.kind
     try:
+        if kind in (StepKind.READ, StepKind.SIDE_EFFECT):
+            held = _held_by_pause(claim)
+            if held is not None:
+                return held
         if kind == StepKind.COMPUTE:
             return _execute_compute(claim)
         if kind == StepKind.READ:
@@ -488,6 +494,75 @@ def execute(claim: Claim) -> Outcome:
     except tool_registry.UnknownTool as exc:
         return _failure(FailureClass.INVALID_INPUT, str(exc))
     return _failure(FailureClass.INVALID_INPUT, f"unknown step kind {kind!r}")
+
+
+# A step held by a pause is looked at again this often even if nobody resumes the tool (a pause
+# closed by other means than approvals.rules.resume_tool, which wakes the held steps at once).
+PAUSE_RECHECK = timedelta(hours=1)
+
+
+def _held_by_pause(claim: Claim) -> Outcome | None:
+    """Never call a paused tool: the step waits for an admin to resume it.
+
+    One query on the partial unique index of open pauses per tool call, rather than a cache: a
+    pause must hold from the moment it commits, in every worker, and the lookup costs far less
+    than the call it guards. Checked before the snapshot and intent are written, so a held side
+    effect leaves nothing half-done (and no lookup-by-key call is made either).
+    """
+    tool_name = claim.definition.tool or claim.step.tool
+    pause = ToolPause.active_for(tool_name)
+    if pause is None:
+        if claim.step.routing.get("paused_tool"):
+            _end_pause_wait(claim)
+        return None
+    return Outcome(
+        Step.Status.WAITING,
+        paused={"tool": tool_name, "pause": pause.pk, "reason": pause.reason[:500]},
+    )
+
+
+def _end_pause_wait(claim: Claim) -> None:
+    with transaction.atomic():
+        for wait in Wait.objects.filter(
+            step=claim.step,
+            kind=Wait.Kind.TOOL_RECOVERY,
+            status=Wait.Status.PENDING,
+            correlation_key__startswith="pause:",
+        ):
+            _resolve_wait(wait, None, resolved_by="tool resumed")
+        Step.objects.filter(pk=claim.step.pk).update(routing={})
+    claim.step.routing = {}
+
+
+def _park_for_pause(claim: Claim, paused: dict) -> bool:
+    """Park the step like an outage wait, but not as a failure: the claim's attempt is given
+    back and no failure is counted."""
+    run, step = claim.run, claim.step
+    correlation = f"pause:{paused['pause']}"
+    wait = Wait.objects.filter(step=step, status=Wait.Status.PENDING).first()
+    if wait is None:
+        Wait.objects.create(
+            run=run,
+            step=step,
+            kind=Wait.Kind.TOOL_RECOVERY,
+            event_type=paused["tool"],
+            correlation_key=correlation,
+        )
+    elif wait.correlation_key != correlation:
+        Wait.objects.filter(pk=wait.pk).update(correlation_key=correlation)
+    routing = {"rule": "(tool paused by an admin)", "action": "wait",
+               "paused_tool": paused["tool"], "pause": paused["pause"]}  # fmt: skip
+    step.transition(
+        Step.Status.WAITING,
+        verb="step.tool_paused",
+        held_by=claim.worker,
+        attempts=max(step.attempts - 1, 0),
+        next_attempt_at=timezone.now() + PAUSE_RECHECK,
+        routing=routing,
+        data={"tool": paused["tool"], "pause": paused["pause"], "reason": paused["reason"]},
+    )
+    run.wait(f"{paused['tool']} is paused by an admin: {paused['reason']}"[:2000])
+    return False
 
 
 def _failure(failure_class: str, error: str, **kw) -> Outcome:
@@ -574,6 +649,8 @@ def _route_or_degrade(claim: Claim, tool: Tool, params: dict, exc: ToolError) ->
                 f"{exc.message} (rule says degrade, but {tool.name} has no fallback tool)",
             )
         fallback = tool_registry.get(tool.fallback_tool)
+        if ToolPause.active_for(fallback.name) is not None:
+            return _failure(exc.failure_class, f"{exc.message}; fallback {fallback.name} is paused")
         try:
             result = fallback.invoke(params, _call_context(claim, fallback))
         except ToolError as fallback_exc:
@@ -1042,6 +1119,8 @@ def _apply_outcome(claim: Claim, outcome: Outcome) -> bool:
         if seconds <= 5:
             enqueue(run.pk, countdown=max(seconds, 0))
         return False
+    if outcome.status == S.WAITING and outcome.paused is not None:
+        return _park_for_pause(claim, outcome.paused)
     if outcome.status == S.WAITING and outcome.wait is not None:
         return _park_on_wait(claim, outcome.wait)
     if outcome.status == S.NEEDS_HUMAN and outcome.approval is not None:
