@@ -128,6 +128,12 @@ class RunFilters(Schema):
         # A time without a zone is read as UTC (never the server's local time).
         if value is not None and value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
+        # Normalise to UTC here: PostgreSQL refuses offsets beyond ±15:59 that Python accepts.
+        if value is not None:
+            try:
+                value = value.astimezone(UTC)
+            except (OverflowError, ValueError):
+                raise ValueError("the date is out of range") from None
         return value
 
 

@@ -74,7 +74,13 @@ def _manage(*args, env):
 
 
 def _production_env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TASKPILOTS_", "DEBUG"))}
+    # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests (Playwright's sync API beside the
+    # live server); it must never reach a production process.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TASKPILOTS_", "DEBUG", "DJANGO_ALLOW_ASYNC_UNSAFE"))
+    }
     env.update(
         SECRET_KEY=secrets.token_urlsafe(50),
         DEBUG="0",
