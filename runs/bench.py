@@ -144,7 +144,7 @@ def dbos_steps_per_s(processes: int, workflows: int, say: Say) -> float | None:
         url = f"postgresql://{auth}@/{name}?host={host}"
     else:
         url = f"postgresql://{auth}@{host}:{db['PORT'] or 5432}/{name}"
-    start_at = time.time() + 8
+    start_at = time.time() + 5
     per_process = max(1, workflows // processes)
     say(f"DBOS: {processes} processes × {per_process} workflows")
     try:

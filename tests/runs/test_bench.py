@@ -1,0 +1,77 @@
+"""Short versions of the benchmarks, so a regression in what a step costs fails CI.
+
+Timings vary between machines; the guards are on what does not: statements and commits per step.
+The full runs and their figures are in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from runs import (
+    bench,
+    bench_flows,  # noqa: F401  (registers bench.five)
+    engine,
+)
+
+# Measured when this guard was set: 5 steps of bench.five took 57 statements in-process
+# (claim, snapshot + intent, receipt, one statement per timeline event). Raise the bound only
+# with a reason; lower it when the hot path gets leaner.
+MAX_STATEMENTS_PER_RUN = 60
+
+
+@pytest.mark.django_db
+def test_a_five_step_run_costs_a_bounded_number_of_statements():
+    engine.run_until_quiet(engine.start_run("bench.five", {"n": 0})[0].pk)  # warm caches
+    run, _ = engine.start_run("bench.five", {"n": 1})
+    with CaptureQueriesContext(connection) as queries:
+        engine.run_until_quiet(run.pk)
+    assert run.__class__.objects.get(pk=run.pk).status == "succeeded"
+    statements = [
+        q for q in queries.captured_queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))
+    ]
+    assert len(statements) <= MAX_STATEMENTS_PER_RUN, len(statements)
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
+def test_the_engine_benchmark_runs_and_reports_its_figures():
+    result = bench.bench_engine(runs=20, workers=2, say=lambda line: None, with_dbos=True)
+    for key in (
+        "steps_per_s",
+        "baseline_commits_per_s",
+        "ratio",
+        "dbos_steps_per_s",
+        "vs_dbos",
+        "commits_per_step",
+        "p50_ms",
+        "p99_ms",
+        "broker",
+    ):
+        assert result[key] is not None, key
+    assert result["steps"] == 100
+    assert result["p50_ms"] <= result["p99_ms"]
+    # Claim, intent and receipt: about 2 to 3 commits a step; more means a new transaction
+    # crept into the hot path.
+    assert result["commits_per_step"] <= 3.5, result
+
+
+@pytest.mark.django_db
+def test_the_snapshot_benchmark_compares_a_step_with_its_bare_call(sandbox):
+    result = bench.bench_snapshot(samples=5, say=lambda line: None)
+    assert result["noop"]["step_p50_ms"] > result["noop"]["bare_p50_ms"]
+    assert result["http"]["ratio"] > 1
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
+def test_the_recovery_benchmark_measures_kill_approval_and_event(sandbox):
+    result = bench.bench_recovery(samples=3, say=lambda line: None, lease_seconds=2)
+    for key in ("kill_to_resume", "approval_to_next_step", "event_to_next_step"):
+        assert result[key]["p50_ms"] > 0, key
+    # Bounded by the lease (2 s) plus a sweep: anything far beyond means recovery stalls.
+    assert result["kill_to_resume"]["p95_ms"] < 20_000
