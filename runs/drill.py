@@ -249,7 +249,7 @@ class Drill:
             return ""
         victim = self.rng.choice(alive)
         victim.kill()
-        self._workers.start()
+        self._workers.start(wait=False)  # no waiting on its start-up: the soak goes on
         return f"SIGKILL worker {victim.name}; started a replacement"
 
     def _chaos_restart_broker(self) -> str:

@@ -45,7 +45,7 @@ class WorkerProcess:
         self.output: list[str] = []
         self._ready = threading.Event()
 
-    def start(self, timeout: float = 30) -> WorkerProcess:
+    def start(self, timeout: float = 30, wait: bool = True) -> WorkerProcess:
         command = [
             sys.executable, "-m", "celery", "-A", "taskpilots", "worker", "-Q", self.queue,
             "-n", f"{self.name}@%h", "--pool", self.pool, "--concurrency", str(self.concurrency),
@@ -56,7 +56,7 @@ class WorkerProcess:
             text=True, start_new_session=True,
         )  # fmt: skip
         threading.Thread(target=self._pump, daemon=True).start()
-        if not self._ready.wait(timeout):
+        if wait and not self._ready.wait(timeout):
             self.kill()
             raise RuntimeError(f"worker {self.name} did not start:\n" + "".join(self.output[-40:]))
         return self
@@ -115,7 +115,7 @@ class Workers:
         return env
 
     def start(self, name: str | None = None, concurrency: int = 1, pool: str | None = None,
-              **env: str) -> WorkerProcess:  # fmt: skip
+              wait: bool = True, **env: str) -> WorkerProcess:  # fmt: skip
         worker = WorkerProcess(
             name or f"w{len(self.started) + 1}-{uuid.uuid4().hex[:6]}",
             self.queue,
@@ -124,7 +124,7 @@ class Workers:
             pool,
         )
         self.started.append(worker)
-        return worker.start()
+        return worker.start(wait=wait)
 
     @property
     def alive(self) -> list[WorkerProcess]:
