@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import metrics_views, views
+from approvals import audit_views, metrics_views, views
 
 app_name = "console"
 
@@ -15,6 +15,15 @@ urlpatterns = [
     path("runs/<uuid:run_id>/raw/<slug:part>/", views.run_raw, name="run-raw"),
     path("runs/<uuid:run_id>/raw/<slug:part>/<int:ident>/", views.run_raw, name="run-raw-item"),
     path("runs/<uuid:run_id>/actions/<slug:action>/", views.run_action, name="run-action"),
+    # Audit (auditors and admins): approvals/audit_views.py
+    path("runs/<uuid:run_id>/timeline/", audit_views.run_timeline, name="run-timeline"),
+    path(
+        "runs/<uuid:run_id>/timeline/export.<slug:fmt>",
+        audit_views.run_export,
+        name="run-timeline-export",
+    ),
+    path("audit/", audit_views.audit_search, name="audit"),
+    path("audit/export.<slug:fmt>", audit_views.search_export, name="audit-export"),
 ]
 
 # Admin pages: escalation rules, tool pauses, notification channels.

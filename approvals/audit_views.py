@@ -1,0 +1,469 @@
+"""Audit pages for auditors and admins: a run's full timeline (with a lane chart of its steps
+and the chain's verification), search across runs, and streaming exports.
+
+Read-only: nothing here writes to the database. Support staff get a 403 (they have the run
+detail page); users without a console role too.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import wraps
+from typing import Any
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils import formats, timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from approvals import console
+from approvals.models import ApprovalRequest, HumanDecision
+from approvals.views import _forbidden, _querystring
+from runs import audit
+from runs import tools as tool_registry
+from runs import workflows as workflow_registry
+from runs.models import Run, SideEffect, Snapshot, Step, TimelineEvent
+
+logger = logging.getLogger("taskpilots.console")
+
+EVENTS_PER_PAGE = 200
+# Event kinds for the filter: the verb's prefix (before the first dot).
+KIND_LABELS = {
+    "run": gettext_lazy("Run"),
+    "step": gettext_lazy("Step"),
+    "side_effect": gettext_lazy("Side effect"),
+    "snapshot": gettext_lazy("Snapshot"),
+    "approval": gettext_lazy("Approval"),
+    "wait": gettext_lazy("Wait"),
+    "compensation": gettext_lazy("Compensation"),
+}
+OUTCOME_LABELS = {
+    "succeeded": gettext_lazy("Succeeded"),
+    "failed": gettext_lazy("Failed"),
+    "cancelled": gettext_lazy("Cancelled"),
+    "compensated": gettext_lazy("Undone (compensated)"),
+    "open": gettext_lazy("Not finished"),
+    "needs_human": gettext_lazy("Needs a person"),
+    "unknown_outcome": gettext_lazy("Unknown outcome (side effect)"),
+    "approved": gettext_lazy("Approved"),
+    "approved_with_edits": gettext_lazy("Approved with edits"),
+    "rejected": gettext_lazy("Rejected"),
+    "human_decision": gettext_lazy("Any human decision"),
+}
+
+
+def audit_view(view):
+    """Login required, then the auditor or admin role (support staff act; auditors audit)."""
+
+    @wraps(view)
+    @login_required
+    def wrapper(request, *args, **kwargs):
+        roles = console.roles_of(request.user)
+        if not roles & {console.AUDITOR, console.ADMIN}:
+            why = (
+                _("The audit pages are for auditors and admins.")
+                if roles
+                else _("You have no console role; ask an admin for access.")
+            )
+            return _forbidden(request, why)
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _kind_of(verb: str) -> str:
+    return verb.split(".", 1)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The lane chart: one lane per step (and one for the run), bars for what it was doing.
+
+CHART_WIDTH, LABEL_WIDTH, LANE_HEIGHT, AXIS_HEIGHT = 1000, 200, 24, 22
+PLOT_LEFT, PLOT_RIGHT = LABEL_WIDTH + 8, 1000 - 12
+
+# A step's "to" status → the bar drawn until its next change (None: no bar).
+STEP_STATE = {
+    "running": "running",
+    "waiting": "waiting",
+    "retry_scheduled": "retry",
+    "needs_human": "human",
+    "unknown_outcome": "human",
+    "pending": "queued",
+}
+RUN_STATE = {
+    "running": "running",
+    "pending": "queued",
+    "waiting": "waiting",
+    "needs_human": "human",
+    "taken_over": "human",
+    "compensating": "compensating",
+}
+FAILURE_VERBS = {"step.failed", "step.retry_scheduled", "step.unknown_outcome",
+                 "side_effect.unknown", "step.escalated", "side_effect.recheck_scheduled",
+                 "run.failed", "step.waiting_for_tool"}  # fmt: skip
+STATE_LABELS = {
+    "running": gettext_lazy("running"),
+    "queued": gettext_lazy("queued"),
+    "waiting": gettext_lazy("waiting"),
+    "retry": gettext_lazy("retry backoff"),
+    "human": gettext_lazy("waiting for a person"),
+    "compensating": gettext_lazy("undoing side effects"),
+}
+
+
+@dataclass
+class Bar:
+    state: str
+    start: datetime
+    end: datetime
+    x: float = 0
+    width: float = 0
+    label: str = ""
+
+
+@dataclass
+class Marker:
+    kind: str  # "failure", "decision", "commit"
+    at: datetime
+    seq: int
+    verb: str
+    actor: str
+    x: float = 0
+    label: str = ""
+    path: str = ""
+
+
+@dataclass
+class Lane:
+    key: tuple
+    label: str
+    is_run: bool = False
+    bars: list[Bar] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    y: int = 0
+    state: str | None = None
+    since: datetime | None = None
+    text_y: int = 0
+    bar_y: int = 0
+    mid_y: int = 0
+
+    def change(self, state: str | None, at: datetime) -> None:
+        if self.state is not None and self.since is not None:
+            self.bars.append(Bar(self.state, self.since, at))
+        self.state, self.since = state, at
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return _("%(n)s s") % {"n": seconds}
+    if seconds < 3600:
+        return _("%(m)s min %(s)s s") % {"m": seconds // 60, "s": seconds % 60}
+    if seconds < 86400:
+        return _("%(h)s h %(m)s min") % {"h": seconds // 3600, "m": seconds % 3600 // 60}
+    return _("%(d)s d %(h)s h") % {"d": seconds // 86400, "h": seconds % 86400 // 3600}
+
+
+def build_lanes(run: Run, events: list[TimelineEvent], now: datetime) -> dict[str, Any]:
+    """Lanes, bars, markers and axis ticks, already in SVG coordinates."""
+    run_lane = Lane(("run",), _("Run"), is_run=True)
+    lanes: dict[tuple, Lane] = {}
+    latest_by_name: dict[str, Lane] = {}
+
+    def lane_for(data: dict) -> Lane | None:
+        name = data.get("step") if isinstance(data, dict) else None
+        if not isinstance(name, str):
+            return None
+        iteration = data.get("iteration")
+        if isinstance(iteration, int):
+            key = (name, iteration)
+            if key not in lanes:
+                label = name if iteration == 0 else f"{name} #{iteration}"
+                lanes[key] = Lane(key, label)
+            latest_by_name[name] = lanes[key]
+            return lanes[key]
+        return latest_by_name.get(name)
+
+    for event in events:
+        data = event.data if isinstance(event.data, dict) else {}
+        to = data.get("to")
+        if event.verb.startswith("run.") and isinstance(to, str):
+            run_lane.change(RUN_STATE.get(to), event.at)
+        elif event.verb == "run.created":
+            run_lane.change("queued", event.at)
+        lane = None if event.verb.startswith("run.") else lane_for(data)
+        if lane is not None:
+            if event.verb in ("step.started", "step.lease_reclaimed"):
+                lane.change("running", event.at)
+            elif isinstance(to, str) and "from" in data and "key" not in data:
+                lane.change(STEP_STATE.get(to), event.at)
+        target = lane or run_lane
+        if event.actor.startswith("user:"):
+            target.markers.append(Marker("decision", event.at, event.seq, event.verb, event.actor))
+        elif event.verb in FAILURE_VERBS or to in ("failed", "unknown_outcome"):
+            target.markers.append(Marker("failure", event.at, event.seq, event.verb, event.actor))
+        elif event.verb == "side_effect.committed":
+            target.markers.append(Marker("commit", event.at, event.seq, event.verb, event.actor))
+
+    start = run.created_at
+    end = run.finished_at or (events[-1].at if run.is_terminal and events else now)
+    if events:
+        start = min(start, events[0].at)
+        end = max(end, events[-1].at)
+    span = max((end - start).total_seconds(), 1.0)
+    plot = PLOT_RIGHT - PLOT_LEFT
+
+    def x_of(at: datetime) -> float:
+        return round(PLOT_LEFT + (at - start).total_seconds() / span * plot, 1)
+
+    ordered = [run_lane, *lanes.values()]
+    for index, lane in enumerate(ordered):
+        lane.change(None, end)
+        lane.y = AXIS_HEIGHT + index * LANE_HEIGHT
+        lane.text_y, lane.bar_y, lane.mid_y = lane.y + 16, lane.y + 6, lane.y + 12
+        for bar in lane.bars:
+            bar.x = x_of(bar.start)
+            bar.width = max(round(x_of(bar.end) - bar.x, 1), 2.0)
+            bar.label = f"{lane.label}: {STATE_LABELS.get(bar.state, bar.state)} · " + _duration(
+                (bar.end - bar.start).total_seconds()
+            )
+        for marker in lane.markers:
+            marker.x = x_of(marker.at)
+            marker.label = f"#{marker.seq} {marker.verb} · {marker.actor}"
+            x, y = marker.x, lane.mid_y
+            if marker.kind == "decision":  # a diamond
+                marker.path = f"M{x},{y - 7} L{x + 6},{y} L{x},{y + 7} L{x - 6},{y} Z"
+            elif marker.kind == "failure":  # a triangle
+                marker.path = f"M{x},{y - 6} L{x + 6},{y + 5} L{x - 6},{y + 5} Z"
+            else:  # a small square
+                marker.path = f"M{x - 3.5},{y - 3.5} h7 v7 h-7 Z"
+    ticks = []
+    fmt = "H:i:s" if span < 86400 else "M j H:i"
+    for i in range(5):
+        at = start + timedelta(seconds=span * i / 4)
+        ticks.append({"x": x_of(at), "label": formats.date_format(timezone.localtime(at), fmt)})
+    return {
+        "lanes": ordered,
+        "ticks": ticks,
+        "width": CHART_WIDTH,
+        "height": AXIS_HEIGHT + len(ordered) * LANE_HEIGHT + 6,
+        "label_width": LABEL_WIDTH,
+        "plot_left": PLOT_LEFT,
+        "plot_right": PLOT_RIGHT,
+        "lane_height": LANE_HEIGHT,
+        "span": _duration(span),
+        "start": start,
+        "end": end,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Evidence: a snapshot beside its receipt and the decision that followed.
+
+
+@dataclass
+class Evidence:
+    snapshot: Snapshot | None = None
+    effect: SideEffect | None = None
+    approval: ApprovalRequest | None = None
+    decisions: list[HumanDecision] = field(default_factory=list)
+
+
+def _evidence(run: Run, events: list[TimelineEvent]) -> dict[int, Evidence]:
+    """Per event seq (snapshot.written, approval.requested): what was about to happen, what
+    happened, and who decided what about it. A fixed number of queries for the whole page."""
+    snapshots = {s.pk: s for s in Snapshot.objects.filter(run=run)}
+    effects = {e.idempotency_key: e for e in SideEffect.objects.filter(run=run)}
+    decisions = list(HumanDecision.objects.filter(run=run).select_related("user", "step"))
+    steps = {(s.name, s.iteration): s for s in Step.objects.filter(run=run)}
+    approvals: dict[int, list[ApprovalRequest]] = {}
+    for approval in ApprovalRequest.objects.filter(run=run).select_related("decided_by"):
+        approvals.setdefault(approval.step_id, []).append(approval)
+    found: dict[int, Evidence] = {}
+    for event in events:
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.verb == "snapshot.written" and isinstance(data.get("snapshot"), int):
+            snapshot = snapshots.get(data["snapshot"])
+            effect = effects.get(str(data.get("key", "")))
+            followed = [d for d in decisions if snapshot and d.snapshot_id == snapshot.pk]
+            found[event.seq] = Evidence(snapshot, effect, None, followed)
+        elif event.verb == "approval.requested":
+            step = steps.get((data.get("step"), data.get("iteration")))
+            requests = approvals.get(step.pk, []) if step else []
+            approval = requests[0] if requests else None
+            if len(requests) > 1:  # the step asked again: the request made nearest this event
+                approval = min(requests, key=lambda a: abs((a.created_at - event.at).timestamp()))
+            followed = [d for d in decisions if approval and d.approval_id == approval.pk]
+            found[event.seq] = Evidence(None, None, approval, followed)
+    return found
+
+
+# --------------------------------------------------------------------------------------------
+# Timeline page
+
+
+def _get_run(run_id) -> Run:
+    return get_object_or_404(Run.objects.select_related("owner"), pk=run_id)
+
+
+@require_GET
+@never_cache
+@audit_view
+def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
+    run = _get_run(run_id)
+    all_events = list(TimelineEvent.objects.filter(run=run).order_by("seq"))
+    counts = {}
+    for event in all_events:
+        kind = _kind_of(event.verb)
+        counts[kind] = counts.get(kind, 0) + 1
+    kind = request.GET.get("kind", "")
+    events = [e for e in all_events if _kind_of(e.verb) == kind] if kind in counts else all_events
+    page = Paginator(events, EVENTS_PER_PAGE).get_page(request.GET.get("page"))
+    evidence = _evidence(run, list(page.object_list))
+    rows = [(event, evidence.get(event.seq)) for event in page.object_list]
+    report = audit.verify_run(run)
+    kinds = [
+        {"kind": k, "label": str(KIND_LABELS.get(k, k)), "count": n}
+        for k, n in sorted(counts.items(), key=lambda item: list(KIND_LABELS).index(item[0])
+                           if item[0] in KIND_LABELS else 99)
+    ]  # fmt: skip
+    context = {
+        "run": run,
+        "rows": rows,
+        "page": page,
+        "kinds": kinds,
+        "kind": kind if kind in counts else "",
+        "total": len(all_events),
+        "report": report,
+        "problem": report.problems[0] if report.problems else None,
+        "chart": build_lanes(run, all_events, timezone.now()),
+        "query": _querystring(request),
+    }
+    template = "console/timeline.html"
+    if request.htmx and request.htmx.target == "timeline-events":
+        template += "#timeline-events"
+    return render(request, template, context)
+
+
+# --------------------------------------------------------------------------------------------
+# Search across runs
+
+
+class AuditSearchForm(forms.Form):
+    date_from = forms.DateField(
+        label=gettext_lazy("Started from"),
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+    )
+    date_to = forms.DateField(
+        label=gettext_lazy("Started until"),
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+    )
+    workflow = forms.ChoiceField(label=gettext_lazy("Workflow"), required=False)
+    tool = forms.ChoiceField(label=gettext_lazy("Tool"), required=False)
+    target = forms.CharField(
+        label=gettext_lazy("Target resource"), required=False, max_length=500, strip=True
+    )
+    actor = forms.CharField(
+        label=gettext_lazy("Actor (user name or api:client)"),
+        required=False,
+        max_length=200,
+        strip=True,
+    )
+    outcome = forms.ChoiceField(
+        label=gettext_lazy("Outcome"),
+        required=False,
+        choices=[("", gettext_lazy("Any outcome")), *OUTCOME_LABELS.items()],
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        workflows = sorted({w.name for w in workflow_registry.all_workflows()})
+        tools = sorted(tool_registry.all_tools())
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
+        self.fields["tool"].choices = [("", _("All tools"))] + [(t, t) for t in tools]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("date_from") and data.get("date_to") and data["date_from"] > data["date_to"]:
+            raise forms.ValidationError(_("The start date is after the end date."))
+        return data
+
+    def query(self) -> audit.AuditQuery | None:
+        if not self.is_valid():
+            return None
+        return audit.AuditQuery(**{k: v or "" for k, v in self.cleaned_data.items()})
+
+
+@require_GET
+@never_cache
+@audit_view
+def audit_search(request: HttpRequest) -> HttpResponse:
+    form = AuditSearchForm(request.GET or None)
+    query = form.query() if request.GET else audit.AuditQuery()
+    runs = query.runs().select_related("owner") if query is not None else Run.objects.none()
+    page = Paginator(runs, console.PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {
+        "form": form,
+        "page": page,
+        "query": _querystring(request),
+        "export_query": _querystring(request, page=""),
+        "searched": bool(request.GET),
+    }
+    template = "console/audit.html"
+    if request.htmx and request.htmx.target == "audit-results":
+        template += "#audit-results"
+    return render(request, template, context)
+
+
+# --------------------------------------------------------------------------------------------
+# Exports (streamed)
+
+CONTENT_TYPES = {"jsonl": "application/x-ndjson; charset=utf-8", "csv": "text/csv; charset=utf-8"}
+
+
+def _stream(runs, fmt: str, filename: str, exported_by: str, query: dict) -> HttpResponse:
+    if fmt == "jsonl":
+        lines = audit.export_jsonl(runs, exported_by=exported_by, query=query)
+    else:
+        lines = audit.export_csv(runs)
+    response = StreamingHttpResponse(lines, content_type=CONTENT_TYPES[fmt])
+    response["Content-Disposition"] = f'attachment; filename="{filename}.{fmt}"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+@require_GET
+@audit_view
+def run_export(request: HttpRequest, run_id, fmt: str) -> HttpResponse:
+    if fmt not in CONTENT_TYPES:
+        raise Http404("unknown format")
+    run = _get_run(run_id)
+    user = request.user.get_username()
+    logger.info("audit export of run %s as %s by %s", run.pk, fmt, user)
+    runs = Run.objects.filter(pk=run.pk)
+    return _stream(runs, fmt, f"taskpilots-run-{run.pk}", f"user:{user}", {"run": str(run.pk)})
+
+
+@require_GET
+@audit_view
+def search_export(request: HttpRequest, fmt: str) -> HttpResponse:
+    if fmt not in CONTENT_TYPES:
+        raise Http404("unknown format")
+    form = AuditSearchForm(request.GET or None)
+    query = form.query() if request.GET else audit.AuditQuery()
+    if query is None:
+        return render(request, "console/audit.html", {"form": form, "searched": True}, status=422)
+    user = request.user.get_username()
+    logger.info("audit export %s as %s by %s", query.as_dict(), fmt, user)
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    return _stream(query.runs(), fmt, f"taskpilots-audit-{stamp}", f"user:{user}", query.as_dict())

@@ -1,0 +1,97 @@
+"""An auditor in a real browser (Debian's Chromium): finds a run on the audit page, reads its
+timeline with the lane chart, and the page raises no CSP or script errors.
+
+With TASKPILOTS_SCREENSHOTS=1 it also saves docs/screenshots/timeline.png.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from tests.browser.conftest import chromium, log_in, page  # noqa: F401  (fixtures)
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+
+class Clock:
+    """Drives time for the engine, so the run has the pauses a real one has (hours waiting for
+    a person, minutes of retry backoff) without the test waiting for them."""
+
+    def __init__(self, start):
+        self.now = start
+
+    def __call__(self):
+        self.now += timedelta(milliseconds=150)
+        return self.now
+
+    def advance(self, **delta):
+        self.now += timedelta(**delta)
+
+
+def _story(sandbox, monkeypatch):
+    from approvals import actions
+    from approvals.models import ApprovalRequest
+    from runs import engine
+    from runs.models import SideEffect, Step
+    from tests.runs.test_audit_events import _ensure_default_rules
+    from tests.factories import UserFactory
+
+    _ensure_default_rules()
+    support = UserFactory(username="mei.support", groups=["support"])
+    clock = Clock(timezone.now() - timedelta(hours=6))
+    monkeypatch.setattr(timezone, "now", clock)
+    run, _ = engine.start_run("test.refund", {"amount": 240, "payment": "pay_7Hq2"})
+    run = engine.run_until_quiet(run.pk)
+    clock.advance(hours=2, minutes=10)  # nobody looked for two hours
+    actions.take_over(run.pk, support)
+    clock.advance(minutes=25)
+    approval = ApprovalRequest.objects.get(run=run)
+    actions.decide_approval(approval.pk, support, "approved_with_edits",
+                            edited_params={"payment_id": "pay_7Hq2", "amount": 200},
+                            comment="Partial refund, as agreed by phone")  # fmt: skip
+    clock.advance(minutes=2)
+    actions.release(run.pk, support)
+    sandbox.inject("payments", "429", action="refund", count=2)
+    run = engine.run_until_quiet(run.pk)
+    for minutes in (3, 6):
+        clock.advance(minutes=minutes)
+        Step.objects.filter(run=run, status="retry_scheduled").update(next_attempt_at=clock.now)
+        run = engine.run_until_quiet(run.pk)
+    clock.advance(minutes=50)
+    refund = SideEffect.objects.get(run=run, tool="payments.refund")
+    engine.deliver_event("evt-settle-1", "payment.settled", refund.external_id, {"ok": True})
+    run = engine.run_until_quiet(run.pk)
+    monkeypatch.undo()
+    return run
+
+
+def test_an_auditor_finds_a_run_and_reads_its_timeline(page, sandbox, monkeypatch):
+    from tests.factories import UserFactory
+
+    run = _story(sandbox, monkeypatch)
+    assert run.status == "succeeded", run.status
+    UserFactory(username="ada.auditor", groups=["auditor"])
+    log_in(page, "ada.auditor")
+    page.click("nav.mainnav >> text=Audit")
+    page.select_option("select[name=workflow]", "test.refund")
+    page.click("#audit-results a.mono")
+    page.wait_for_url(f"**/console/runs/{run.pk}/timeline/")
+    assert page.locator(".chain--ok").is_visible()
+    assert page.locator("svg.lanes .bar--human").count() >= 1
+    assert page.locator("svg.lanes .marker--failure").count() >= 2  # the two 429s
+    assert page.locator("svg.lanes .marker--decision").count() >= 2
+    page.click(".kind-filter >> text=Approval")
+    page.wait_for_url("**?kind=approval")
+    assert page.locator(".audit-event").count() >= 2
+    assert page.console_errors == []
+    if os.environ.get("TASKPILOTS_SCREENSHOTS"):
+        page.goto(f"/console/runs/{run.pk}/timeline/")
+        page.set_viewport_size({"width": 1440, "height": 1300})
+        page.screenshot(path=OUT / "timeline.png", full_page=False)
