@@ -40,8 +40,8 @@ def _story(sandbox, monkeypatch):
     from approvals.models import ApprovalRequest
     from runs import engine
     from runs.models import SideEffect, Step
-    from tests.runs.test_audit_events import _ensure_default_rules
     from tests.factories import UserFactory
+    from tests.runs.test_audit_events import _ensure_default_rules
 
     _ensure_default_rules()
     support = UserFactory(username="mei.support", groups=["support"])
@@ -72,7 +72,7 @@ def _story(sandbox, monkeypatch):
     return run
 
 
-def test_an_auditor_finds_a_run_and_reads_its_timeline(page, sandbox, monkeypatch):
+def test_an_auditor_finds_a_run_and_reads_its_timeline(page, sandbox, monkeypatch):  # noqa: F811
     from tests.factories import UserFactory
 
     run = _story(sandbox, monkeypatch)
