@@ -263,6 +263,9 @@ TASKPILOTS = {
     # "celery" sends advance messages; "none" leaves all driving to the sweeper and to callers
     # (tests that step the engine by hand).
     "DISPATCH": env_str("TASKPILOTS_DISPATCH", "celery"),
+    # How long finished runs keep full payloads (prune_payloads drops them after that; the
+    # timeline chain still verifies).
+    "RETENTION_DAYS": env_int("TASKPILOTS_RETENTION_DAYS", 365, minimum=1),
     # Refuse (404) an event nobody waits for, instead of keeping it for a later wait.
     "EVENTS_STRICT": env_bool("TASKPILOTS_EVENTS_STRICT", False),
     # Password for make run's demo users (never created in production).
