@@ -10,7 +10,6 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
-from django.db.models.signals import post_save
 from django.utils import timezone
 
 from runs.models import FailureClass, Risk, Run, Step, _choices_check
@@ -419,16 +418,8 @@ class NotificationDelivery(models.Model):
         return f"{self.key} ({self.status})"
 
 
-def _notify_on_timeline_event(sender, instance, created, raw=False, **kwargs) -> None:
-    # Every way a run enters a queue (Run.ask_human) or breaches its SLA writes its timeline
-    # event in the transaction of the change; recording the notification here puts the intent
-    # in that same transaction, whichever code path made the change.
-    if created and not raw and instance.verb in ("run.needs_human", "run.sla_breached"):
-        from approvals import notifications
+class NotificationCursor(models.Model):
+    """How far the sweeper has read the timeline for events that notify (one row per reader)."""
 
-        notifications.on_timeline_event(instance)
-
-
-post_save.connect(
-    _notify_on_timeline_event, sender="runs.TimelineEvent", dispatch_uid="approvals.notify"
-)
+    name = models.CharField(max_length=50, unique=True)
+    position_at = models.DateTimeField()

@@ -2,14 +2,18 @@
 queue, when its SLA is breached and when an escalation moves it.
 
 Exactly once per event and channel, and never in the way of a run:
-1. The intent is recorded in the transaction of the state change: a `NotificationDelivery`
-   keyed `{run}:{event}:{channel}:{timeline seq}` (unique), created from the timeline event the
-   change writes (`run.needs_human`, `run.sla_breached`). Recording it twice finds the same row.
-2. After commit a Celery task (approvals/tasks.py) claims the row with a conditional update and
-   sends it; the sweeper hints undelivered rows again. A failure is recorded and retried later
-   with backoff (the schedule lives in PostgreSQL, not as broker ETAs); after MAX_ATTEMPTS the
-   row is `failed`. A sender that dies mid-send leaves a claim that expires: that one message may
-   go out twice (at least once), the row is never lost.
+1. The intent is the timeline event the state change writes in its own transaction
+   (`run.needs_human` from Run.ask_human, `run.sla_breached` from approvals/sla.py). From it a
+   `NotificationDelivery` is recorded, keyed `{run}:{event}:{channel}:{timeline seq}` (unique),
+   so recording it again finds the same row. SLA breaches record it in the breach's own
+   transaction; queue entries are picked up by the sweeper, which reads the timeline from a
+   cursor (index timeline_verb_idx) with an overlap, so a transaction that commits a little
+   after a later one is still seen. Nothing in the run's path waits for a channel.
+2. A Celery task (approvals/tasks.py) claims each row with a conditional update and sends it;
+   the sweeper hints undelivered rows again. A failure is recorded and retried later with
+   backoff (the schedule lives in PostgreSQL, not as broker ETAs); after MAX_ATTEMPTS the row is
+   `failed`. A sender that dies mid-send leaves a claim that expires: that one message may go
+   out twice (at least once); the row is never lost.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -34,8 +39,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from approvals.models import NotificationChannel, NotificationDelivery
-from runs.models import Run
+from approvals.models import NotificationChannel, NotificationCursor, NotificationDelivery
+from runs.models import Run, TimelineEvent
 
 logger = logging.getLogger("taskpilots.notifications")
 
@@ -43,8 +48,14 @@ MAX_ATTEMPTS = 6
 CLAIM_SECONDS = 60
 WEBHOOK_TIMEOUT_SECONDS = 5.0
 WEBHOOK_MAX_RESPONSE_BYTES = 64 * 1024
+# The timeline is re-read this far behind the cursor: an event appended before a later one but
+# committed after it (a transaction this long) is still found. Recording is idempotent by key.
+SCAN_OVERLAP = timedelta(seconds=120)
+# Where the cursor starts on a fresh database: recent queue entries only, not all history.
+SCAN_START = timedelta(minutes=10)
 
 QUEUED, SLA_BREACHED, ESCALATED = "queued", "sla_breached", "escalated"
+NOTIFYING_VERBS = ("run.needs_human", "run.sla_breached")
 
 
 class DeliveryError(Exception):
@@ -52,31 +63,42 @@ class DeliveryError(Exception):
 
 
 # --------------------------------------------------------------------------------------------
-# Recording (inside the transaction of the state change)
+# Recording
 
 
-def on_timeline_event(event) -> None:
-    """Called for every new TimelineEvent (approvals/models.py connects it); cheap for the verbs
-    that notify nobody (no query)."""
-    data = event.data or {}
-    if event.verb == "run.needs_human":
-        record(event.run_id, QUEUED, data.get("queue", ""), event.seq)
-    elif event.verb == "run.sla_breached":
-        record(event.run_id, SLA_BREACHED, data.get("from_queue", ""), event.seq, extra=data)
+def _enabled_channels() -> dict[str, list[NotificationChannel]]:
+    by_queue: dict[str, list[NotificationChannel]] = defaultdict(list)
+    for channel in NotificationChannel.objects.filter(enabled=True):
+        by_queue[channel.queue].append(channel)
+    return by_queue
+
+
+def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list[int]:
+    """Record the deliveries a timeline event calls for; returns the ids of new rows."""
+    channels = _enabled_channels() if channels is None else channels
+    data = data or {}
+    if verb == "run.needs_human":
+        return record(run_id, QUEUED, data.get("queue", ""), seq, channels=channels)
+    if verb == "run.sla_breached":
+        ids = record(run_id, SLA_BREACHED, data.get("from_queue", ""), seq, extra=data,
+                     channels=channels)  # fmt: skip
         if data.get("to_queue") and data.get("to_queue") != data.get("from_queue"):
-            record(event.run_id, ESCALATED, data["to_queue"], event.seq, extra=data)
+            ids += record(run_id, ESCALATED, data["to_queue"], seq, extra=data, channels=channels)
+        return ids
+    return []
 
 
-def record(run_id, event: str, queue: str, seq: int, *, extra: dict | None = None) -> list[int]:
-    """Record one delivery per enabled channel of the queue; returns the new rows' ids."""
-    if not queue:
-        return []
-    channels = list(NotificationChannel.objects.filter(queue=queue, enabled=True))
-    if not channels:
+def record(
+    run_id, event: str, queue: str, seq: int, *, extra: dict | None = None, channels=None
+) -> list[int]:
+    """One delivery per enabled channel of the queue (keyed; a second call adds nothing)."""
+    channels = _enabled_channels() if channels is None else channels
+    targets = channels.get(queue, []) if queue else []
+    if not targets:
         return []
     payload = build_payload(run_id, event, queue, extra or {})
     created_ids = []
-    for channel in channels:
+    for channel in targets:
         delivery, created = NotificationDelivery.objects.get_or_create(
             key=f"{run_id}:{event}:{channel.pk}:{seq}",
             defaults={"channel": channel, "run_id": run_id, "event": event, "payload": payload},
@@ -86,6 +108,46 @@ def record(run_id, event: str, queue: str, seq: int, *, extra: dict | None = Non
     if created_ids and settings.TASKPILOTS["DISPATCH"] == "celery":
         transaction.on_commit(lambda: _hint(created_ids))
     return created_ids
+
+
+def scan_timeline(batch: int = 500) -> int:
+    """The sweeper's part: record deliveries for notifying timeline events since the cursor.
+
+    One sweeper at a time moves the cursor (the row is locked, others skip); the overlap means
+    recent events are looked at more than once, which the delivery key makes harmless. Times
+    are the events' own wall-clock times, never the sweep's (possibly simulated) `now`.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        cursor = (
+            NotificationCursor.objects.select_for_update(skip_locked=True)
+            .filter(name="timeline")
+            .first()
+        )
+        if cursor is None:
+            if NotificationCursor.objects.filter(name="timeline").exists():
+                return 0  # another sweeper holds it
+            cursor, _created = NotificationCursor.objects.get_or_create(
+                name="timeline", defaults={"position_at": now - SCAN_START}
+            )
+        channels = _enabled_channels()
+        if not channels:  # nobody to notify: skip the read, keep the cursor current
+            NotificationCursor.objects.filter(pk=cursor.pk).update(position_at=now)
+            return 0
+        events = list(
+            TimelineEvent.objects.filter(
+                verb__in=NOTIFYING_VERBS, at__gt=cursor.position_at - SCAN_OVERLAP
+            )
+            .order_by("at", "id")
+            .values("run_id", "verb", "seq", "data", "at")[:batch]
+        )
+        recorded = 0
+        for event in events:
+            recorded += len(record_event(event["run_id"], event["verb"], event["seq"],
+                                         event["data"], channels))  # fmt: skip
+        if events and events[-1]["at"] > cursor.position_at:
+            NotificationCursor.objects.filter(pk=cursor.pk).update(position_at=events[-1]["at"])
+    return recorded
 
 
 def console_url(run_id) -> str:
@@ -210,9 +272,17 @@ def post_json(url: str, payload: dict, *, timeout: float = WEBHOOK_TIMEOUT_SECON
         raise RuntimeError(f"the webhook answered {exc.code}") from None
 
 
+def sweep(now: datetime | None = None, batch: int = 500) -> int:
+    """The sweeper's step: record what the timeline asks for, then send what is due."""
+    scan_timeline(batch)
+    # Rows recorded just now are due now, even when the sweep's clock was read before them.
+    now = max(now or timezone.now(), timezone.now())
+    return dispatch_due(now, batch)
+
+
 def dispatch_due(now: datetime | None = None, batch: int = 500) -> int:
-    """The sweeper's part: hint every due, undelivered row again (or send it right here when
-    there is no Celery dispatch, as in tests and `make shell`)."""
+    """Hint every due, undelivered row again (or send it right here when there is no Celery
+    dispatch, as in tests and `make shell`)."""
     now = now or timezone.now()
     ids = list(
         NotificationDelivery.objects.filter(
