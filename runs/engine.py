@@ -1231,12 +1231,11 @@ def _bump_failures(run: Run, *, escalate: bool = False) -> None:
 
 
 def _find_rule(workflow: str, step: str, tool: str, failure_class: str, risk: str):
-    for rule in EscalationRule.objects.filter(enabled=True).order_by("position", "id"):
-        if rule.matches(
-            workflow=workflow, step=step, tool=tool, failure_class=failure_class, risk=risk
-        ):
-            return rule
-    return None
+    # Read at routing time, so an admin's edit routes the next failure (the console's tester
+    # uses the same function).
+    return EscalationRule.first_match(
+        workflow=workflow, step=step, tool=tool, failure_class=failure_class, risk=risk
+    )
 
 
 def match_rule(claim: Claim, failure_class: str, tool: Tool | None = None):
@@ -1556,6 +1555,8 @@ class SweepReport:
     tool_probes: int = 0
     timers_fired: int = 0
     waits_timed_out: int = 0
+    sla_breaches: int = 0
+    notifications_due: int = 0
     stale_runs: int = 0
     enqueued: set = field(default_factory=set)
 
@@ -1611,7 +1612,17 @@ def sweep(now: datetime | None = None) -> SweepReport:
             else:
                 report.waits_timed_out += 1
             hint(wait.run_id)
-    # 5. Runnable runs nobody is working on (a lost message): nothing live, nothing scheduled.
+    # 5. People past their SLA: escalate once per due time, by the run's `timeout` rule.
+    from approvals import notifications, sla
+
+    for run_id in sla.overdue_runs(now, batch):
+        if sla.escalate_overdue(run_id, now):
+            report.sla_breaches += 1
+            hint(run_id)  # a rule that compensates has work for a worker
+    # 6. Notifications: record those new timeline events ask for, send what is due (a lost
+    # task, a channel's next try after a failure).
+    report.notifications_due = notifications.sweep(now, batch)
+    # 7. Runnable runs nobody is working on (a lost message): nothing live, nothing scheduled.
     stale_before = now - timedelta(seconds=_conf("STALE_RUN_SECONDS"))
     busy = Step.objects.filter(run=OuterRef("pk")).filter(
         Q(status=Step.Status.RUNNING, lease_expires_at__gt=now)
