@@ -109,6 +109,27 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
                           "LOCATION": "taskpilots_cache"}}  # fmt: skip
 
+# Email (notification channels): SMTP when EMAIL_HOST is set, otherwise printed to the console.
+_email_host = env_str("EMAIL_HOST")
+MAILERS = {
+    "default": {
+        "BACKEND": "django.core.mail.backends.smtp.EmailBackend"
+        if _email_host
+        else "django.core.mail.backends.console.EmailBackend",
+        "OPTIONS": {
+            "host": _email_host,
+            "port": env_int("EMAIL_PORT", 587, minimum=1),
+            "username": env_str("EMAIL_USER", "") or "",
+            "password": env_secret("EMAIL_PASSWORD", "") or "",
+            "use_tls": env_bool("EMAIL_USE_TLS", True),
+            "timeout": env_int("EMAIL_TIMEOUT", 10, minimum=1),
+        }
+        if _email_host
+        else {},
+    }
+}
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "taskpilots@localhost")
+
 if TESTING:
     # Hashing cost is a security property of production, not of tests.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -268,6 +289,8 @@ TASKPILOTS = {
     "RETENTION_DAYS": env_int("TASKPILOTS_RETENTION_DAYS", 365, minimum=1),
     # Refuse (404) an event nobody waits for, instead of keeping it for a later wait.
     "EVENTS_STRICT": env_bool("TASKPILOTS_EVENTS_STRICT", False),
+    # The console's public address, for links in notifications (e.g. https://tp.example.com).
+    "PUBLIC_URL": env_str("TASKPILOTS_PUBLIC_URL", "") or "",
     # Password for make run's demo users (never created in production).
     "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
 }
