@@ -1093,6 +1093,7 @@ def _apply_outcome(claim: Claim, outcome: Outcome) -> bool:
     S = Step.Status
     lease = claim.worker
     if outcome.status in (S.SUCCEEDED, S.DEGRADED):
+        recovered = bool(step.error_class) or step.attempts > 1
         step.transition(
             outcome.status,
             verb=f"step.{outcome.status}",
@@ -1104,6 +1105,11 @@ def _apply_outcome(claim: Claim, outcome: Outcome) -> bool:
         )
         if step.spec.get("compensates"):
             _settle_compensation(step)
+        if recovered:
+            # The tool came back: close the outage wait this step was probing under.
+            Wait.objects.filter(
+                step=step, kind=Wait.Kind.TOOL_RECOVERY, status=Wait.Status.PENDING
+            ).update(status=Wait.Status.RESOLVED, resolved_at=timezone.now(), resolved_by="probe")
         return True
     if outcome.status == S.RETRY_SCHEDULED and outcome.retry_at is not None:
         step.transition(

@@ -290,6 +290,7 @@ class TestFailureRoutes:
         run = drive(run)
         assert run.status == "succeeded"
         assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+        assert Wait.objects.get(run=run, kind="tool_recovery").status == "resolved"
 
     def test_a_stopped_system_is_an_outage_not_a_duplicate(self, sandbox_process, sandbox):
         sandbox_process.stop()
