@@ -46,7 +46,7 @@ WINDOW_CHOICES = [
     ("7d", gettext_lazy("7 days")),
     ("30d", gettext_lazy("30 days")),
 ]
-SPARK_W, SPARK_H, SPARK_PAD = 160, 36, 3
+SPARK_W, SPARK_H, SPARK_PAD = 220, 36, 3
 
 
 # --------------------------------------------------------------------------------------------

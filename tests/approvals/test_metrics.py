@@ -344,10 +344,10 @@ def test_the_page_costs_the_same_queries_for_small_and_large_data(
 ):
     client.force_login(auditor_user)
     client.get("/console/metrics/")  # warm the session and caches
-    with django_assert_max_num_queries(14), query_count() as small:
+    with django_assert_max_num_queries(16), query_count() as small:
         assert client.get("/console/metrics/?window=30d").status_code == 200
     load_fake_runs(300, days=20, batch_size=300)
-    with django_assert_max_num_queries(14), query_count() as large:
+    with django_assert_max_num_queries(16), query_count() as large:
         response = client.get("/console/metrics/?window=30d")
     assert response.status_code == 200
     assert len(small) == len(large)
