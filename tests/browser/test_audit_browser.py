@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from tests.browser.conftest import chromium, log_in, page  # noqa: F401  (fixtures)
+from tests.browser.conftest import log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -72,7 +72,7 @@ def _story(sandbox, monkeypatch):
     return run
 
 
-def test_an_auditor_finds_a_run_and_reads_its_timeline(page, sandbox, monkeypatch):  # noqa: F811
+def test_an_auditor_finds_a_run_and_reads_its_timeline(page, sandbox, monkeypatch):
     from tests.factories import UserFactory
 
     run = _story(sandbox, monkeypatch)
