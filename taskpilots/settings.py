@@ -109,15 +109,17 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
                           "LOCATION": "taskpilots_cache"}}  # fmt: skip
 
-# Email (notification channels): SMTP when EMAIL_HOST is set, otherwise printed to the console.
+# Email (notification channels): SMTP (EMAIL_HOST, or the local MTA in production); printed to
+# the console in development.
 _email_host = env_str("EMAIL_HOST")
+_dev_mail = not _email_host and (DEBUG or TESTING or env_bool("TASKPILOTS_DEV", False))
 MAILERS = {
     "default": {
-        "BACKEND": "django.core.mail.backends.smtp.EmailBackend"
-        if _email_host
-        else "django.core.mail.backends.console.EmailBackend",
+        "BACKEND": "django.core.mail.backends.console.EmailBackend"
+        if _dev_mail
+        else "django.core.mail.backends.smtp.EmailBackend",
         "OPTIONS": {
-            "host": _email_host,
+            "host": _email_host or "localhost",
             "port": env_int("EMAIL_PORT", 587, minimum=1),
             "username": env_str("EMAIL_USER", "") or "",
             "password": env_secret("EMAIL_PASSWORD", "") or "",
@@ -125,7 +127,7 @@ MAILERS = {
             "timeout": env_int("EMAIL_TIMEOUT", 10, minimum=1),
         }
         if _email_host
-        else {},
+        else {"timeout": 10},
     }
 }
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "taskpilots@localhost")

@@ -33,6 +33,7 @@ def test_unknown_drill_kinds_are_refused_with_the_list():
         call_command("drill", runs=0)
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(600)
 def test_a_short_chaos_soak_loses_nothing_and_duplicates_nothing(sandbox):
     # Workers SIGKILLed, the broker and PostgreSQL restarted, the simulated systems dropped,

@@ -31,6 +31,9 @@ def workers(transactional_db, sandbox):
     settings.TASKPILOTS["DISPATCH"] = "celery"
     pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "runs.demo.tools,tests.runs.flows"})
     yield pool
+    # Shown by pytest only when the test failed: what each worker said.
+    for worker in pool.started:
+        print(f"--- worker {worker.name} ---\n" + "".join(worker.output[-60:]))
     pool.close()
     settings.TASKPILOTS["DISPATCH"] = "none"
     celery_app.conf.task_default_queue = previous_queue
