@@ -167,7 +167,8 @@ class Drill:
         if self._workers:
             self._workers.close()
             self._workers.delete_queue()
-        EscalationRule.objects.filter(pk__in=self._rules).delete()
+        close_old_connections()
+        self._survive(lambda: EscalationRule.objects.filter(pk__in=self._rules).delete())
         with contextlib.suppress(Exception):
             self.sandbox.clear_faults()
         if self._sandbox_process is not None:
@@ -317,13 +318,14 @@ class Drill:
         for worker in self._workers.alive:
             worker.kill()
         for _ in range(self.config.workers):
-            self._workers.start(**env)
+            # Under chaos the broker may be restarting: a worker comes up when it can.
+            self._workers.start(wait=not self.config.chaos, **env)
 
     def _replace_dead_workers(self) -> None:
         dead = len(self._workers.started) - len(self._workers.alive)
         if dead and len(self._workers.alive) < self.config.workers:
             for _ in range(self.config.workers - len(self._workers.alive)):
-                self._workers.start()
+                self._workers.start(wait=not self.config.chaos)
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> dict:
