@@ -261,6 +261,7 @@ def bench_snapshot(samples: int = 200, say: Say = print) -> dict:
     previous = settings.TASKPILOTS["DISPATCH"]
     settings.TASKPILOTS["DISPATCH"] = "none"
     results = {}
+    sandbox_process = _ensure_sandbox()
     try:
         for label, tool_name, kind in (
             ("noop", "bench.write", "bench"),
@@ -310,6 +311,8 @@ def bench_snapshot(samples: int = 200, say: Say = print) -> dict:
             }
     finally:
         settings.TASKPILOTS["DISPATCH"] = previous
+        if sandbox_process is not None:
+            sandbox_process.close()
     return {
         "benchmark": "snapshot",
         "samples": samples,
@@ -329,17 +332,11 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
     from django.contrib.auth import get_user_model
 
     from approvals import actions
-    from runs.sandbox.client import SandboxClient, start_sandbox
+    from runs.sandbox.client import SandboxClient
 
     person, _ = get_user_model().objects.get_or_create(username="bench-operator")
-    sandbox_process = None
+    sandbox_process = _ensure_sandbox()
     sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
-    try:
-        sandbox.health()
-    except Exception:
-        sandbox_process = start_sandbox()
-        settings.TASKPILOTS["SANDBOX_URL"] = sandbox_process.url
-        sandbox = sandbox_process.client
     pool = Workers(
         extra_env={
             "TASKPILOTS_LEASE_SECONDS": str(lease_seconds),
@@ -440,6 +437,19 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
         "approval_to_next_step": summary(approve),
         "event_to_next_step": summary(event),
     }
+
+
+def _ensure_sandbox():
+    """The simulated systems at SANDBOX_URL, or a process of our own (returned, to close)."""
+    from runs.sandbox.client import SandboxClient, start_sandbox
+
+    try:
+        SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=2).health()
+        return None
+    except Exception:
+        process = start_sandbox()
+        settings.TASKPILOTS["SANDBOX_URL"] = process.url
+        return process
 
 
 def run_in_scratch_database(args: list[str], say: Say) -> int:
