@@ -855,6 +855,12 @@ def _reconcile(claim: Claim, tool: Tool, effect: SideEffect) -> str:
                 "side_effect.lookup_failed",
                 {"key": effect.idempotency_key, "error": exc.message},
             )
+            # The system cannot answer right now: that is no evidence either way. Ask again
+            # later, a bounded number of times, before handing the question to a person.
+            if exc.failure_class in (FailureClass.TRANSIENT, FailureClass.OUTAGE) and (
+                claim.step.attempts < RECHECK_ATTEMPTS
+            ):
+                return "recheck"
             found = None
         if found is not None and found.found:
             effect.transition(
@@ -970,10 +976,15 @@ def _execute_side_effect(claim: Claim) -> Outcome:
     )
 
 
+RECHECK_ATTEMPTS = 8
+
+
 def _recheck(claim: Claim, tool: Tool, effect: SideEffect) -> Outcome:
-    """Nothing found by key yet, inside the settle window: never resend now (the first request
-    may still land); ask the system again once the window has passed."""
-    at = effect.attempted_at + _settle_window(claim, tool)
+    """Nothing found by key yet, inside the settle window, or the system could not be asked:
+    never resend now (the first request may still land); ask again later — once the window has
+    passed, and with a growing pause while the system does not answer."""
+    backoff = timedelta(seconds=min(60, 2 ** max(claim.step.attempts - 1, 0)))
+    at = max(effect.attempted_at + _settle_window(claim, tool), timezone.now() + backoff)
     return Outcome(
         Step.Status.RETRY_SCHEDULED,
         retry_at=at,

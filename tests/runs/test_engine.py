@@ -178,6 +178,21 @@ class TestUnknownOutcome:
         assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
         assert SideEffect.objects.get(step=step).confirmed_by == "reconcile"
 
+    def test_a_lookup_that_cannot_be_answered_is_asked_again_not_escalated(self, sandbox):
+        # The write landed, and the mail system then cannot answer the lookup (503): no evidence
+        # either way, so the engine asks again later instead of resending or escalating.
+        sandbox.inject("mail", "commit_then_500", action="send")
+        sandbox.inject("mail", "503", action="by-key")
+        run = drive(start("test.reply", REPLY_INPUT))
+        step = Step.objects.get(run=run, name="send_reply")
+        assert step.status == "retry_scheduled" and run.status == "running"
+        assert "side_effect.lookup_failed" in verbs(run)
+        make_due(run)
+        run = drive(run)
+        assert run.status == "succeeded"
+        assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+        assert SideEffect.objects.get(step=step).confirmed_by == "reconcile"
+
     def test_a_deduping_system_is_simply_asked_again(self, sandbox):
         sandbox.inject("tickets", "commit_then_500", action="update")
         run = drive(start("test.reply", REPLY_INPUT))
