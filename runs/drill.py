@@ -592,8 +592,11 @@ class Drill:
                         comment="checked the target system by idempotency key",
                     )
                     acted = True
-                elif step.error_class == "outage" and batch.kind == "outage_long":
-                    if not self._outage_over():
+                elif step.error_class == "outage" and (
+                    batch.kind == "outage_long" or self.config.chaos
+                ):
+                    # Operations: once the system is back, retry what the outage escalated.
+                    if not self._outage_over() or not self._sandbox_up():
                         acted = True  # not yet: the person waits for the system to come back
                         continue
                     actions.retry_step(run.pk, self.person, comment="the system is back")
