@@ -1351,7 +1351,7 @@ def _route_failure(claim: Claim, outcome: Outcome) -> bool:
     if action == A.DEGRADE:
         action = A.ESCALATE
         reason = f"Could not degrade: {outcome.error}"
-    if action == A.COMPENSATE:
+    if action in (A.COMPENSATE, A.FAIL):
         step.transition(
             S.FAILED,
             verb="step.failed",
@@ -1362,25 +1362,15 @@ def _route_failure(claim: Claim, outcome: Outcome) -> bool:
             data={"routing": routing},
         )
         _bump_failures(run)
+        if action == A.FAIL:
+            run.fail(f"{step.name}: {outcome.error}")
+            return False
         begin_compensation(
             run,
             f"{step.name} failed ({outcome.failure_class}); rule "
             f"{routing.get('rule')!r} compensates",
         )
         return True
-    if action == A.FAIL:
-        step.transition(
-            S.FAILED,
-            verb="step.failed",
-            held_by=claim.worker,
-            error_class=outcome.failure_class,
-            last_error=outcome.error,
-            routing=routing,
-            data={"routing": routing},
-        )
-        _bump_failures(run)
-        run.fail(f"{step.name}: {outcome.error}")
-        return False
     # escalate
     step.transition(
         S.NEEDS_HUMAN,
