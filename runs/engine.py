@@ -1674,7 +1674,7 @@ def _wake_wait(wait: Wait, now: datetime) -> bool:
             f"No {wait.event_type} event for {wait.correlation_key} arrived by "
             f"{wait.due_at:%Y-%m-%d %H:%M:%S} UTC."
         )
-        if action == EscalationRule.Action.FAIL:
+        if action in (EscalationRule.Action.FAIL, EscalationRule.Action.COMPENSATE):
             step.transition(
                 Step.Status.FAILED,
                 verb="step.failed",
@@ -1682,16 +1682,10 @@ def _wake_wait(wait: Wait, now: datetime) -> bool:
                 error_class=FailureClass.TIMEOUT,
                 last_error=reason,
             )
-            run.fail(reason)
-        elif action == EscalationRule.Action.COMPENSATE:
-            step.transition(
-                Step.Status.FAILED,
-                verb="step.failed",
-                routing=routing,
-                error_class=FailureClass.TIMEOUT,
-                last_error=reason,
-            )
-            begin_compensation(run, reason)
+            if action == EscalationRule.Action.FAIL:
+                run.fail(reason)
+            else:
+                begin_compensation(run, reason)
         else:
             step.transition(
                 Step.Status.NEEDS_HUMAN,
