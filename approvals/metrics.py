@@ -15,11 +15,13 @@ failure class the escalation rule saw, `data.routing.failure_class`) or `step.un
 
 from __future__ import annotations
 
+import json
+import logging
 import statistics
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -27,8 +29,19 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from approvals.models import ApprovalRequest, HumanDecision, Takeover
+from approvals.models import (
+    SUM_FIELDS,
+    TOOL_FIELDS,
+    VALUE_FIELDS,
+    ApprovalRequest,
+    HumanDecision,
+    MetricsDay,
+    RunMetrics,
+    Takeover,
+)
 from runs.models import SNAPSHOT_FIELDS, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
+
+logger = logging.getLogger("taskpilots.metrics")
 
 # A run, step or side effect stuck this long in a state that should not last is an alert.
 STALE_MINUTES = 10
@@ -56,6 +69,8 @@ T = {
     "approval": ApprovalRequest._meta.db_table,
     "takeover": Takeover._meta.db_table,
     "decision": HumanDecision._meta.db_table,
+    "metrics": RunMetrics._meta.db_table,
+    "day": MetricsDay._meta.db_table,
 }
 
 
@@ -116,213 +131,396 @@ def parse_window(params, *, now: datetime | None = None) -> Window:
 
 
 # --------------------------------------------------------------------------------------------
-# Queries. Each returns {bucket or None (the whole window): row}; figures read them.
+# Per-run facts. FACTS works out, for a cohort of runs, one row per run holding everything the
+# dashboard counts about it; a window adds those rows up (WINDOW_SQL). An ended run never
+# changes again, so rollup() stores its row in RunMetrics a few minutes after it ends, and a
+# window reads the stored rows and computes live only the runs without one (still open, or just
+# ended). Stored or live, a run's row comes from the same SQL, so the figures are the same.
 
-_COHORT = f"""
-cohort AS (
-  SELECT r.id, r.status, r.created_at, r.finished_at, r.failure_count, r.escalation_level,
-         date_trunc(%(bucket)s, r.created_at AT TIME ZONE %(tz)s) AS bucket
-  FROM {T["run"]} r
-  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
-)"""
-# Joins from the timeline go to the run table itself (a primary-key lookup per event), not to
-# the cohort CTE: PostgreSQL cannot estimate the JSON-key joins and would otherwise pick a
-# nested loop over the whole cohort for each event.
-_IN_WINDOW = "c.created_at >= %(start)s AND c.created_at < %(end)s"
-_BUCKET = "date_trunc(%(bucket)s, c.created_at AT TIME ZONE %(tz)s)"
 _FAILURE_CLASS = (
     "CASE WHEN e.verb = 'step.unknown_outcome' THEN 'unknown_outcome' "
     "ELSE e.data #>> '{routing,failure_class}' END"
 )
-# One row per tool failure of a cohort run, with its step and tool. `e.at >= start` is implied
-# by the cohort (events follow the run's creation) and lets PostgreSQL use timeline_verb_idx.
-_FAILURES = f"""
-failures AS (
-  SELECT e.run_id, s.id AS step_id, s.tool, {_FAILURE_CLASS} AS failure_class, e.at,
-         {_BUCKET} AS bucket
-  FROM {T["event"]} e
-  JOIN {T["run"]} c ON c.id = e.run_id AND {_IN_WINDOW}
-  JOIN {T["step"]} s ON s.run_id = e.run_id AND s.name = e.data ->> 'step'
-       AND s.iteration = COALESCE((e.data ->> 'iteration')::int, 0)
-  WHERE e.verb = ANY(%(failure_verbs)s) AND e.at >= %(start)s AND s.tool <> ''
-    AND COALESCE({_FAILURE_CLASS}, 'timeout') <> 'timeout'
-)"""
+_NOT_TIMEOUT = f"COALESCE({_FAILURE_CLASS}, 'timeout') <> 'timeout'"
+_DONE = "s.status IN ('succeeded', 'degraded')"
 
 
 def _epoch(expr: str) -> str:
-    return f"EXTRACT(EPOCH FROM ({expr}))"
+    return f"EXTRACT(EPOCH FROM ({expr}))::float8"
 
 
-def _median(expr: str, where: str) -> str:
-    return f"percentile_cont(0.5) WITHIN GROUP (ORDER BY {expr}) FILTER (WHERE {where})"
-
-
-QUERIES: dict[str, str] = {}
-
-QUERIES["runs"] = f"""
-WITH {_COHORT},
+# The caller supplies `cohort` (id, status, created_at, finished_at, failure_count,
+# escalation_level). Every join starts from it by run id, so the cost follows the cohort's size.
+_FACTS_CTES = f"""
+events AS MATERIALIZED (
+  -- The cohort's events that count, read run by run: the OFFSET keeps the verb test out of the
+  -- index scan (a BitmapAnd with timeline_verb_idx reads every such event of every run).
+  SELECT e.* FROM cohort c CROSS JOIN LATERAL (
+    SELECT e.run_id, e.verb, e.at, e.data FROM {T["event"]} e WHERE e.run_id = c.id OFFSET 0
+  ) e
+  WHERE e.verb = ANY(%(fact_verbs)s)
+),
+failures AS (
+  SELECT e.run_id, s.id AS step_id, s.tool, {_FAILURE_CLASS} AS failure_class, e.at
+  FROM events e
+  JOIN {T["step"]} s ON s.run_id = e.run_id AND s.name = e.data ->> 'step'
+       AND s.iteration = COALESCE((e.data ->> 'iteration')::int, 0)
+  WHERE e.verb = ANY(%(failure_verbs)s) AND s.tool <> '' AND {_NOT_TIMEOUT}
+),
 first_failure AS (
-  SELECT e.run_id, min(e.at) AS at
-  FROM {T["event"]} e JOIN {T["run"]} c ON c.id = e.run_id AND {_IN_WINDOW}
-  WHERE e.verb = ANY(%(failure_verbs)s) AND e.at >= %(start)s
-    AND COALESCE({_FAILURE_CLASS}, 'timeout') <> 'timeout'
+  SELECT e.run_id, min(e.at) AS at FROM events e
+  WHERE e.verb = ANY(%(failure_verbs)s) AND {_NOT_TIMEOUT}
   GROUP BY e.run_id
 ),
 humans AS (
   SELECT d.run_id, count(*) FILTER (WHERE d.approval_id IS NULL) AS recovery_decisions
-  FROM {T["decision"]} d JOIN cohort c ON c.id = d.run_id GROUP BY d.run_id
+  FROM cohort c JOIN {T["decision"]} d ON d.run_id = c.id GROUP BY d.run_id
 ),
 takeovers AS (
-  SELECT t.run_id, count(*) AS n FROM {T["takeover"]} t JOIN cohort c ON c.id = t.run_id
-  GROUP BY t.run_id
+  SELECT t.run_id, count(*) AS n
+  FROM cohort c JOIN {T["takeover"]} t ON t.run_id = c.id GROUP BY t.run_id
 ),
 after_release AS (
-  SELECT DISTINCT d.run_id FROM {T["decision"]} d JOIN cohort c ON c.id = d.run_id
+  SELECT DISTINCT d.run_id FROM cohort c JOIN {T["decision"]} d ON d.run_id = c.id
   WHERE d.verb <> 'release' AND EXISTS (
     SELECT 1 FROM {T["decision"]} r
     WHERE r.run_id = d.run_id AND r.verb = 'release' AND r.created_at < d.created_at)
-)
-SELECT c.bucket,
-  count(*) AS runs,
-  count(*) FILTER (WHERE c.status = ANY(%(terminal)s)) AS finished,
-  count(*) FILTER (WHERE c.status = 'succeeded') AS succeeded,
-  count(*) FILTER (WHERE c.failure_count > 0 AND c.status = ANY(%(terminal)s)) AS faulted_finished,
-  count(*) FILTER (WHERE c.failure_count > 0 AND c.status = 'succeeded'
-                   AND c.escalation_level = 0 AND COALESCE(h.recovery_decisions, 0) = 0
-                   AND t.n IS NULL) AS auto_recovered,
-  count(*) FILTER (WHERE COALESCE(h.recovery_decisions, 0) > 0 OR t.n IS NOT NULL)
-    AS human_stepped_in,
-  COALESCE(sum(t.n), 0) AS takeovers,
-  count(*) FILTER (WHERE t.n IS NOT NULL) AS runs_taken_over,
-  count(*) FILTER (WHERE t.n >= 2 OR (t.n IS NOT NULL AND ar.run_id IS NOT NULL))
-    AS second_intervention,
-  count(*) FILTER (WHERE f.at IS NOT NULL AND c.status = ANY(%(terminal)s)) AS closed_after_failure,
-  avg({_epoch("c.finished_at - f.at")})
-    FILTER (WHERE f.at IS NOT NULL AND c.status = ANY(%(terminal)s)) AS close_mean_s,
-  {_median(_epoch("c.finished_at - f.at"), "f.at IS NOT NULL AND c.status = ANY(%(terminal)s)")}
-    AS close_median_s
+),
+step_f AS (
+  SELECT fs.run_id, count(*) AS failed_steps,
+    count(*) FILTER (WHERE {_DONE}) AS recovered_steps,
+    count(*) FILTER (WHERE {_DONE} AND NOT EXISTS (
+      SELECT 1 FROM {T["decision"]} d WHERE d.step_id = s.id)) AS recovered_locally,
+    array_agg({_epoch("s.finished_at - fs.first_at")})
+      FILTER (WHERE {_DONE} AND s.finished_at IS NOT NULL) AS recover_s
+  FROM (SELECT run_id, step_id, min(at) AS first_at FROM failures GROUP BY run_id, step_id) fs
+  JOIN {T["step"]} s ON s.id = fs.step_id
+  GROUP BY fs.run_id
+),
+tool_f AS (
+  SELECT x.run_id,
+    array_agg(x.tool ORDER BY x.tool, x.failure_class) AS tool_names,
+    array_agg(x.failure_class ORDER BY x.tool, x.failure_class) AS tool_classes,
+    array_agg(x.n ORDER BY x.tool, x.failure_class) AS tool_counts,
+    sum(x.n) FILTER (WHERE x.failure_class = '') AS calls,
+    sum(x.n) FILTER (WHERE x.failure_class <> '') AS failures
+  FROM (
+    SELECT s.run_id, s.tool, ''::text AS failure_class, sum(s.attempts)::int AS n
+    FROM cohort c JOIN {T["step"]} s ON s.run_id = c.id
+    WHERE s.tool <> '' AND s.attempts > 0
+    GROUP BY s.run_id, s.tool
+    UNION ALL
+    SELECT run_id, tool, failure_class, count(*)::int FROM failures
+    GROUP BY run_id, tool, failure_class
+  ) x
+  GROUP BY x.run_id
+),
+effects AS (
+  SELECT e.run_id, e.step_id, e.status FROM cohort c JOIN {T["effect"]} e ON e.run_id = c.id
+),
+resend_events AS (
+  SELECT ef.step_id, ev.verb, ev.at, ev.data ->> 'confirmed_by' AS confirmed_by
+  FROM events ev JOIN {T["effect"]} ef ON ef.idempotency_key = ev.data ->> 'key'
+  WHERE ev.verb = ANY(%(resend_verbs)s) OR (ev.verb = 'side_effect.committed'
+    AND ev.data ->> 'confirmed_by' = 'reconcile')
+),
+resends AS (
+  SELECT step_id, min(at) AS first_at FROM resend_events
+  WHERE verb = ANY(%(resend_verbs)s) GROUP BY step_id
+),
+reconciled_after_resend AS (
+  SELECT DISTINCT ev.step_id FROM resend_events ev JOIN resends r ON r.step_id = ev.step_id
+  WHERE ev.verb = 'side_effect.committed' AND ev.confirmed_by = 'reconcile'
+    AND ev.at > r.first_at
+),
+effect_f AS (
+  SELECT p.run_id,
+    count(*) FILTER (WHERE p.committed_keys >= 1) AS steps_committed,
+    count(*) FILTER (WHERE p.committed_keys >= 2) AS steps_duplicated,
+    count(*) FILTER (WHERE r.step_id IS NOT NULL OR p.keys >= 2) AS steps_resent,
+    count(*) FILTER (WHERE (r.step_id IS NOT NULL OR p.keys >= 2) AND (
+        p.committed_keys >= 2 OR ra.step_id IS NOT NULL OR EXISTS (
+          SELECT 1 FROM {T["decision"]} d WHERE d.step_id = p.step_id
+          AND d.verb = 'confirm_happened' AND d.created_at > r.first_at))) AS wrong_retries
+  FROM (
+    SELECT run_id, step_id, count(*) AS keys,
+      count(*) FILTER (WHERE status IN ('committed', 'compensated')) AS committed_keys
+    FROM effects GROUP BY run_id, step_id
+  ) p
+  LEFT JOIN resends r ON r.step_id = p.step_id
+  LEFT JOIN reconciled_after_resend ra ON ra.step_id = p.step_id
+  GROUP BY p.run_id
+),
+cov_f AS (
+  SELECT e.run_id, count(*) AS committed,
+    count(*) FILTER (WHERE sn.created_at <= e.committed_at) AS covered,
+    array_agg({_epoch("e.committed_at - sn.created_at")} * 1000)
+      FILTER (WHERE sn.created_at <= e.committed_at) AS latency_ms
+  FROM cohort c JOIN {T["effect"]} e ON e.run_id = c.id
+  JOIN {T["snapshot"]} sn ON sn.id = e.snapshot_id
+  WHERE e.committed_at IS NOT NULL
+  GROUP BY e.run_id
+),
+snap_f AS (
+  SELECT sn.run_id, count(*) AS snapshots,
+    COALESCE(sum(jsonb_array_length(sn.missing_fields)), 0) AS missing
+  FROM cohort c JOIN {T["snapshot"]} sn ON sn.run_id = c.id GROUP BY sn.run_id
+),
+wait_f AS (
+  SELECT w.run_id,
+    count(*) FILTER (WHERE w.status IN ('resolved', 'expired')) AS settled,
+    count(*) FILTER (WHERE w.status = 'expired') AS expired,
+    array_agg({_epoch("w.resolved_at - w.created_at")})
+      FILTER (WHERE w.status = 'resolved' AND w.resolved_at IS NOT NULL) AS resume_s
+  FROM cohort c JOIN {T["wait"]} w ON w.run_id = c.id GROUP BY w.run_id
+),
+approval_f AS (
+  SELECT a.run_id, count(*) FILTER (WHERE a.status = 'decided') AS decided,
+    array_agg({_epoch("a.decided_at - a.created_at")})
+      FILTER (WHERE a.status = 'decided' AND a.decided_at IS NOT NULL) AS handling_s
+  FROM cohort c JOIN {T["approval"]} a ON a.run_id = c.id GROUP BY a.run_id
+)"""
+
+_ENDED = "c.status = ANY(%(terminal)s)"
+_NONE = "'{}'::float8[]"
+
+
+def _flag(condition: str) -> str:
+    return f"({condition})::int"
+
+
+# (column, expression): a run's row (RunMetrics), in this order; the counts are 0/1 flags or
+# tallies so that any set of rows, or of MetricsDay rows, adds up with sum().
+FACTS: list[tuple[str, str]] = [
+    ("run_id", "c.id"),
+    ("created_at", "c.created_at"),
+    ("finished_at", "c.finished_at"),
+    ("event_seq", "c.event_seq"),
+    ("status", "c.status"),
+    ("runs", "1"),
+    ("finished", _flag(_ENDED)),
+    ("succeeded", _flag("c.status = 'succeeded'")),
+    ("faulted_finished", _flag(f"c.failure_count > 0 AND {_ENDED}")),
+    ("auto_recovered", _flag("c.failure_count > 0 AND c.status = 'succeeded' AND "
+     "c.escalation_level = 0 AND COALESCE(h.recovery_decisions, 0) = 0 AND t.n IS NULL")),
+    ("human_stepped_in", _flag("COALESCE(h.recovery_decisions, 0) > 0 OR t.n IS NOT NULL")),
+    ("takeovers", "COALESCE(t.n, 0)"),
+    ("runs_taken_over", _flag("t.n IS NOT NULL")),
+    ("second_intervention",
+     _flag("COALESCE(t.n >= 2 OR (t.n IS NOT NULL AND ar.run_id IS NOT NULL), false)")),
+    ("failed_steps", "COALESCE(sf.failed_steps, 0)"),
+    ("recovered", "COALESCE(sf.recovered_steps, 0)"),
+    ("recovered_locally", "COALESCE(sf.recovered_locally, 0)"),
+    ("tool_calls", "COALESCE(tf.calls, 0)"),
+    ("tool_failures", "COALESCE(tf.failures, 0)"),
+    ("steps_committed", "COALESCE(ef.steps_committed, 0)"),
+    ("steps_duplicated", "COALESCE(ef.steps_duplicated, 0)"),
+    ("steps_resent", "COALESCE(ef.steps_resent, 0)"),
+    ("wrong_retries", "COALESCE(ef.wrong_retries, 0)"),
+    ("committed", "COALESCE(cv.committed, 0)"),
+    ("covered", "COALESCE(cv.covered, 0)"),
+    ("snapshots", "COALESCE(sp.snapshots, 0)"),
+    ("missing", "COALESCE(sp.missing, 0)"),
+    ("settled", "COALESCE(wf.settled, 0)"),
+    ("expired", "COALESCE(wf.expired, 0)"),
+    ("decided", "COALESCE(af.decided, 0)"),
+    ("close_s", f"CASE WHEN {_ENDED} AND ff.at IS NOT NULL AND c.finished_at IS NOT NULL "
+     f"THEN ARRAY[{_epoch('c.finished_at - ff.at')}] ELSE {_NONE} END"),
+    ("recover_s", f"COALESCE(sf.recover_s, {_NONE})"),
+    ("resume_s", f"COALESCE(wf.resume_s, {_NONE})"),
+    ("handling_s", f"COALESCE(af.handling_s, {_NONE})"),
+    ("latency_ms", f"COALESCE(cv.latency_ms, {_NONE})"),
+    ("tool_names", "COALESCE(tf.tool_names, '{}'::text[])"),
+    ("tool_classes", "COALESCE(tf.tool_classes, '{}'::text[])"),
+    ("tool_counts", "COALESCE(tf.tool_counts, '{}'::int[])"),
+]  # fmt: skip
+assert [name for name, _expr in FACTS[5:]] == [*SUM_FIELDS, *VALUE_FIELDS, *TOOL_FIELDS]
+FACT_COLUMNS = ", ".join(name for name, _expr in FACTS)
+
+
+def facts_sql(cohort: str) -> str:
+    """One row per run of `cohort` (a SELECT of the cohort columns), in FACTS' column order."""
+    select = ",\n  ".join(f"{expr} AS {name}" for name, expr in FACTS)
+    return f"""
+WITH cohort AS MATERIALIZED ({cohort}),
+{_FACTS_CTES}
+SELECT {select}
 FROM cohort c
-LEFT JOIN first_failure f ON f.run_id = c.id
+LEFT JOIN first_failure ff ON ff.run_id = c.id
 LEFT JOIN humans h ON h.run_id = c.id
 LEFT JOIN takeovers t ON t.run_id = c.id
 LEFT JOIN after_release ar ON ar.run_id = c.id
-GROUP BY GROUPING SETS ((c.bucket), ())
-"""
+LEFT JOIN step_f sf ON sf.run_id = c.id
+LEFT JOIN tool_f tf ON tf.run_id = c.id
+LEFT JOIN effect_f ef ON ef.run_id = c.id
+LEFT JOIN cov_f cv ON cv.run_id = c.id
+LEFT JOIN snap_f sp ON sp.run_id = c.id
+LEFT JOIN wait_f wf ON wf.run_id = c.id
+LEFT JOIN approval_f af ON af.run_id = c.id"""
 
-QUERIES["steps"] = f"""
-WITH {_COHORT}, {_FAILURES},
-failed_steps AS (
-  SELECT step_id, min(at) AS first_at, min(bucket) AS bucket FROM failures GROUP BY step_id
+
+_COHORT_COLUMNS = (
+    "r.id, r.status, r.created_at, r.finished_at, r.event_seq, r.failure_count, r.escalation_level"
 )
-SELECT fs.bucket,
-  count(*) AS failed_steps,
-  count(*) FILTER (WHERE s.status IN ('succeeded', 'degraded')) AS recovered,
-  count(*) FILTER (WHERE s.status IN ('succeeded', 'degraded') AND NOT EXISTS (
-    SELECT 1 FROM {T["decision"]} d WHERE d.step_id = s.id)) AS recovered_locally,
-  avg({_epoch("s.finished_at - fs.first_at")})
-    FILTER (WHERE s.status IN ('succeeded', 'degraded')) AS recover_mean_s,
-  {_median(_epoch("s.finished_at - fs.first_at"), "s.status IN ('succeeded', 'degraded')")}
-    AS recover_median_s
-FROM failed_steps fs JOIN {T["step"]} s ON s.id = fs.step_id
-GROUP BY GROUPING SETS ((fs.bucket), ())
-"""
-
-# kind 'failures': per (tool, class) and per bucket; kind 'calls': tool attempts, same groupings.
-QUERIES["tools"] = f"""
-WITH {_COHORT}, {_FAILURES}
-SELECT 'failures' AS kind, bucket, tool, failure_class, count(*) AS n FROM failures
-GROUP BY GROUPING SETS ((tool, failure_class), (bucket), ())
+# The cohort is passed as a list of run ids (read by a first query): PostgreSQL then knows its
+# size and plans the joins for it, where a subquery's estimate (often one row) led it into
+# nested loops over whole aggregates.
+_COHORT = f"SELECT {_COHORT_COLUMNS} FROM {T['run']} r WHERE r.id = ANY(%(ids)s::uuid[])"
+# A stored row counts while the run's timeline head is the one it was computed at.
+_CURRENT = "m.run_id = r.id AND m.event_seq = r.event_seq"
+# The window's runs without a current stored row: running, just changed, or not rolled up yet.
+# A run without a current row is computed live. An ended run whose row went stale after its
+# day was summed (an event appended after the end, which the engine never does) stays counted
+# by its day row until the rollup rebuilds it.
+_LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s
+  AND NOT EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE {_CURRENT})
+  AND NOT (r.status = ANY(%(terminal)s)
+           AND EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE m.run_id = r.id)
+           AND EXISTS (SELECT 1 FROM {T["day"]} d WHERE d.tz = %(tz)s
+                       AND d.day = (r.created_at AT TIME ZONE %(tz)s)::date
+                       AND d.day >= %(first_day)s AND d.day < %(last_day)s))"""
+# Where such runs are, once the rollup runs: open runs (the status index) and runs that ended
+# after the stored rows' high-water mark (run_finished_idx). WINDOW_SQL checks that the rows
+# it adds up cover every run of the window; if they do not (runs loaded with old ends after
+# the rollup passed them), compute() falls back to LIVE_IDS_ALL_SQL.
+LIVE_IDS_SQL = f"""
+SELECT r.id FROM {T["run"]} r WHERE r.status = ANY(%(open)s) AND {_LIVE_FILTER}
 UNION ALL
-SELECT 'calls', c.bucket, s.tool, NULL, sum(s.attempts)
-FROM {T["step"]} s JOIN cohort c ON c.id = s.run_id
-WHERE s.tool <> '' AND s.attempts > 0
-GROUP BY GROUPING SETS ((s.tool), (c.bucket), ())
-"""
+SELECT r.id FROM {T["run"]} r
+WHERE r.finished_at >= %(recent)s AND r.status = ANY(%(terminal)s) AND {_LIVE_FILTER}"""
+LIVE_IDS_ALL_SQL = f"SELECT r.id FROM {T['run']} r WHERE {_LIVE_FILTER}"
 
-QUERIES["effects"] = f"""
-WITH {_COHORT},
-effects AS (
-  SELECT e.step_id, e.status, e.idempotency_key, c.bucket
-  FROM {T["effect"]} e JOIN cohort c ON c.id = e.run_id
-),
-resends AS (
-  SELECT ef.step_id, min(ev.at) AS first_at
-  FROM {T["event"]} ev
-  JOIN {T["effect"]} ef ON ef.idempotency_key = ev.data ->> 'key'
-  JOIN {T["run"]} c ON c.id = ef.run_id AND {_IN_WINDOW}
-  WHERE ev.verb = ANY(%(resend_verbs)s) AND ev.at >= %(start)s
-  GROUP BY ef.step_id
-),
-reconciled_after_resend AS (
-  SELECT DISTINCT ef.step_id
-  FROM {T["event"]} ev
-  JOIN {T["effect"]} ef ON ef.idempotency_key = ev.data ->> 'key'
-  JOIN resends r ON r.step_id = ef.step_id
-  WHERE ev.verb = 'side_effect.committed' AND ev.data ->> 'confirmed_by' = 'reconcile'
-    AND ev.at >= %(start)s AND ev.at > r.first_at
-),
-per_step AS (
-  SELECT step_id, min(bucket) AS bucket, count(*) AS keys,
-         count(*) FILTER (WHERE status IN ('committed', 'compensated')) AS committed_keys
-  FROM effects GROUP BY step_id
+# The columns any row of a window (a run's, a day's) has, in this order.
+SUM_COLUMNS = ", ".join([*SUM_FIELDS, *VALUE_FIELDS, *TOOL_FIELDS])
+# Sums over the window's rows, per trend bucket and for the whole window (bucket NULL).
+_COUNTS = {name: f"sum({name})" for name in SUM_FIELDS} | {
+    "closed_after_failure": "sum(cardinality(close_s))"
+}
+# Durations whose mean, median and p95 the figures show: (name, column).
+_VALUES = [(name.rsplit("_", 1)[0], name) for name in VALUE_FIELDS]
+_VALUE_COLUMNS = ", ".join(name for name, _array in _VALUES)
+_VALUE_STATS = ",\n    ".join(
+    f"avg({name}) AS {name}_mean, "
+    f"percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY {name}) AS {name}_p"
+    for name, _array in _VALUES
 )
-SELECT p.bucket,
-  count(*) FILTER (WHERE p.committed_keys >= 1) AS steps_committed,
-  count(*) FILTER (WHERE p.committed_keys >= 2) AS steps_duplicated,
-  count(*) FILTER (WHERE r.step_id IS NOT NULL OR p.keys >= 2) AS steps_resent,
-  count(*) FILTER (WHERE (r.step_id IS NOT NULL OR p.keys >= 2) AND (
-      p.committed_keys >= 2 OR ra.step_id IS NOT NULL OR EXISTS (
-        SELECT 1 FROM {T["decision"]} d WHERE d.step_id = p.step_id
-        AND d.verb = 'confirm_happened' AND d.created_at > r.first_at))) AS wrong_retries
-FROM per_step p
-LEFT JOIN resends r ON r.step_id = p.step_id
-LEFT JOIN reconciled_after_resend ra ON ra.step_id = p.step_id
-GROUP BY GROUPING SETS ((p.bucket), ())
+_BUCKET_OF = "date_trunc(%(bucket)s, m.created_at AT TIME ZONE %(tz)s)"
+_DAY_START = "(u.day::timestamp AT TIME ZONE %(tz)s)"
+_DAY_END = "((u.day + 1)::timestamp AT TIME ZONE %(tz)s)"
+_NOT_LIVE = "NOT EXISTS (SELECT 1 FROM live l WHERE l.run_id = m.run_id)"
+# A window's rows: the MetricsDay rows of its whole past days (with day buckets), and the run
+# rows of everything else: the edges of the window, today, open runs, any whole day without a
+# day row yet, and the runs computed live. Each part reads its rows through an index, and each
+# aggregate reads only the columns it needs: wide rows are never copied into an intermediate.
+WINDOW_SQL = f"""
+WITH live AS MATERIALIZED ({facts_sql(_COHORT)}),
+days AS MATERIALIZED (
+  SELECT * FROM {T["day"]} d
+  WHERE d.tz = %(tz)s AND d.day >= %(first_day)s AND d.day < %(last_day)s
+),
+uncovered AS MATERIALIZED (
+  SELECT g::date AS day FROM generate_series(%(first_day)s::date, %(last_day)s::date - 1,
+                                             interval '1 day') AS g
+  WHERE NOT EXISTS (SELECT 1 FROM days d WHERE d.day = g::date)
+),
+src AS NOT MATERIALIZED (
+  SELECT {SUM_COLUMNS}, d.day::timestamp AS bucket FROM days d
+  UNION ALL
+  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM {T["metrics"]} m
+  WHERE ((m.created_at >= %(start)s AND m.created_at < %(days_start)s)
+         OR (m.created_at >= %(days_end)s AND m.created_at < %(end)s)) AND {_NOT_LIVE}
+  UNION ALL
+  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM {T["metrics"]} m
+  WHERE m.finished = 0 AND m.created_at >= %(days_start)s AND m.created_at < %(days_end)s
+    AND {_NOT_LIVE}
+  UNION ALL
+  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM uncovered u JOIN {T["metrics"]} m
+    ON m.created_at >= {_DAY_START} AND m.created_at < {_DAY_END}
+  WHERE m.finished = 1 AND {_NOT_LIVE}
+  UNION ALL
+  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM live m
+),
+counts AS (
+  SELECT bucket, {", ".join(f"{expr} AS {name}" for name, expr in _COUNTS.items())}
+  FROM src GROUP BY GROUPING SETS ((bucket), ())
+),
+vals AS (
+  SELECT bucket, {_VALUE_STATS}
+  FROM (
+    SELECT src.bucket, u.*
+    FROM src CROSS JOIN LATERAL unnest({", ".join(a for _n, a in _VALUES)}) AS u({_VALUE_COLUMNS})
+  ) v
+  GROUP BY GROUPING SETS ((bucket), ())
+),
+tools AS (
+  SELECT t.tool, t.failure_class, sum(t.n) AS n
+  FROM src CROSS JOIN LATERAL unnest(src.tool_names, src.tool_classes, src.tool_counts)
+    AS t(tool, failure_class, n)
+  GROUP BY 1, 2
+)
+SELECT 'counts' AS part, bucket, to_jsonb(counts) - 'bucket' AS data FROM counts
+UNION ALL SELECT 'values', bucket, to_jsonb(vals) - 'bucket' FROM vals
+UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools) FROM tools
+UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)) FROM {T["run"]} r
+  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
 """
 
-_LATENCY_MS = _epoch("e.committed_at - sn.created_at") + " * 1000"
-QUERIES["coverage"] = f"""
-WITH {_COHORT}
-SELECT c.bucket,
-  count(*) AS committed,
-  count(*) FILTER (WHERE sn.created_at <= e.committed_at) AS covered,
-  {_median(_LATENCY_MS, "sn.created_at <= e.committed_at")} AS latency_p50_ms,
-  percentile_cont(0.95) WITHIN GROUP (ORDER BY {_LATENCY_MS})
-    FILTER (WHERE sn.created_at <= e.committed_at) AS latency_p95_ms
-FROM {T["effect"]} e JOIN cohort c ON c.id = e.run_id
-JOIN {T["snapshot"]} sn ON sn.id = e.snapshot_id
-WHERE e.committed_at IS NOT NULL
-GROUP BY GROUPING SETS ((c.bucket), ())
+# One MetricsDay row per day of %(days)s (dates in %(tz)s): the sums of the stored rows of the
+# ended runs that started that day.
+_IN_DAY = f"m.finished = 1 AND m.created_at >= {_DAY_START} AND m.created_at < {_DAY_END}"
+_DAY_COLUMNS = ["tz", "day", "computed_at", *SUM_FIELDS, *VALUE_FIELDS, *TOOL_FIELDS]
+DAY_SQL = f"""
+INSERT INTO {T["day"]} AS d ({", ".join(_DAY_COLUMNS)})
+SELECT %(tz)s, u.day, %(now)s, s.*,
+  {
+    ", ".join(
+        f"ARRAY(SELECT x FROM {T['metrics']} m, unnest(m.{col}) AS x WHERE {_IN_DAY})"
+        for col in VALUE_FIELDS
+    )
+},
+  t.*
+FROM unnest(%(days)s::date[]) AS u(day)
+CROSS JOIN LATERAL (
+  SELECT {", ".join(f"COALESCE(sum(m.{col}), 0)" for col in SUM_FIELDS)}
+  FROM {T["metrics"]} m WHERE {_IN_DAY}
+) AS s
+CROSS JOIN LATERAL (
+  SELECT COALESCE(array_agg(x.tool ORDER BY x.tool, x.cls), '{{}}'),
+         COALESCE(array_agg(x.cls ORDER BY x.tool, x.cls), '{{}}'),
+         COALESCE(array_agg(x.n ORDER BY x.tool, x.cls), '{{}}')
+  FROM (
+    SELECT t.tool, t.cls, sum(t.n)::int AS n
+    FROM {T["metrics"]} m, unnest(m.tool_names, m.tool_classes, m.tool_counts) AS t(tool, cls, n)
+    WHERE {_IN_DAY} GROUP BY 1, 2
+  ) x
+) AS t
+ON CONFLICT (tz, day) DO UPDATE SET
+  {", ".join(f"{col} = EXCLUDED.{col}" for col in _DAY_COLUMNS[2:])}
 """
 
-QUERIES["snapshots"] = f"""
-WITH {_COHORT}
-SELECT c.bucket, count(*) AS snapshots,
-  COALESCE(sum(jsonb_array_length(sn.missing_fields)), 0) AS missing
-FROM {T["snapshot"]} sn JOIN cohort c ON c.id = sn.run_id
-GROUP BY GROUPING SETS ((c.bucket), ())
+# Ended runs without a current row, oldest end first, from `since` on (see rollup()).
+ROLLUP_ENDED_SQL = f"""
+SELECT r.id, r.finished_at FROM {T["run"]} r
+WHERE r.finished_at >= %(since)s AND r.finished_at < %(cutoff)s AND r.status = ANY(%(terminal)s)
+  AND NOT EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE {_CURRENT})
+ORDER BY r.finished_at LIMIT %(limit)s"""
+# Open runs without a current row that have not changed for ROLLUP_AFTER (parked for a person,
+# waiting, or stalled). Their row stays current until the run moves again.
+ROLLUP_OPEN_SQL = f"""
+SELECT r.id, r.finished_at FROM {T["run"]} r
+WHERE r.status = ANY(%(open)s) AND r.updated_at < %(cutoff)s
+  AND NOT EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE {_CURRENT})
+LIMIT %(limit)s"""
+_UPDATES = ", ".join(f"{name} = EXCLUDED.{name}" for name, _expr in FACTS[1:])
+ROLLUP_SQL = f"""
+INSERT INTO {T["metrics"]} AS m ({FACT_COLUMNS}, computed_at)
+SELECT {FACT_COLUMNS}, %(now)s FROM ({facts_sql(_COHORT)}) AS facts
+ON CONFLICT (run_id) DO UPDATE SET {_UPDATES}, computed_at = EXCLUDED.computed_at
+  WHERE m.event_seq < EXCLUDED.event_seq
+RETURNING (m.created_at AT TIME ZONE %(tz)s)::date, m.finished
 """
 
-QUERIES["waits"] = f"""
-WITH {_COHORT}
-SELECT c.bucket,
-  count(*) FILTER (WHERE w.status IN ('resolved', 'expired')) AS settled,
-  count(*) FILTER (WHERE w.status = 'expired') AS expired,
-  {_median(_epoch("w.resolved_at - w.created_at"), "w.status = 'resolved'")} AS resume_median_s
-FROM {T["wait"]} w JOIN cohort c ON c.id = w.run_id
-GROUP BY GROUPING SETS ((c.bucket), ())
-"""
-
-QUERIES["approvals"] = f"""
-WITH {_COHORT}
-SELECT c.bucket,
-  count(*) FILTER (WHERE a.status = 'decided') AS decided,
-  avg({_epoch("a.decided_at - a.created_at")}) FILTER (WHERE a.status = 'decided')
-    AS handling_mean_s,
-  {_median(_epoch("a.decided_at - a.created_at"), "a.status = 'decided'")} AS handling_median_s
-FROM {T["approval"]} a JOIN cohort c ON c.id = a.run_id
-GROUP BY GROUPING SETS ((c.bucket), ())
-"""
+QUERIES: dict[str, str] = {}
 
 # Now, not windowed. Each count reads a partial or status index.
 QUERIES["now"] = f"""
@@ -367,12 +565,26 @@ def _plain(value):
     return value
 
 
-def _by_bucket(rows: list[dict]) -> dict[Any, dict]:
-    return {row["bucket"]: row for row in rows}
+def _whole_days(window: Window, now: datetime) -> tuple[date, date]:
+    """The window's whole past days [first, last) in the current time zone, which MetricsDay
+    rows can stand for (none for an hourly window)."""
+    tz = timezone.get_current_timezone()
+    start, end = timezone.localtime(window.start, tz), timezone.localtime(window.end, tz)
+    first = start.date() if start.time() == time(0) else start.date() + timedelta(days=1)
+    last = min(end.date(), timezone.localtime(now, tz).date())
+    if window.bucket != "day" or last <= first:
+        return first, first
+    return first, last
 
 
 def _params(window: Window, now: datetime) -> dict:
+    tz = timezone.get_current_timezone()
+    first_day, last_day = _whole_days(window, now)
     return {
+        "first_day": first_day,
+        "last_day": last_day,
+        "days_start": timezone.make_aware(datetime.combine(first_day, time(0)), tz),
+        "days_end": timezone.make_aware(datetime.combine(last_day, time(0)), tz),
         "start": window.start,
         "end": window.end,
         "bucket": window.bucket,
@@ -380,6 +592,8 @@ def _params(window: Window, now: datetime) -> dict:
         "terminal": list(TERMINAL),
         "failure_verbs": list(FAILURE_VERBS),
         "resend_verbs": list(RESEND_VERBS),
+        "fact_verbs": [*FAILURE_VERBS, *RESEND_VERBS, "side_effect.committed"],
+        "open": sorted(set(Run.Status) - Run.TERMINAL),
     }
 
 
@@ -434,29 +648,27 @@ def _num(value) -> float | None:
 
 @dataclass
 class Data:
+    """The window's sums: one row per trend bucket and one (key None) for the whole window."""
+
     window: Window
     buckets: list[datetime]
-    rows: dict[str, dict[Any, dict]]
+    rows: dict[Any, dict]
+    tools: list[dict]
 
-    def total(self, query: str) -> dict:
-        return self.rows[query].get(None) or {}
+    def total(self) -> dict:
+        return self.rows.get(None) or {}
 
-    def series(self, query: str, fn: Callable[[dict], Any]) -> list[float | None]:
-        by_bucket = self.rows[query]
+    def series(self, fn: Callable[[dict], Any]) -> list[float | None]:
         out = []
         for bucket in self.buckets:
-            row = by_bucket.get(bucket)
+            row = self.rows.get(bucket)
             out.append(_num(fn(row)) if row else None)
         return out
 
-    def rate(self, query, num, den, **kw) -> tuple[float | None, tuple, list]:
-        total = self.total(query)
+    def rate(self, num: str, den: str) -> tuple[float | None, tuple, list]:
+        total = self.total()
         n, d = total.get(num) or 0, total.get(den) or 0
-        return (
-            ratio(n, d),
-            (int(n), int(d)),
-            self.series(query, lambda r: ratio(r[num], r[den])),
-        )
+        return ratio(n, d), (int(n), int(d)), self.series(lambda r: ratio(r[num], r[den]))
 
 
 FIGURES: list[Callable[[Data], Figure]] = []
@@ -467,8 +679,8 @@ def figure(fn: Callable[[Data], Figure]) -> Callable[[Data], Figure]:
     return fn
 
 
-def _rate_figure(data, key, label, definition, query, num, den, *, better=True) -> Figure:
-    value, counts, series = data.rate(query, num, den)
+def _rate_figure(data, key, label, definition, num, den, *, better=True) -> Figure:
+    value, counts, series = data.rate(num, den)
     return Figure(key, label, definition, "ratio", value, counts, series, higher_is_better=better)
 
 
@@ -480,17 +692,16 @@ def execution_success_rate(data: Data) -> Figure:
         _("Execution success rate"),
         _("Runs started in the window that ended succeeded, out of those that have ended "
           "(succeeded, failed, cancelled or compensated). Runs still open are not counted."),
-        "runs", "succeeded", "finished",
+        "succeeded", "finished",
     )  # fmt: skip
 
 
 @figure
 def tool_failure_rate(data: Data) -> Figure:
-    rows = data.rows["tools"]
-    failures = {(r["tool"], r["failure_class"]): r["n"] for r in rows["failures"] if r["tool"]}
-    calls = {r["tool"]: r["n"] for r in rows["calls"] if r["tool"]}
-    total_failures = (rows["failures_total"] or {}).get("n") or 0
-    total_calls = (rows["calls_total"] or {}).get("n") or 0
+    failures = {(r["tool"], r["failure_class"]): r["n"] for r in data.tools if r["failure_class"]}
+    calls = {r["tool"]: r["n"] for r in data.tools if r["failure_class"] == ""}
+    total_failures = data.total().get("tool_failures") or 0
+    total_calls = data.total().get("tool_calls") or 0
     by_tool = []
     for tool in sorted(calls):
         tool_failures = {cls: n for (t, cls), n in failures.items() if t == tool}
@@ -507,11 +718,7 @@ def tool_failure_rate(data: Data) -> Figure:
     by_class: dict[str, int] = {}
     for (_tool, cls), n in failures.items():
         by_class[cls] = by_class.get(cls, 0) + int(n)
-    series = []
-    for bucket in data.buckets:
-        f = rows["failures_by_bucket"].get(bucket, 0)
-        c = rows["calls_by_bucket"].get(bucket, 0)
-        series.append(_num(ratio(f, c)) if c else None)
+    series = data.series(lambda r: ratio(r["tool_failures"], r["tool_calls"]))
     return Figure(
         "tool_failure_rate",
         _("Tool failure rate"),
@@ -539,7 +746,7 @@ def auto_recovery_rate(data: Data) -> Figure:
         _("Of the ended runs that hit at least one tool failure, the share that succeeded with "
           "no person stepping in: never escalated, never taken over, and no human decision "
           "other than an approval."),
-        "runs", "auto_recovered", "faulted_finished",
+        "auto_recovered", "faulted_finished",
     )  # fmt: skip
 
 
@@ -553,7 +760,7 @@ def local_recovery_rate(data: Data) -> Figure:
           "(succeeded or degraded to the fallback) at that same step with no human decision on "
           "the step: resumed in place, not re-run, no person needed. Steps still open count "
           "as not recovered yet."),
-        "steps", "recovered_locally", "failed_steps",
+        "recovered_locally", "failed_steps",
     )  # fmt: skip
 
 
@@ -567,13 +774,13 @@ def human_takeover_rate(data: Data) -> Figure:
           "window: the run was taken over, or someone settled it (confirmed an outcome, retried, "
           "fixed data, skipped, did it by hand, cancelled). Approval decisions alone do not "
           "count."),
-        "runs", "human_stepped_in", "runs", better=False,
+        "human_stepped_in", "runs", better=False,
     )  # fmt: skip
 
 
 @figure
 def takeovers_per_100_runs(data: Data) -> Figure:
-    total = data.total("runs")
+    total = data.total()
     runs = total.get("runs") or 0
     takeovers = total.get("takeovers") or 0
     return Figure(
@@ -584,13 +791,13 @@ def takeovers_per_100_runs(data: Data) -> Figure:
         "per100",
         ratio(takeovers * 100, runs),
         (int(takeovers), int(runs)),
-        data.series("runs", lambda r: ratio(r["takeovers"] * 100, r["runs"])),
+        data.series(lambda r: ratio(r["takeovers"] * 100, r["runs"])),
         higher_is_better=False,
     )  # fmt: skip
 
 
-def _duration_figure(data, key, label, definition, query, column, counts_col=None) -> Figure:
-    total = data.total(query)
+def _duration_figure(data, key, label, definition, column, counts_col=None) -> Figure:
+    total = data.total()
     counts = None
     if counts_col:
         counts = (int(total.get(counts_col) or 0), int(total.get(counts_col) or 0))
@@ -598,10 +805,10 @@ def _duration_figure(data, key, label, definition, query, column, counts_col=Non
         key,
         label,
         definition,
-        "ms" if column.endswith("_ms") else "seconds",
+        "ms" if column.startswith("latency") else "seconds",
         _num(total.get(column)),
         counts,
-        data.series(query, lambda r: r[column]),
+        data.series(lambda r: r.get(column)),
         higher_is_better=False,
     )
 
@@ -613,9 +820,9 @@ def time_to_recover(data: Data) -> Figure:
         _("For each step with a tool failure that later finished done: from its first failed "
           "attempt to the step finishing (by the engine or a person). Median; the mean is shown "
           "beside it."),
-        "steps", "recover_median_s", "recovered",
+        "recover_p50", "recovered",
     )  # fmt: skip
-    fig.extra["mean"] = _round(_num(data.total("steps").get("recover_mean_s")))
+    fig.extra["mean"] = _round(_num(data.total().get("recover_mean")))
     return fig
 
 
@@ -625,9 +832,9 @@ def time_to_close(data: Data) -> Figure:
         data, "time_to_close_median", _("Time to close after a failure (median)"),
         _("For each ended run that hit a tool failure: from its first failed tool attempt to "
           "the run ending, whatever the ending. Median; the mean is shown beside it."),
-        "runs", "close_median_s", "closed_after_failure",
+        "close_p50", "closed_after_failure",
     )  # fmt: skip
-    fig.extra["mean"] = _round(_num(data.total("runs").get("close_mean_s")))
+    fig.extra["mean"] = _round(_num(data.total().get("close_mean")))
     return fig
 
 
@@ -637,7 +844,7 @@ def pause_to_resume(data: Data) -> Figure:
         data, "pause_to_resume_median", _("Pause-to-resume time (median)"),
         _("For every wait that was resolved (timer fired, event delivered, approval decided, "
           "tool back): from the wait being created to it being resolved. Median."),
-        "waits", "resume_median_s",
+        "resume_p50",
     )  # fmt: skip
 
 
@@ -651,7 +858,7 @@ def duplicate_side_effect_rate(data: Data) -> Figure:
           "(the outside world saw it twice), out of side-effect steps with a committed effect. "
           "Inferred from TaskPilots' own ledger; a duplicate the ledger never learned of cannot "
           "be seen here."),
-        "effects", "steps_duplicated", "steps_committed", better=False,
+        "steps_duplicated", "steps_committed", better=False,
     )  # fmt: skip
 
 
@@ -666,7 +873,7 @@ def wrong_retry_rate(data: Data) -> Figure:
           "earlier attempt had in fact landed: a reconcile by key later found it committed, a "
           "person confirmed it happened after the resend, or the step ended with two committed "
           "keys."),
-        "effects", "wrong_retries", "steps_resent", better=False,
+        "wrong_retries", "steps_resent", better=False,
     )  # fmt: skip
 
 
@@ -678,13 +885,13 @@ def snapshot_coverage(data: Data) -> Figure:
         _("Snapshot coverage"),
         _("Committed side effects whose snapshot was written before the commit "
           "(snapshot created_at ≤ side effect committed_at), out of all committed side effects."),
-        "coverage", "covered", "committed",
+        "covered", "committed",
     )  # fmt: skip
 
 
 @figure
 def missing_field_rate(data: Data) -> Figure:
-    total = data.total("snapshots")
+    total = data.total()
     snapshots, missing = total.get("snapshots") or 0, total.get("missing") or 0
     width = len(SNAPSHOT_FIELDS)
     return Figure(
@@ -698,7 +905,7 @@ def missing_field_rate(data: Data) -> Figure:
         "ratio",
         ratio(missing, snapshots * width),
         (int(missing), int(snapshots * width)),
-        data.series("snapshots", lambda r: ratio(r["missing"], r["snapshots"] * width)),
+        data.series(lambda r: ratio(r["missing"], r["snapshots"] * width)),
         higher_is_better=False,
     )
 
@@ -710,9 +917,9 @@ def snapshot_latency(data: Data) -> Figure:
         _("For committed side effects with a snapshot before them: snapshot created_at → side "
           "effect committed_at, in milliseconds. p50; p95 beside it. Includes the tool call "
           "and, for reconciled or human-confirmed effects, the time to confirm."),
-        "coverage", "latency_p50_ms",
+        "latency_p50",
     )  # fmt: skip
-    fig.extra["p95"] = _round(_num(data.total("coverage").get("latency_p95_ms")))
+    fig.extra["p95"] = _round(_num(data.total().get("latency_p95")))
     return fig
 
 
@@ -724,7 +931,7 @@ def waits_timed_out(data: Data) -> Figure:
         _("Waits that timed out undecided"),
         _("Waits (events, timers, approvals, tool recoveries) that reached their deadline with "
           "nothing resolving them, out of waits that have ended (resolved or timed out)."),
-        "waits", "expired", "settled", better=False,
+        "expired", "settled", better=False,
     )  # fmt: skip
 
 
@@ -734,9 +941,9 @@ def approval_handling_time(data: Data) -> Figure:
         data, "approval_handling_median", _("Approval handling time (median)"),
         _("For decided approval requests: from the request to the decision. Median; the mean "
           "is shown beside it."),
-        "approvals", "handling_median_s", "decided",
+        "handling_p50", "decided",
     )  # fmt: skip
-    fig.extra["mean"] = _round(_num(data.total("approvals").get("handling_mean_s")))
+    fig.extra["mean"] = _round(_num(data.total().get("handling_mean")))
     return fig
 
 
@@ -748,7 +955,7 @@ def second_interventions(data: Data) -> Figure:
         _("Takeovers needing a second intervention"),
         _("Of the runs that were taken over, the share that needed a person again: taken over "
           "twice or more, or a human decision made after the run was released."),
-        "runs", "second_intervention", "runs_taken_over", better=False,
+        "second_intervention", "runs_taken_over", better=False,
     )  # fmt: skip
 
 
@@ -819,30 +1026,148 @@ def current_state(now: datetime | None = None) -> dict[str, int]:
 
 
 def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
-    """Every figure of the dashboard: nine aggregate queries (and one SET), whatever the size."""
+    """Every figure of the dashboard: the live runs, one query over the window, one for now,
+    whatever the size (plus the SET that turns JIT off)."""
     now = now or timezone.now()
     params = _params(window, now)
-    rows: dict[str, Any] = {}
-    with _no_jit():
-        for name in ("runs", "steps", "effects", "coverage", "snapshots", "waits", "approvals"):
-            rows[name] = _by_bucket(_run(name, params))
-        tools = _run("tools", params)
+    with _no_jit(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT max(finished_at) FROM {T['metrics']}")
+        high = cursor.fetchone()[0]
+        params["recent"] = high - HIGH_WATER_MARGIN if high else datetime(1970, 1, 1, tzinfo=UTC)
+        rows, tools = _window_rows(cursor, LIVE_IDS_SQL, params)
+        if rows.get(None, {}).get("runs", 0) != rows.pop("expected", 0):
+            logger.warning(
+                "metrics: stored rows miss runs of the window; run rollup_metrics --full"
+            )
+            rows, tools = _window_rows(cursor, LIVE_IDS_ALL_SQL, params)
+            rows.pop("expected", None)
         state = current_state(now)
-    grouped: dict[str, Any] = {"failures": [], "calls": [], "failures_by_bucket": {},
-                               "calls_by_bucket": {}, "failures_total": None,
-                               "calls_total": None}  # fmt: skip
-    for row in tools:
-        kind = row["kind"]
-        if row["tool"] is not None:
-            grouped[kind].append(row)
-        elif row["bucket"] is not None:
-            grouped[f"{kind}_by_bucket"][row["bucket"]] = row["n"]
-        else:
-            grouped[f"{kind}_total"] = row
-    rows["tools"] = grouped
-    data = Data(window, window.buckets(), rows)
+    data = Data(window, window.buckets(), rows, tools)
     needing_human = state.pop("needing_human")
     return Dashboard(window, data.buckets, [fn(data) for fn in FIGURES], state, needing_human)
+
+
+def _window_rows(cursor, live_ids_sql: str, params: dict) -> tuple[dict[Any, dict], list[dict]]:
+    cursor.execute(live_ids_sql, params)
+    params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
+    cursor.execute(WINDOW_SQL, params)
+    rows: dict[Any, dict] = {}
+    tools: list[dict] = []
+    for part, bucket, text in cursor.fetchall():
+        data = json.loads(text)  # Django reads jsonb as text
+        if part == "tools":
+            tools.append(data)
+        elif part == "expected":
+            rows["expected"] = data
+        elif part == "counts":
+            rows.setdefault(bucket, {}).update(data)
+        else:
+            row = rows.setdefault(bucket, {})
+            for name, _array in _VALUES:
+                row[f"{name}_mean"] = data[f"{name}_mean"]
+                row[f"{name}_p50"], row[f"{name}_p95"] = data[f"{name}_p"] or (None, None)
+    return rows, tools
+
+
+# --------------------------------------------------------------------------------------------
+# The rollup: ended runs' rows, stored once.
+
+# A run's row is stored once the run has been still this long (so a run in motion is not
+# recomputed at every step); until then the dashboard computes it live.
+ROLLUP_AFTER = timedelta(minutes=1)
+# Ends are read from the stored rows' latest end less this margin, for transactions that
+# committed well after they set finished_at.
+HIGH_WATER_MARGIN = timedelta(minutes=10)
+ROLLUP_BATCH = 2000
+
+
+def rollup(
+    *,
+    now: datetime | None = None,
+    full: bool = False,
+    batch_size: int = ROLLUP_BATCH,
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Store the rows of runs still for ROLLUP_AFTER whose row is missing or stale, and keep
+    the MetricsDay rows of whole past days in step with them.
+
+    Two passes, `batch_size` runs per transaction:
+    1. Ended runs, in order of ending. A pass starts at the stored rows' latest end (less
+       HIGH_WATER_MARGIN), so it reads only recent ends through run_finished_idx; `full` starts
+       at the beginning instead (after loading old runs in bulk, or to repair rows made stale
+       by an event appended after the end).
+    2. Open runs (parked for a person, waiting, stalled), through the status index.
+    Each batch rebuilds, in its own transaction, the day rows of the past days its ended runs
+    started on; then the days that ended since the last pass get their row (with `full`,
+    every day within MAX_CUSTOM_DAYS). Rollups take turns (an advisory lock per transaction),
+    so a day row is always built from every row committed before it. Safe to run at any time.
+    Returns how many run rows it wrote.
+    """
+    now = now or timezone.now()
+    tz = timezone.get_default_timezone()
+    params = {
+        **_params(Window("rollup", now, now), now),
+        "tz": timezone.get_default_timezone_name(),
+        "now": now,
+        "cutoff": now - ROLLUP_AFTER,
+        "limit": batch_size,
+    }
+    today = timezone.localtime(now, tz).date()
+    params["days_end_today"] = timezone.make_aware(datetime.combine(today, time(0)), tz)
+    since = datetime(1970, 1, 1, tzinfo=UTC)
+    if not full:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT max(finished_at) FROM {T['metrics']}")
+            high = cursor.fetchone()[0]
+        if high:
+            since = high - HIGH_WATER_MARGIN
+    stored = 0
+    for finder in (ROLLUP_ENDED_SQL, ROLLUP_OPEN_SQL):
+        while True:
+            with _no_jit(), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ROLLUP_LOCK])
+                cursor.execute(finder, {**params, "since": since})
+                batch = cursor.fetchall()
+                if batch:
+                    cursor.execute(ROLLUP_SQL, {**params, "ids": [run_id for run_id, _ in batch]})
+                    written = cursor.fetchall()
+                    stored += len(written)
+                    days = sorted({day for day, ended in written if ended and day < today})
+                    if days:
+                        cursor.execute(DAY_SQL, {**params, "days": days})
+            if progress:
+                progress(stored)
+            if len(batch) < batch_size:
+                break
+            if finder is ROLLUP_ENDED_SQL:
+                # Every run that ended before the batch's last end now has its row.
+                since = batch[-1][1]
+    _build_missing_days(params, today, MAX_CUSTOM_DAYS + 1 if full else 3)
+    return stored
+
+
+ROLLUP_LOCK = 0x7461736B  # pg_advisory_xact_lock key of the metrics rollup ("task")
+
+
+def _build_missing_days(params: dict, today: date, lookback: int) -> None:
+    """Build the day rows of the last `lookback` whole days that have ended runs but no row."""
+    with _no_jit(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ROLLUP_LOCK])
+        start = timezone.make_aware(
+            datetime.combine(today - timedelta(days=lookback), time(0)),
+            timezone.get_default_timezone(),
+        )
+        cursor.execute(
+            f"""SELECT DISTINCT (m.created_at AT TIME ZONE %(tz)s)::date AS day
+            FROM {T["metrics"]} m
+            WHERE m.finished = 1 AND m.created_at >= %(from)s AND m.created_at < %(to)s
+              AND NOT EXISTS (SELECT 1 FROM {T["day"]} d WHERE d.tz = %(tz)s
+                              AND d.day = (m.created_at AT TIME ZONE %(tz)s)::date)""",
+            {**params, "from": start, "to": params["days_end_today"]},
+        )
+        days = [day for (day,) in cursor.fetchall()]
+        if days:
+            cursor.execute(DAY_SQL, {**params, "days": days})
 
 
 def median(values):  # used by tests and docs to state the hand-computed answers

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
@@ -423,3 +424,104 @@ class NotificationCursor(models.Model):
 
     name = models.CharField(max_length=50, unique=True)
     position_at = models.DateTimeField()
+
+
+class MetricSums(models.Model):
+    """What the metrics dashboard adds up, for one run (RunMetrics) or one day (MetricsDay).
+
+    Counts are summed; durations are kept as every value (the dashboard shows exact medians);
+    tool tallies are three parallel arrays (tool, failure class or "" for attempts, count).
+    See approvals.metrics for each column's definition.
+    """
+
+    runs = models.IntegerField()
+    finished = models.IntegerField()
+    succeeded = models.IntegerField()
+    faulted_finished = models.IntegerField()
+    auto_recovered = models.IntegerField()
+    human_stepped_in = models.IntegerField()
+    takeovers = models.IntegerField()
+    runs_taken_over = models.IntegerField()
+    second_intervention = models.IntegerField()
+    failed_steps = models.IntegerField()
+    recovered = models.IntegerField()
+    recovered_locally = models.IntegerField()
+    tool_calls = models.IntegerField()
+    tool_failures = models.IntegerField()
+    steps_committed = models.IntegerField()
+    steps_duplicated = models.IntegerField()
+    steps_resent = models.IntegerField()
+    wrong_retries = models.IntegerField()
+    committed = models.IntegerField()
+    covered = models.IntegerField()
+    snapshots = models.IntegerField()
+    missing = models.IntegerField()
+    settled = models.IntegerField()
+    expired = models.IntegerField()
+    decided = models.IntegerField()
+    close_s = ArrayField(models.FloatField())
+    recover_s = ArrayField(models.FloatField())
+    resume_s = ArrayField(models.FloatField())
+    handling_s = ArrayField(models.FloatField())
+    latency_ms = ArrayField(models.FloatField())
+    tool_names = ArrayField(models.TextField())
+    tool_classes = ArrayField(models.TextField())
+    tool_counts = ArrayField(models.IntegerField())
+
+    class Meta:
+        abstract = True
+
+
+SUM_FIELDS = [f.name for f in MetricSums._meta.fields if isinstance(f, models.IntegerField)]
+VALUE_FIELDS = ["close_s", "recover_s", "resume_s", "handling_s", "latency_ms"]
+TOOL_FIELDS = ["tool_names", "tool_classes", "tool_counts"]
+
+
+class RunMetrics(MetricSums):
+    """One run's figures, stored (`approvals.metrics.rollup`).
+
+    An ended run never changes again and a parked one rarely does, so their figures are worked
+    out once, after the run has been still for a minute (`manage.py rollup_metrics`, or the
+    beat task), and the dashboard adds these rows up instead of re-reading the timeline. Runs
+    without a current row (moving, or not rolled up yet) are computed live by the same SQL.
+    """
+
+    run = models.OneToOneField(Run, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField()  # the run's, for the window
+    finished_at = models.DateTimeField(null=True)  # the run's, for the rollup's high-water mark
+    # The run's timeline head when this row was computed. Every change of a run appends an
+    # event (principle 5), so a row whose event_seq is not the run's is stale and not used.
+    event_seq = models.PositiveIntegerField()
+    status = models.CharField(max_length=20)
+    computed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["created_at"], name="runmetrics_created_idx"),
+            models.Index(fields=["finished_at"], name="runmetrics_finished_idx"),
+            # Open runs' rows, which no day row sums.
+            models.Index(
+                fields=["created_at"], name="runmetrics_open_idx", condition=Q(finished=0)
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"metrics of run {self.run_id}"
+
+
+class MetricsDay(MetricSums):
+    """The sums of the stored rows of the runs that started on one day (in `tz`) and have ended.
+
+    Rebuilt by the rollup in the same transaction as any row it stores for such a run, and
+    when the day is over; the dashboard reads it for every whole past day of a window.
+    """
+
+    tz = models.CharField(max_length=64)
+    day = models.DateField()
+    computed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tz", "day"], name="metricsday_unique")]
+
+    def __str__(self) -> str:
+        return f"metrics of {self.day} ({self.tz})"
