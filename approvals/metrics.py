@@ -375,7 +375,7 @@ _CURRENT = "m.run_id = r.id AND m.event_seq = r.event_seq"
 _LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s
   AND NOT EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE {_CURRENT})
   AND NOT (r.status = ANY(%(terminal)s)
-           AND EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE m.run_id = r.id)
+           AND EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE m.run_id = r.id AND m.finished = 1)
            AND EXISTS (SELECT 1 FROM {T["day"]} d WHERE d.tz = %(tz)s
                        AND d.day = (r.created_at AT TIME ZONE %(tz)s)::date
                        AND d.day >= %(first_day)s AND d.day < %(last_day)s))"""

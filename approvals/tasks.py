@@ -12,3 +12,12 @@ def deliver_notification(delivery_id: int) -> str:
     # A second run of the same message finds the row claimed or sent and does nothing; failures
     # are retried from the database by the sweeper (backoff in next_attempt_at), not by ETAs.
     return notifications.deliver(delivery_id)
+
+
+@shared_task(name="approvals.tasks.rollup_metrics", acks_late=True, ignore_result=True)
+def rollup_metrics() -> int:
+    # Safe to overlap: rollups take turns on an advisory lock and only ever replace a row by one
+    # computed at a later timeline head.
+    from approvals import metrics
+
+    return metrics.rollup()

@@ -517,6 +517,12 @@ def prune_payloads(
 
     days = retention_days() if older_than_days is None else older_than_days
     cutoff = (now or timezone.now()) - timedelta(days=days)
+    if not dry_run:
+        # The dashboard's figures come from the payloads (failure classes, keys): store every
+        # ended run's figures first, so pruning never changes a figure.
+        from approvals import metrics
+
+        metrics.rollup(now=now, full=True)
     report = PruneReport(cutoff=cutoff, dry_run=dry_run)
     finished = Run.objects.filter(status__in=Run.TERMINAL, finished_at__lt=cutoff)
     last = None

@@ -256,6 +256,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("TASKPILOTS_SWEEP_INTERVAL", 3.0, minimum=0.5),
         "options": {"expires": 30},
     },
+    # Stores the metrics dashboard's rows of runs that have been still for a minute.
+    "metrics-rollup": {
+        "task": "approvals.tasks.rollup_metrics",
+        "schedule": env_float("TASKPILOTS_METRICS_ROLLUP_INTERVAL", 30.0, minimum=5),
+        "options": {"expires": 60},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 

@@ -1,0 +1,194 @@
+"""The metrics rollup: stored run rows and day sums give exactly the figures computed live.
+
+The hand-built fixture (`world`, from test_metrics) and the load generator's runs are measured
+twice: live (no stored rows) and after the rollup. Anything the rollup gets wrong about a run
+or a day shows as a figure that differs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.utils import timezone
+
+from approvals import metrics
+from approvals.models import MetricsDay, RunMetrics
+from runs import audit
+from runs.metrics_loadgen import load_fake_runs
+from runs.models import Run
+from tests.approvals.test_metrics import world  # noqa: F401 (the fixture)
+from tests.factories import RunFactory, TakeoverFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+WINDOWS = ["24h", "7d", "30d"]
+
+
+def board(now, key: str) -> dict:
+    return metrics.compute(metrics.parse_window({"window": key}, now=now), now=now).as_json()
+
+
+def boards(now) -> dict:
+    return {key: board(now, key) for key in WINDOWS}
+
+
+def same(a, b, path="") -> None:
+    """Equal, but for the last bits of a float mean summed in another order."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-4), path
+    else:
+        assert a == b, path
+
+
+def test_stored_rows_give_the_hand_computed_figures(world):  # noqa: F811
+    now = world
+    live = boards(now)
+    stored = metrics.rollup(now=now)
+    # Every run of the fixture that has been still for a minute: all but R11 (changed now) and
+    # R0, whose factory-made end has no time (it is outside every window).
+    assert stored == RunMetrics.objects.count() == 11
+    assert not RunMetrics.objects.filter(run__status="running", run__updated_at__gte=now).exists()
+    for key in WINDOWS:
+        same(board(now, key), live[key], key)
+    # The figures themselves, as test_metrics works them out.
+    f = board(now, "24h")["figures"]
+    assert f["execution_success_rate"]["counts"] == [7, 8]
+    assert f["wrong_retry_rate"]["counts"] == [2, 3]
+    assert f["time_to_recover_median"]["value"] == 125
+    assert f["snapshot_latency_p50"]["value"] == 750
+    assert metrics.rollup(now=now) == 0  # nothing left to store
+
+
+def test_loadgen_runs_give_the_same_figures_live_and_stored(caplog):
+    now = timezone.now()
+    load_fake_runs(400, days=6, batch_size=400, seed=11, now=now)
+    live = boards(now)
+    live_custom = metrics.compute(_last_week(now), now=now).as_json()
+    stored = metrics.rollup(now=now, full=True, batch_size=150)
+    assert stored > 300
+    days = MetricsDay.objects.filter(tz=settings.TIME_ZONE)
+    assert days.count() >= 5
+    # Each day row sums the ended runs that started that day.
+    for day in days:
+        started = [
+            r
+            for r in Run.objects.filter(status__in=Run.TERMINAL)
+            if timezone.localtime(r.created_at).date() == day.day
+        ]
+        assert day.runs == len(started), day.day
+        assert day.succeeded == sum(r.status == "succeeded" for r in started)
+    with caplog.at_level(logging.WARNING, logger="taskpilots.metrics"):
+        for key in WINDOWS:
+            same(board(now, key), live[key], key)
+        same(metrics.compute(_last_week(now), now=now).as_json(), live_custom, "custom")
+    assert not caplog.records  # the stored rows covered every run, no fallback
+    # Day rows rebuilt now that the open runs' rows are stored too give the same figures.
+    MetricsDay.objects.all().delete()
+    assert metrics.rollup(now=now, full=True) == 0
+    assert MetricsDay.objects.count() == days.count()
+    for key in WINDOWS:
+        same(board(now, key), live[key], key)
+
+
+def _last_week(now):
+    end = timezone.localtime(now).date()
+    return metrics.parse_window(
+        {"window": "custom", "start": str(end - timedelta(days=6)), "end": str(end)}, now=now
+    )
+
+
+def test_a_stored_row_is_not_used_once_its_run_moves_on(db):
+    now = timezone.now()
+    old = now - timedelta(hours=3)
+    run = RunFactory(status="needs_human", created_at=old, updated_at=old)
+    run.record("run.escalated", {"reason": "outage"})  # the head moves: event_seq 1
+    Run.objects.filter(pk=run.pk).update(updated_at=old)
+    assert metrics.rollup(now=now) == 1
+    assert board(now, "24h")["figures"]["takeovers_per_100_runs"]["counts"] == [0, 1]
+    # A person takes the run over: a takeover and its event. The stored row is now stale...
+    TakeoverFactory(run=run, user=UserFactory(), started_at=now)
+    run.record("run.taken_over", {})
+    assert board(now, "24h")["figures"]["takeovers_per_100_runs"]["counts"] == [1, 1]
+    # ...until the run has been still for a minute and the rollup replaces it.
+    assert metrics.rollup(now=now) == 0
+    assert metrics.rollup(now=now + timedelta(minutes=2)) == 1
+    row = RunMetrics.objects.get(run=run)
+    assert row.event_seq == Run.objects.get(pk=run.pk).event_seq and row.takeovers == 1
+    assert board(now, "24h")["figures"]["takeovers_per_100_runs"]["counts"] == [1, 1]
+
+
+def test_runs_the_rollup_passed_by_are_still_counted(db, caplog):
+    now = timezone.now()
+    RunFactory(status="succeeded", created_at=now - timedelta(hours=2), finished_at=now)
+    metrics.rollup(now=now + timedelta(minutes=5))
+    # A run loaded afterwards with an end long before the high-water mark.
+    late = RunFactory(
+        status="failed", created_at=now - timedelta(hours=3), finished_at=now - timedelta(hours=2)
+    )
+    with caplog.at_level(logging.WARNING, logger="taskpilots.metrics"):
+        counts = board(now, "24h")["figures"]["execution_success_rate"]["counts"]
+    assert counts == [1, 2]
+    assert "run rollup_metrics" in caplog.text
+    assert metrics.rollup(now=now + timedelta(minutes=5)) == 0  # behind the high-water mark
+    assert metrics.rollup(now=now + timedelta(minutes=5), full=True) == 1
+    assert RunMetrics.objects.filter(run=late).exists()
+
+
+def test_pruning_payloads_keeps_every_figure(world):  # noqa: F811
+    now = world
+    before = boards(now)
+    report = audit.prune_payloads(0, now=now)
+    assert report.events > 0
+    for key in WINDOWS:
+        same(board(now, key), before[key], key)
+    # The stored rows are what kept them: recomputed from the pruned timeline, the failure
+    # figures are lost.
+    RunMetrics.objects.all().delete()
+    MetricsDay.objects.all().delete()
+    assert board(now, "24h")["figures"]["tool_failure_rate"]["counts"][0] == 0
+
+
+def test_the_command_reports_what_it_stored(db):
+    RunFactory(status="succeeded", finished_at=timezone.now() - timedelta(minutes=5))
+    out = io.StringIO()
+    call_command("rollup_metrics", "--full", stdout=out, stderr=io.StringIO())
+    assert out.getvalue().startswith("stored 1 run rows in ")
+    assert settings.CELERY_BEAT_SCHEDULE["metrics-rollup"]["task"] == (
+        "approvals.tasks.rollup_metrics"
+    )
+
+
+def test_a_day_row_follows_a_run_that_ends_days_after_it_started(db):
+    now = timezone.now()
+    two_days_ago = now - timedelta(days=2)
+    done = RunFactory(
+        status="succeeded", created_at=two_days_ago, finished_at=two_days_ago, updated_at=now
+    )
+    waiting = RunFactory(status="needs_human", created_at=two_days_ago, updated_at=two_days_ago)
+    metrics.rollup(now=now)
+    day = MetricsDay.objects.get(day=timezone.localtime(two_days_ago).date())
+    assert (day.runs, day.finished) == (1, 1)
+    assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 1]
+    # The parked run is settled today: it fails.
+    waiting.transition(Run.Status.FAILED, verb="run.failed")
+    assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
+    later = now + timedelta(minutes=2)
+    metrics.rollup(now=later)
+    day.refresh_from_db()
+    assert (day.runs, day.finished, day.succeeded) == (2, 2, 1)
+    assert RunMetrics.objects.get(run=waiting).finished == 1
+    assert RunMetrics.objects.get(run=done).finished == 1
+    assert board(later, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
