@@ -368,12 +368,17 @@ _COHORT_COLUMNS = (
 _COHORT = f"SELECT {_COHORT_COLUMNS} FROM {T['run']} r WHERE r.id = ANY(%(ids)s::uuid[])"
 # A stored row counts while the run's timeline head is the one it was computed at.
 _CURRENT = "m.run_id = r.id AND m.event_seq = r.event_seq"
+# The same test as a scalar subquery: one primary-key lookup per run, where NOT EXISTS lets the
+# planner hash every stored row to check a few thousand open runs.
+_NO_CURRENT_ROW = (
+    f"(SELECT m.event_seq FROM {T['metrics']} m WHERE m.run_id = r.id) IS DISTINCT FROM r.event_seq"
+)
 # The window's runs without a current stored row: running, just changed, or not rolled up yet.
 # A run without a current row is computed live. An ended run whose row went stale after its
 # day was summed (an event appended after the end, which the engine never does) stays counted
 # by its day row until the rollup rebuilds it.
 _LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s
-  AND NOT EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE {_CURRENT})
+  AND {_NO_CURRENT_ROW}
   AND NOT (r.status = ANY(%(terminal)s)
            AND EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE m.run_id = r.id AND m.finished = 1)
            AND EXISTS (SELECT 1 FROM {T["day"]} d WHERE d.tz = %(tz)s
@@ -526,8 +531,9 @@ QUERIES: dict[str, str] = {}
 QUERIES["now"] = f"""
 SELECT
   (SELECT count(*) FROM {T["run"]} r WHERE r.status = 'running' AND r.updated_at < %(stale)s
-     AND NOT EXISTS (SELECT 1 FROM {T["step"]} s WHERE s.run_id = r.id
-                     AND s.status <> ALL(%(finished_steps)s))) AS running_without_step,
+     -- A scalar subquery runs per run, through the step index (not a scan of every step).
+     AND (SELECT count(*) FROM {T["step"]} s WHERE s.run_id = r.id
+          AND s.status <> ALL(%(finished_steps)s)) = 0) AS running_without_step,
   (SELECT count(*) FROM {T["step"]} s WHERE s.status = 'running'
      AND s.lease_expires_at < %(stale)s) AS expired_leases,
   (SELECT count(*) FROM {T["effect"]} e WHERE e.status = 'intended'
@@ -552,10 +558,12 @@ def _run(name: str, params: dict) -> list[dict]:
 
 @contextmanager
 def _no_jit():
-    """PostgreSQL JIT-compiles plans this size (cost > jit_above_cost) and spends ~1 s per query
-    doing it, to save milliseconds: switch it off for these reads only."""
+    """Settings for these aggregate queries only, in one transaction (so SET LOCAL ends with it):
+    PostgreSQL JIT-compiles plans this size (cost > jit_above_cost) and spends ~1 s per query
+    doing it, to save milliseconds; and the medians sort a month's durations (~200k values),
+    which spills to disk at the default 4 MB of work_mem."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL jit = off")
+        cursor.execute("SET LOCAL jit = off; SET LOCAL work_mem = '64MB'")
         yield
 
 
