@@ -367,9 +367,9 @@ _COHORT_COLUMNS = (
 # nested loops over whole aggregates.
 _COHORT = f"SELECT {_COHORT_COLUMNS} FROM {T['run']} r WHERE r.id = ANY(%(ids)s::uuid[])"
 # A stored row counts while the run's timeline head is the one it was computed at.
-_CURRENT = "m.run_id = r.id AND m.event_seq = r.event_seq"
-# The same test as a scalar subquery: one primary-key lookup per run, where NOT EXISTS lets the
-# planner hash every stored row to check a few thousand open runs.
+# A run has no current row: none stored, or one computed at another timeline head. A scalar
+# subquery is one primary-key lookup per run, where NOT EXISTS let the planner hash every stored
+# row to check a few thousand open runs.
 _NO_CURRENT_ROW = (
     f"(SELECT m.event_seq FROM {T['metrics']} m WHERE m.run_id = r.id) IS DISTINCT FROM r.event_seq"
 )
@@ -507,14 +507,14 @@ ON CONFLICT (tz, day) DO UPDATE SET
 ROLLUP_ENDED_SQL = f"""
 SELECT r.id, r.finished_at FROM {T["run"]} r
 WHERE r.finished_at >= %(since)s AND r.finished_at < %(cutoff)s AND r.status = ANY(%(terminal)s)
-  AND NOT EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE {_CURRENT})
+  AND {_NO_CURRENT_ROW}
 ORDER BY r.finished_at LIMIT %(limit)s"""
 # Open runs without a current row that have not changed for ROLLUP_AFTER (parked for a person,
 # waiting, or stalled). Their row stays current until the run moves again.
 ROLLUP_OPEN_SQL = f"""
 SELECT r.id, r.finished_at FROM {T["run"]} r
 WHERE r.status = ANY(%(open)s) AND r.updated_at < %(cutoff)s
-  AND NOT EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE {_CURRENT})
+  AND {_NO_CURRENT_ROW}
 LIMIT %(limit)s"""
 _UPDATES = ", ".join(f"{name} = EXCLUDED.{name}" for name, _expr in FACTS[1:])
 ROLLUP_SQL = f"""

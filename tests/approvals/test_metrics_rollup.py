@@ -171,6 +171,17 @@ def test_the_command_reports_what_it_stored(db):
     )
 
 
+def test_the_beat_task_runs_the_rollup(db):
+    from approvals.tasks import rollup_metrics
+    from taskpilots.celery import app
+
+    app.loader.import_default_modules()
+    assert "approvals.tasks.rollup_metrics" in app.tasks
+    RunFactory(status="failed", finished_at=timezone.now() - timedelta(minutes=5))
+    assert rollup_metrics.run() == 1
+    assert rollup_metrics.run() == 0
+
+
 def test_a_day_row_follows_a_run_that_ends_days_after_it_started(db):
     now = timezone.now()
     two_days_ago = now - timedelta(days=2)
