@@ -169,6 +169,7 @@ class EscalationRule(models.Model):
     backoff_cap_seconds = models.FloatField(default=60.0)
     wait_window_seconds = models.PositiveIntegerField(default=900)
     probe_interval_seconds = models.PositiveIntegerField(default=30)
+    # How long a person has for an approval, or an escalation, this rule creates (0 = no SLA).
     approval_sla_seconds = models.PositiveIntegerField(default=4 * 3600)
     # When a person misses the SLA of a run routed here (failure class `timeout` rules): the
     # queue it moves to ("" = stays) and the SLA it gets there (0 = none).

@@ -117,10 +117,14 @@ class RuleForm(forms.ModelForm):
             "backoff_cap_seconds": gettext_lazy("Backoff cap (s)"),
             "wait_window_seconds": gettext_lazy("Wait window (s)"),
             "probe_interval_seconds": gettext_lazy("Probe interval (s)"),
-            "approval_sla_seconds": gettext_lazy("Approval SLA (s)"),
+            "approval_sla_seconds": gettext_lazy("SLA for a person (s)"),
             "escalate_after_seconds": gettext_lazy("SLA in the next queue (s, 0 = none)"),
         }
         help_texts = {
+            "approval_sla_seconds": gettext_lazy(
+                "How long a person has for an approval or an escalation this rule creates "
+                "(0 = no SLA). Past it, the run escalates by the matching “Wait timed out” rule."
+            ),
             "workflow": gettext_lazy("Empty matches any workflow."),
             "failure_class": gettext_lazy("“Wait timed out” also covers approvals past their SLA."),
         }

@@ -1167,6 +1167,7 @@ def _apply_outcome(claim: Claim, outcome: Outcome) -> bool:
             outcome.error,
             queue=rule.queue if rule else "support",
             failure_class=FailureClass.UNKNOWN_OUTCOME,
+            due_at=_person_due(rule),
         )
         return False
     return _route_failure(claim, outcome)
@@ -1382,8 +1383,18 @@ def _route_failure(claim: Claim, outcome: Outcome) -> bool:
         data={"routing": routing, "error": reason[:500]},
     )
     _bump_failures(run, escalate=True)
-    run.ask_human(reason[:2000], queue=queue, failure_class=outcome.failure_class)
+    run.ask_human(
+        reason[:2000], queue=queue, failure_class=outcome.failure_class, due_at=_person_due(rule)
+    )
     return False
+
+
+def _person_due(rule) -> datetime | None:
+    """When a person must have handled what `rule` hands them (its SLA; none when 0): past it,
+    the sweeper escalates the run (approvals.sla)."""
+    if rule is None or not rule.approval_sla_seconds:
+        return None
+    return timezone.now() + timedelta(seconds=rule.approval_sla_seconds)
 
 
 # --------------------------------------------------------------------------------------------

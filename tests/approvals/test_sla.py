@@ -110,3 +110,51 @@ def test_a_compensate_rule_undoes_the_run(sandbox):
     assert engine.sweep(now=later(hours=5)).sla_breaches == 1
     # Nothing was committed before the approval: compensation has nothing to undo.
     assert fresh(run).status == "cancelled"
+
+
+# --------------------------------------------------------------------------------------------
+# Human-queue items: escalations and unknown outcomes get the routing rule's SLA too.
+
+
+def test_an_escalated_failure_gets_the_rules_sla_and_escalates_past_it(
+    sandbox, timeout_rule, client, support_user
+):
+    from tests.approvals.console_helpers import invalid_data_run
+
+    rule = EscalationRule.objects.create(position=1, name="Bad ticket data: support, 30 min",
+                                         workflow="test.reply", failure_class="invalid_input",
+                                         action="escalate", queue="support",
+                                         approval_sla_seconds=1800)  # fmt: skip
+    before = timezone.now()
+    run = invalid_data_run()
+    assert (run.status, run.queue, run.escalation_level) == ("needs_human", "support", 1)
+    assert before + timedelta(minutes=30) <= run.attention_due_at <= later(minutes=30)
+    assert engine.sweep(now=later(minutes=20)).sla_breaches == 0
+    now = later(minutes=31)
+    assert engine.sweep(now=now).sla_breaches == 1
+    run = fresh(run)
+    assert run.status == "needs_human"  # a person still has to fix the data
+    assert (run.queue, run.escalation_level) == ("supervisors", 2)
+    assert run.attention_due_at == now + timedelta(hours=1)
+    event = TimelineEvent.objects.get(run=run, verb="run.sla_breached")
+    assert event.data["waiting_for"] == "person"
+    # Editing the rule takes effect for the next escalation, without a restart.
+    rule.approval_sla_seconds = 0
+    rule.save()
+    assert invalid_data_run().attention_due_at is None
+
+
+def test_an_unknown_outcome_gets_an_sla_and_is_only_ever_escalated(sandbox, timeout_rule):
+    from tests.approvals.console_helpers import unknown_outcome_run
+
+    EscalationRule.objects.create(position=1, name="Unknown CRM outcomes fail past the SLA",
+                                  failure_class="timeout", action="fail", queue="ops",
+                                  workflow="test.lead")  # fmt: skip
+    run = unknown_outcome_run(sandbox)
+    assert run.status == "needs_human" and run.attention_due_at is not None
+    level = run.escalation_level
+    assert engine.sweep(now=later(hours=5)).sla_breaches == 1
+    run = fresh(run)
+    # Failing it would guess whether the CRM record exists: it is escalated instead.
+    assert run.status == "needs_human" and run.escalation_level == level + 1
+    assert Step.objects.get(run=run, status="unknown_outcome")
