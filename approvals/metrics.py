@@ -417,7 +417,7 @@ _NOT_LIVE = "NOT EXISTS (SELECT 1 FROM live l WHERE l.run_id = m.run_id)"
 # rows of everything else: the edges of the window, today, open runs, any whole day without a
 # day row yet, and the runs computed live. Each part reads its rows through an index, and each
 # aggregate reads only the columns it needs: wide rows are never copied into an intermediate.
-WINDOW_SQL = f"""
+_ROWS_CTES = f"""
 WITH live AS MATERIALIZED ({facts_sql(_COHORT)}),
 days AS MATERIALIZED (
   SELECT * FROM {T["day"]} d
@@ -444,7 +444,10 @@ src AS NOT MATERIALIZED (
   WHERE m.finished = 1 AND {_NOT_LIVE}
   UNION ALL
   SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM live m
-),
+)
+"""
+WINDOW_SQL = f"""
+{_ROWS_CTES},
 counts AS (
   SELECT bucket, {", ".join(f"{expr} AS {name}" for name, expr in _COUNTS.items())}
   FROM src GROUP BY GROUPING SETS ((bucket), ())
@@ -467,6 +470,19 @@ SELECT 'counts' AS part, bucket, to_jsonb(counts) - 'bucket' AS data FROM counts
 UNION ALL SELECT 'values', bucket, to_jsonb(vals) - 'bucket' FROM vals
 UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools) FROM tools
 UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)) FROM {T["run"]} r
+  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
+"""
+# All-time tool failures by tool and class (the Prometheus counter), from the same rows, with
+# the window's run count and the count the rows cover (see compute()).
+TOOL_FAILURES_SQL = f"""
+{_ROWS_CTES}
+SELECT t.tool, t.failure_class, sum(t.n)
+FROM src CROSS JOIN LATERAL unnest(src.tool_names, src.tool_classes, src.tool_counts)
+  AS t(tool, failure_class, n)
+WHERE t.failure_class <> ''
+GROUP BY 1, 2
+UNION ALL SELECT '', 'runs', COALESCE(sum(runs), 0) FROM src
+UNION ALL SELECT '', 'expected', count(*) FROM {T["run"]} r
   WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
 """
 
@@ -1190,14 +1206,6 @@ PROMETHEUS_QUERIES = {
     "effects": f"""
         SELECT tool, status, count(*), count(*) FILTER (WHERE committed_at IS NOT NULL)
         FROM {T["effect"]} GROUP BY tool, status""",
-    "failures": f"""
-        SELECT s.tool, {_FAILURE_CLASS} AS failure_class, count(*)
-        FROM {T["event"]} e
-        JOIN {T["step"]} s ON s.run_id = e.run_id AND s.name = e.data ->> 'step'
-             AND s.iteration = COALESCE((e.data ->> 'iteration')::int, 0)
-        WHERE e.verb = ANY(%(failure_verbs)s) AND s.tool <> ''
-          AND COALESCE({_FAILURE_CLASS}, 'timeout') <> 'timeout'
-        GROUP BY 1, 2""",
 }
 
 
@@ -1206,23 +1214,52 @@ def _label(value: Any) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _all_time_failures(cursor, now: datetime) -> list[tuple[str, str, int]]:
+    """Tool failures of every run ever, from the day rows, the run rows and the live runs, in
+    three queries (whatever the history) plus one more when the rollup missed runs."""
+    cursor.execute(
+        f"SELECT (SELECT min(created_at) FROM {T['run']}), "
+        f"(SELECT max(finished_at) FROM {T['metrics']})"
+    )
+    first, high = cursor.fetchone()
+    if first is None:
+        return []
+    # Up to now (and at least three days long, so that it is bucketed by day).
+    window = Window("all", first, max(now + timedelta(microseconds=1), first + timedelta(days=3)))
+    params = _params(window, now)
+    params["recent"] = high - HIGH_WATER_MARGIN if high else datetime(1970, 1, 1, tzinfo=UTC)
+    for live_ids in (LIVE_IDS_SQL, LIVE_IDS_ALL_SQL):
+        cursor.execute(live_ids, params)
+        params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
+        cursor.execute(TOOL_FAILURES_SQL, params)
+        rows = cursor.fetchall()
+        totals = {cls: n for tool, cls, n in rows if tool == ""}
+        if totals.get("runs") == totals.get("expected"):
+            break
+        logger.warning("metrics: the rollup missed runs; run rollup_metrics --full")
+    return [(tool, cls, int(n)) for tool, cls, n in rows if tool != ""]
+
+
 def _sample(name: str, labels: dict[str, Any], value: float | int) -> str:
     inner = ",".join(f'{key}="{_label(val)}"' for key, val in labels.items())
     return f"{name}{{{inner}}} {value}" if inner else f"{name} {value}"
 
 
 def prometheus_text(now: datetime | None = None) -> str:
-    """Counters of everything that ever happened and gauges of the current state (4 queries).
+    """Counters of everything that ever happened and gauges of the current state (6 queries,
+    whatever the history: the failure counter is added up from the stored rows).
 
     Counters only grow: runs are counted once they have ended (a terminal status never
     changes); side effects once committed (compensated ones included) and once compensated.
     Live states are gauges.
     """
+    now = now or timezone.now()
     results = {}
     with _no_jit(), connection.cursor() as cursor:
         for name, sql in PROMETHEUS_QUERIES.items():
-            cursor.execute(sql, {"failure_verbs": list(FAILURE_VERBS)})
+            cursor.execute(sql)
             results[name] = cursor.fetchall()
+        results["failures"] = _all_time_failures(cursor, now)
         state = current_state(now)
     lines: list[str] = []
 

@@ -147,13 +147,21 @@ def test_runs_the_rollup_passed_by_are_still_counted(db, caplog):
     assert RunMetrics.objects.filter(run=late).exists()
 
 
+def failure_counters(now) -> list[str]:
+    text = metrics.prometheus_text(now)
+    return [line for line in text.splitlines() if line.startswith("taskpilots_step_failures")]
+
+
 def test_pruning_payloads_keeps_every_figure(world):  # noqa: F811
     now = world
     before = boards(now)
+    counters = failure_counters(now)
+    assert len(counters) == 3  # mail.send transient, crm.create unknown, refund outage
     report = audit.prune_payloads(0, now=now)
     assert report.events > 0
     for key in WINDOWS:
         same(board(now, key), before[key], key)
+    assert failure_counters(now) == counters  # Prometheus counters never go down
     # The stored rows are what kept them: recomputed from the pruned timeline, the failure
     # figures are lost.
     RunMetrics.objects.all().delete()
