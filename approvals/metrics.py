@@ -2,9 +2,13 @@
 
 Every windowed figure describes the *cohort* of runs started in the window (`Run.created_at` in
 [start, end)), whatever happened to them later; its trend buckets those runs by the hour or day
-they started. The cohort is read through `run_created_idx`, and every other table is joined to
-it by run id, so the dashboard costs a fixed number of aggregate queries (see QUERIES) whatever
-the amount of data. State-inconsistency alerts and the "needs a person" gauge describe *now*.
+they started. State-inconsistency alerts and the "needs a person" gauge describe *now*.
+
+How it stays fast: FACTS is everything the dashboard counts about one run, as one row. The
+rollup stores that row (RunMetrics) once a run has been still for a minute, and sums the rows of
+each past day's ended runs (MetricsDay). A window adds up day rows and run rows, and computes
+live, by the same SQL, only the runs without a current row. A fixed number of queries, whatever
+the amount of data; docs/metrics.md has the figures.
 
 A **tool failure** is one failed tool attempt as the engine routed it: a timeline event
 `step.retry_scheduled`, `step.waiting_for_tool`, `step.failed`, `step.escalated` (with the
@@ -366,15 +370,15 @@ _COHORT_COLUMNS = (
 # size and plans the joins for it, where a subquery's estimate (often one row) led it into
 # nested loops over whole aggregates.
 _COHORT = f"SELECT {_COHORT_COLUMNS} FROM {T['run']} r WHERE r.id = ANY(%(ids)s::uuid[])"
-# A stored row counts while the run's timeline head is the one it was computed at.
-# A run has no current row: none stored, or one computed at another timeline head. A scalar
+# A stored row counts while the run's timeline head is the one it was computed at. A run has no
+# current row when none is stored, or the stored one was computed at another head. A scalar
 # subquery is one primary-key lookup per run, where NOT EXISTS let the planner hash every stored
 # row to check a few thousand open runs.
 _NO_CURRENT_ROW = (
     f"(SELECT m.event_seq FROM {T['metrics']} m WHERE m.run_id = r.id) IS DISTINCT FROM r.event_seq"
 )
-# The window's runs without a current stored row: running, just changed, or not rolled up yet.
-# A run without a current row is computed live. An ended run whose row went stale after its
+# The window's runs without a current stored row (running, just changed, or not rolled up yet)
+# are computed live. An ended run whose row went stale after its
 # day was summed (an event appended after the end, which the engine never does) stays counted
 # by its day row until the rollup rebuilds it.
 _LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s
