@@ -61,6 +61,12 @@ def in_flight(run_id, tool):
     return lambda: SideEffect.objects.filter(run_id=run_id, tool=tool, status="intended").exists()
 
 
+def call_received(sandbox, system):
+    """The simulated system has taken the injected fault: the call reached it. (The intent row
+    is committed just before the call is sent; a kill in between would crash before the call.)"""
+    return lambda: not [f for f in sandbox.faults() if f["system"] == system]
+
+
 def test_a_run_goes_through_a_real_worker(workers, sandbox):
     workers.start()
     run, _ = engine.start_run("test.reply", REPLY_INPUT)
@@ -81,6 +87,7 @@ def test_it_does_not_send_twice_after_worker_crash(workers, sandbox, fault, expe
     sandbox.inject("mail", fault, action="send", latency_ms=1500, seconds=1.5)
     run, _ = engine.start_run("test.reply", REPLY_INPUT)
     wait_for(in_flight(run.pk, "mail.send"), what="mail call in flight")
+    wait_for(call_received(sandbox, "mail"), what="mail call received")
     first.kill()
     if fault == "latency":
         wait_for(lambda: sandbox.ledger(system="mail", run=str(run.pk)), what="late commit")
@@ -100,6 +107,7 @@ def test_a_crash_on_a_system_that_cannot_be_asked_goes_to_a_person(workers, sand
     sandbox.inject("crm", "latency", action="create", latency_ms=1500)
     run, _ = engine.start_run("test.lead", {"email": "lee@example.com", "name": "Lee"})
     wait_for(in_flight(run.pk, "crm.create"), what="crm call in flight")
+    wait_for(call_received(sandbox, "crm"), what="crm call received")
     first.kill()
     wait_for(lambda: sandbox.ledger(system="crm", run=str(run.pk)), what="late commit")
     expire_leases(run)
