@@ -1063,10 +1063,9 @@ def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
         high = cursor.fetchone()[0]
         params["recent"] = high - HIGH_WATER_MARGIN if high else datetime(1970, 1, 1, tzinfo=UTC)
         rows, tools = _window_rows(cursor, LIVE_IDS_SQL, params)
-        if rows.get(None, {}).get("runs", 0) != rows.pop("expected", 0):
-            logger.warning(
-                "metrics: stored rows miss runs of the window; run rollup_metrics --full"
-            )
+        # An empty window sums to NULL runs.
+        if (rows.get(None, {}).get("runs") or 0) != rows.pop("expected", 0):
+            logger.warning("metrics: the rollup missed runs of the window; run rollup_metrics")
             rows, tools = _window_rows(cursor, LIVE_IDS_ALL_SQL, params)
             rows.pop("expected", None)
         state = current_state(now)
@@ -1098,7 +1097,7 @@ def _window_rows(cursor, live_ids_sql: str, params: dict) -> tuple[dict[Any, dic
 
 
 # --------------------------------------------------------------------------------------------
-# The rollup: ended runs' rows, stored once.
+# The rollup: the rows of runs that have been still for a while, and the day sums.
 
 # A run's row is stored once the run has been still this long (so a run in motion is not
 # recomputed at every step); until then the dashboard computes it live.

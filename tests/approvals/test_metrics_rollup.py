@@ -211,3 +211,12 @@ def test_a_day_row_follows_a_run_that_ends_days_after_it_started(db):
     assert RunMetrics.objects.get(run=waiting).finished == 1
     assert RunMetrics.objects.get(run=done).finished == 1
     assert board(later, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
+
+
+def test_an_empty_window_is_not_taken_for_a_missed_rollup(db, caplog):
+    RunFactory(status="succeeded", finished_at=timezone.now() - timedelta(days=60))
+    window = metrics.parse_window({"window": "custom", "start": "2020-01-01", "end": "2020-01-31"})
+    with caplog.at_level(logging.WARNING, logger="taskpilots.metrics"):
+        board = metrics.compute(window).as_json()
+    assert board["figures"]["execution_success_rate"]["counts"] == [0, 0]
+    assert not caplog.records
