@@ -1016,10 +1016,21 @@ class Dashboard:
     figures: list[Figure]
     inconsistencies: dict[str, int]
     needing_human: int
+    # The window's runs, how many of them were computed live, and whether the rollup missed
+    # some (runs with no stored row behind its high-water mark).
+    runs: int = 0
+    live_runs: int = 0
+    missed_runs: bool = False
 
     @property
     def inconsistency_total(self) -> int:
         return sum(self.inconsistencies.values())
+
+    @property
+    def rollup_behind(self) -> bool:
+        """The rollup is not keeping up (beat stopped?): the page is computing many runs live.
+        A few hundred runs moving at any moment is normal."""
+        return self.missed_runs or self.live_runs > max(ROLLUP_BEHIND_RUNS, self.runs // 10)
 
     def as_json(self) -> dict:
         return {
@@ -1040,6 +1051,7 @@ class Dashboard:
                 },
             },
             "runs_needing_human": self.needing_human,
+            "rollup": {"live_runs": self.live_runs, "behind": self.rollup_behind},
         }
 
 
@@ -1064,14 +1076,19 @@ def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
         params["recent"] = high - HIGH_WATER_MARGIN if high else datetime(1970, 1, 1, tzinfo=UTC)
         rows, tools = _window_rows(cursor, LIVE_IDS_SQL, params)
         # An empty window sums to NULL runs.
-        if (rows.get(None, {}).get("runs") or 0) != rows.pop("expected", 0):
+        missed = (rows.get(None, {}).get("runs") or 0) != rows.pop("expected", 0)
+        if missed:
             logger.warning("metrics: the rollup missed runs of the window; run rollup_metrics")
             rows, tools = _window_rows(cursor, LIVE_IDS_ALL_SQL, params)
             rows.pop("expected", None)
         state = current_state(now)
     data = Data(window, window.buckets(), rows, tools)
     needing_human = state.pop("needing_human")
-    return Dashboard(window, data.buckets, [fn(data) for fn in FIGURES], state, needing_human)
+    figures = [fn(data) for fn in FIGURES]
+    runs = int(data.total().get("runs") or 0)
+    return Dashboard(
+        window, data.buckets, figures, state, needing_human, runs, len(params["ids"]), missed
+    )
 
 
 def _window_rows(cursor, live_ids_sql: str, params: dict) -> tuple[dict[Any, dict], list[dict]]:
@@ -1106,6 +1123,9 @@ ROLLUP_AFTER = timedelta(minutes=1)
 # committed well after they set finished_at.
 HIGH_WATER_MARGIN = timedelta(minutes=10)
 ROLLUP_BATCH = 2000
+# Above this many runs computed live (or a tenth of the window), the page says the rollup is
+# behind.
+ROLLUP_BEHIND_RUNS = 1000
 
 
 def rollup(

@@ -30,7 +30,10 @@ WINDOWS = ["24h", "7d", "30d"]
 
 
 def board(now, key: str) -> dict:
-    return metrics.compute(metrics.parse_window({"window": key}, now=now), now=now).as_json()
+    """The dashboard's JSON, less how much of it was computed live (which is what differs)."""
+    data = metrics.compute(metrics.parse_window({"window": key}, now=now), now=now).as_json()
+    data.pop("rollup")
+    return data
 
 
 def boards(now) -> dict:
@@ -93,7 +96,10 @@ def test_loadgen_runs_give_the_same_figures_live_and_stored(caplog):
     with caplog.at_level(logging.WARNING, logger="taskpilots.metrics"):
         for key in WINDOWS:
             same(board(now, key), live[key], key)
-        same(metrics.compute(_last_week(now), now=now).as_json(), live_custom, "custom")
+        custom = metrics.compute(_last_week(now), now=now).as_json()
+        assert custom.pop("rollup")["behind"] is False
+        live_custom.pop("rollup")
+        same(custom, live_custom, "custom")
     assert not caplog.records  # the stored rows covered every run, no fallback
     # Day rows rebuilt now that the open runs' rows are stored too give the same figures.
     MetricsDay.objects.all().delete()
@@ -220,3 +226,19 @@ def test_an_empty_window_is_not_taken_for_a_missed_rollup(db, caplog):
         board = metrics.compute(window).as_json()
     assert board["figures"]["execution_success_rate"]["counts"] == [0, 0]
     assert not caplog.records
+
+
+def test_the_page_says_when_the_rollup_is_behind(client, auditor_user, monkeypatch):
+    monkeypatch.setattr(metrics, "ROLLUP_BEHIND_RUNS", 50)
+    now = timezone.now()
+    load_fake_runs(120, days=2, batch_size=120, seed=2, now=now)
+    client.force_login(auditor_user)
+    behind = client.get("/console/metrics/?window=7d")
+    assert "the metrics rollup is behind" in behind.content.decode()
+    assert "rollup_metrics --full" in behind.content.decode()
+    data = client.get("/console/metrics.json?window=7d").json()["rollup"]
+    assert data["behind"] and data["live_runs"] == 120
+    metrics.rollup(now=now + timedelta(minutes=2), full=True)
+    assert "the metrics rollup is behind" not in client.get("/console/metrics/").content.decode()
+    data = client.get("/console/metrics.json?window=7d").json()["rollup"]
+    assert not data["behind"] and data["live_runs"] < 5  # the few still moving
