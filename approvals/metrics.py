@@ -824,46 +824,48 @@ def takeovers_per_100_runs(data: Data) -> Figure:
     )  # fmt: skip
 
 
-def _duration_figure(data, key, label, definition, column, counts_col=None) -> Figure:
+def _duration_figure(
+    data, key, label, definition, name, counts_col=None, *, extra: tuple[str, ...] = ()
+) -> Figure:
+    """The median of the `name` durations (in ms for latency, else seconds), with the `extra`
+    statistics ("mean", "p95") beside it."""
     total = data.total()
     counts = None
     if counts_col:
         counts = (int(total.get(counts_col) or 0), int(total.get(counts_col) or 0))
+    column = f"{name}_p50"
     return Figure(
         key,
         label,
         definition,
-        "ms" if column.startswith("latency") else "seconds",
+        "ms" if name == "latency" else "seconds",
         _num(total.get(column)),
         counts,
         data.series(lambda r: r.get(column)),
+        extra={stat: _round(_num(total.get(f"{name}_{stat}"))) for stat in extra},
         higher_is_better=False,
     )
 
 
 @figure
 def time_to_recover(data: Data) -> Figure:
-    fig = _duration_figure(
+    return _duration_figure(
         data, "time_to_recover_median", _("Time to recover (median)"),
         _("For each step with a tool failure that later finished done: from its first failed "
           "attempt to the step finishing (by the engine or a person). Median; the mean is shown "
           "beside it."),
-        "recover_p50", "recovered",
+        "recover", "recovered", extra=("mean",),
     )  # fmt: skip
-    fig.extra["mean"] = _round(_num(data.total().get("recover_mean")))
-    return fig
 
 
 @figure
 def time_to_close(data: Data) -> Figure:
-    fig = _duration_figure(
+    return _duration_figure(
         data, "time_to_close_median", _("Time to close after a failure (median)"),
         _("For each ended run that hit a tool failure: from its first failed tool attempt to "
           "the run ending, whatever the ending. Median; the mean is shown beside it."),
-        "close_p50", "closed_after_failure",
+        "close", "closed_after_failure", extra=("mean",),
     )  # fmt: skip
-    fig.extra["mean"] = _round(_num(data.total().get("close_mean")))
-    return fig
 
 
 @figure
@@ -872,7 +874,7 @@ def pause_to_resume(data: Data) -> Figure:
         data, "pause_to_resume_median", _("Pause-to-resume time (median)"),
         _("For every wait that was resolved (timer fired, event delivered, approval decided, "
           "tool back): from the wait being created to it being resolved. Median."),
-        "resume_p50",
+        "resume",
     )  # fmt: skip
 
 
@@ -940,15 +942,13 @@ def missing_field_rate(data: Data) -> Figure:
 
 @figure
 def snapshot_latency(data: Data) -> Figure:
-    fig = _duration_figure(
+    return _duration_figure(
         data, "snapshot_latency_p50", _("Snapshot-to-side-effect latency (p50)"),
         _("For committed side effects with a snapshot before them: snapshot created_at → side "
           "effect committed_at, in milliseconds. p50; p95 beside it. Includes the tool call "
           "and, for reconciled or human-confirmed effects, the time to confirm."),
-        "latency_p50",
+        "latency", extra=("p95",),
     )  # fmt: skip
-    fig.extra["p95"] = _round(_num(data.total().get("latency_p95")))
-    return fig
 
 
 @figure
@@ -965,14 +965,12 @@ def waits_timed_out(data: Data) -> Figure:
 
 @figure
 def approval_handling_time(data: Data) -> Figure:
-    fig = _duration_figure(
+    return _duration_figure(
         data, "approval_handling_median", _("Approval handling time (median)"),
         _("For decided approval requests: from the request to the decision. Median; the mean "
           "is shown beside it."),
-        "handling_p50", "decided",
+        "handling", "decided", extra=("mean",),
     )  # fmt: skip
-    fig.extra["mean"] = _round(_num(data.total().get("handling_mean")))
-    return fig
 
 
 @figure
