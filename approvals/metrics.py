@@ -1069,16 +1069,8 @@ def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
     now = now or timezone.now()
     params = _params(window, now)
     with _no_jit(), connection.cursor() as cursor:
-        cursor.execute(f"SELECT max(finished_at) FROM {T['metrics']}")
-        high = cursor.fetchone()[0]
-        params["recent"] = high - HIGH_WATER_MARGIN if high else datetime(1970, 1, 1, tzinfo=UTC)
-        rows, tools = _window_rows(cursor, LIVE_IDS_SQL, params)
-        # An empty window sums to NULL runs.
-        missed = (rows.get(None, {}).get("runs") or 0) != rows.pop("expected", 0)
-        if missed:
-            logger.warning("metrics: the rollup missed runs of the window; run rollup_metrics")
-            rows, tools = _window_rows(cursor, LIVE_IDS_ALL_SQL, params)
-            rows.pop("expected", None)
+        result, missed = _over_rows(cursor, WINDOW_SQL, params, _window_covered)
+        rows, tools = _window_rows(result)
         state = current_state(now)
     data = Data(window, window.buckets(), rows, tools)
     needing_human = state.pop("needing_human")
@@ -1089,21 +1081,57 @@ def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
     )
 
 
-def _window_rows(cursor, live_ids_sql: str, params: dict) -> tuple[dict[Any, dict], list[dict]]:
-    cursor.execute(live_ids_sql, params)
+def _high_water(cursor) -> datetime:
+    """The stored rows' latest end less HIGH_WATER_MARGIN: every run that ended before it has
+    its row (see rollup())."""
+    cursor.execute(f"SELECT max(finished_at) FROM {T['metrics']}")
+    high = cursor.fetchone()[0]
+    return high - HIGH_WATER_MARGIN if high else EPOCH
+
+
+def _over_rows(
+    cursor, sql: str, params: dict, covered: Callable[[list], bool]
+) -> tuple[list, bool]:
+    """Run `sql` (built on _ROWS_CTES) with the runs that lack a current row computed live.
+
+    Those runs are looked for where the rollup leaves them (LIVE_IDS_SQL). If the result does
+    not cover every run of the window (`covered`), the rollup missed some: the query runs again
+    with every run that lacks a current row. Returns the result and whether runs were missed.
+    """
+    params["recent"] = _high_water(cursor)
+    cursor.execute(LIVE_IDS_SQL, params)
     params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
-    cursor.execute(WINDOW_SQL, params)
+    cursor.execute(sql, params)
+    result = cursor.fetchall()
+    if covered(result):
+        return result, False
+    logger.warning("metrics: the rollup missed runs; run rollup_metrics --full")
+    cursor.execute(LIVE_IDS_ALL_SQL, params)
+    params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
+    cursor.execute(sql, params)
+    return cursor.fetchall(), True
+
+
+def _window_covered(result: list) -> bool:
+    runs = expected = 0
+    for part, bucket, text in result:
+        if part == "expected":
+            expected = json.loads(text)
+        elif part == "counts" and bucket is None:
+            runs = json.loads(text).get("runs") or 0  # an empty window sums to NULL
+    return runs == expected
+
+
+def _window_rows(result: list) -> tuple[dict[Any, dict], list[dict]]:
     rows: dict[Any, dict] = {}
     tools: list[dict] = []
-    for part, bucket, text in cursor.fetchall():
+    for part, bucket, text in result:
         data = json.loads(text)  # Django reads jsonb as text
         if part == "tools":
             tools.append(data)
-        elif part == "expected":
-            rows["expected"] = data
         elif part == "counts":
             rows.setdefault(bucket, {}).update(data)
-        else:
+        elif part == "values":
             row = rows.setdefault(bucket, {})
             for name, _array in _VALUES:
                 row[f"{name}_mean"] = data[f"{name}_mean"]
@@ -1120,6 +1148,7 @@ ROLLUP_AFTER = timedelta(minutes=1)
 # Ends are read from the stored rows' latest end less this margin, for transactions that
 # committed well after they set finished_at.
 HIGH_WATER_MARGIN = timedelta(minutes=10)
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ROLLUP_BATCH = 2000
 # Above this many runs computed live (or a tenth of the window), the page says the rollup is
 # behind.
@@ -1159,13 +1188,10 @@ def rollup(
     }
     today = timezone.localtime(now, tz).date()
     params["days_end_today"] = timezone.make_aware(datetime.combine(today, time(0)), tz)
-    since = datetime(1970, 1, 1, tzinfo=UTC)
+    since = EPOCH
     if not full:
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT max(finished_at) FROM {T['metrics']}")
-            high = cursor.fetchone()[0]
-        if high:
-            since = high - HIGH_WATER_MARGIN
+            since = _high_water(cursor)
     stored = 0
     for finder in (ROLLUP_ENDED_SQL, ROLLUP_OPEN_SQL):
         while True:
@@ -1237,28 +1263,20 @@ def _label(value: Any) -> str:
 
 def _all_time_failures(cursor, now: datetime) -> list[tuple[str, str, int]]:
     """Tool failures of every run ever, from the day rows, the run rows and the live runs, in
-    three queries (whatever the history) plus one more when the rollup missed runs."""
-    cursor.execute(
-        f"SELECT (SELECT min(created_at) FROM {T['run']}), "
-        f"(SELECT max(finished_at) FROM {T['metrics']})"
-    )
-    first, high = cursor.fetchone()
+    four queries (whatever the history) plus two more when the rollup missed runs."""
+    cursor.execute(f"SELECT min(created_at) FROM {T['run']}")
+    first = cursor.fetchone()[0]
     if first is None:
         return []
     # Up to now (and at least three days long, so that it is bucketed by day).
     window = Window("all", first, max(now + timedelta(microseconds=1), first + timedelta(days=3)))
-    params = _params(window, now)
-    params["recent"] = high - HIGH_WATER_MARGIN if high else datetime(1970, 1, 1, tzinfo=UTC)
-    for live_ids in (LIVE_IDS_SQL, LIVE_IDS_ALL_SQL):
-        cursor.execute(live_ids, params)
-        params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
-        cursor.execute(TOOL_FAILURES_SQL, params)
-        rows = cursor.fetchall()
-        totals = {cls: n for tool, cls, n in rows if tool == ""}
-        if totals.get("runs") == totals.get("expected"):
-            break
-        logger.warning("metrics: the rollup missed runs; run rollup_metrics --full")
-    return [(tool, cls, int(n)) for tool, cls, n in rows if tool != ""]
+    result, _missed = _over_rows(cursor, TOOL_FAILURES_SQL, _params(window, now), _tools_covered)
+    return [(tool, cls, int(n)) for tool, cls, n in result if tool != ""]
+
+
+def _tools_covered(result: list) -> bool:
+    totals = {cls: n for tool, cls, n in result if tool == ""}
+    return totals.get("runs") == totals.get("expected")
 
 
 def _sample(name: str, labels: dict[str, Any], value: float | int) -> str:
@@ -1267,7 +1285,7 @@ def _sample(name: str, labels: dict[str, Any], value: float | int) -> str:
 
 
 def prometheus_text(now: datetime | None = None) -> str:
-    """Counters of everything that ever happened and gauges of the current state (6 queries,
+    """Counters of everything that ever happened and gauges of the current state (7 queries,
     whatever the history: the failure counter is added up from the stored rows).
 
     Counters only grow: runs are counted once they have ended (a terminal status never
