@@ -10,7 +10,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; \
 	done)
 
-.PHONY: run test lint format venv install clean-var
+.PHONY: run test test-embedded lint format venv install clean-var
 .DEFAULT_GOAL := run
 
 $(PY):
@@ -39,6 +39,10 @@ format: $(STAMP)
 	@$(VENV)/bin/ruff check --fix .
 	@$(VENV)/bin/ruff format .
 
+# MARKS narrows the tests to a marker expression (e.g. MARKS="worker or bench").
+MARKS ?=
+SELECT := $(if $(MARKS),($(MARKS)) and ,)
+
 test: $(STAMP)
 	@# The browser tests drive Debian's Chromium (never `playwright install`).
 	@command -v chromium >/dev/null 2>&1 || { \
@@ -48,9 +52,19 @@ test: $(STAMP)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@TASKPILOTS_TESTING=1 $(PY) manage.py makemigrations --check --dry-run
-	@TASKPILOTS_TESTING=1 $(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
+	@# The test settings (tests/settings.py) come from pyproject.toml: plain `pytest` gets them too.
+	@$(PY) -m pytest -m "$(SELECT)not chaos" $(PYTEST_ARGS)
 	@# The chaos soak restarts PostgreSQL and the broker: it runs alone, after everything else.
-	@TASKPILOTS_TESTING=1 $(PY) -m pytest -m chaos $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	@$(PY) -m pytest -m "$(SELECT)chaos" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The newcomer's configuration whatever this shell has configured: every test that starts
+# workers, drills or benchmarks, on the embedded PostgreSQL and the filesystem broker, in a
+# var folder of its own whose database is stopped afterwards. .ci/run runs it after `make test`.
+EMBEDDED_VAR := $(CURDIR)/var/embedded-test
+test-embedded: $(STAMP)
+	@env -u DATABASE_URL -u CELERY_BROKER_URL -u TASKPILOTS_REDIS_URL -u CACHE_URL \
+	  TASKPILOTS_VAR_DIR=$(EMBEDDED_VAR) $(MAKE) --no-print-directory test MARKS="worker or bench"; \
+	  status=$$?; TASKPILOTS_VAR_DIR=$(EMBEDDED_VAR) $(PY) -m taskpilots.embedded stop; exit $$status
 
 clean-var:
 	@$(PY) -m taskpilots.embedded stop || true

@@ -9,7 +9,7 @@ The route is the escalation rule that matches the run's current step with failur
 - fail: a pending approval expires and the run fails;
 - compensate: a pending approval expires and the run's committed side effects are undone.
 A step whose outcome is unknown is only ever escalated: failing or compensating it would guess
-(DESIGN.md principle 4). Taken-over runs are left to their owner.
+(docs/architecture.md, invariant 4). Taken-over runs are left to their owner.
 """
 
 from __future__ import annotations

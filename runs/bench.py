@@ -9,7 +9,6 @@ because absolute figures vary between machines, and ends with one JSON line.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from runs import engine
+from runs import engine, scratch
 from runs.models import Run, Step, TimelineEvent
 from runs.processes import ROOT, Workers, database_url
 from taskpilots.celery import app as celery_app
@@ -44,18 +43,6 @@ def broker_name() -> str:
     return {"amqp": "rabbitmq", "pyamqp": "rabbitmq", "redis": "redis", "rediss": "redis"}.get(
         scheme, scheme.rstrip(":/")
     )
-
-
-def _psycopg_dsn() -> str:
-    db = connection.settings_dict
-    parts = [f"dbname={db['NAME']}", f"user={db['USER'] or 'postgres'}"]
-    if db["HOST"]:
-        parts.append(f"host={db['HOST']}")
-    if db["PORT"]:
-        parts.append(f"port={db['PORT']}")
-    if db["PASSWORD"]:
-        parts.append(f"password={db['PASSWORD']}")
-    return " ".join(parts)
 
 
 def _commits() -> int:
@@ -95,7 +82,7 @@ def baseline_commits_per_s(processes: int, seconds: float = 3.0) -> float:
     """Single-row INSERT commits per second from `processes` plain psycopg processes."""
     import psycopg
 
-    dsn = _psycopg_dsn()
+    dsn = database_url()
     table = f"bench_baseline_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (id bigserial primary key, payload text)")
@@ -129,21 +116,15 @@ def baseline_commits_per_s(processes: int, seconds: float = 3.0) -> float:
 
 
 def dbos_steps_per_s(processes: int, workflows: int, say: Say) -> float | None:
-    import psycopg
+    name = scratch.scratch_name("dbos")
+    scratch.create_database(name)
+    try:
+        return _dbos_steps_per_s(database_url(name), processes, workflows, say)
+    finally:
+        scratch.drop_database(name)
 
-    db = connection.settings_dict
-    name = f"{db['NAME']}_dbos"[:60]
-    dsn = _psycopg_dsn().replace(f"dbname={db['NAME']}", "dbname=postgres")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    host = db["HOST"] or "localhost"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    if host.startswith("/"):
-        url = f"postgresql://{auth}@/{name}?host={host}"
-    else:
-        url = f"postgresql://{auth}@{host}:{db['PORT'] or 5432}/{name}"
+
+def _dbos_steps_per_s(url: str, processes: int, workflows: int, say: Say) -> float | None:
     start_at = time.time() + 5
     per_process = max(1, workflows // processes)
     say(f"DBOS: {processes} processes × {per_process} workflows")
@@ -454,26 +435,9 @@ def _ensure_sandbox():
 
 def run_in_scratch_database(args: list[str], say: Say) -> int:
     """Run `manage.py bench ...` again against a scratch database next to the configured one, so
-    benchmark runs never mix with real ones."""
-    import psycopg
-
-    db = connection.settings_dict
-    scratch = f"{db['NAME']}_bench"[:60]
-    dsn = _psycopg_dsn().replace(f"dbname={db['NAME']}", "dbname=postgres")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{scratch}"')
-    url = database_url().rsplit("/", 1)[0] + f"/{scratch}"
-    if "?" in database_url():
-        url += "?" + database_url().split("?", 1)[1]
-    env = {**os.environ, "DATABASE_URL": url, "TASKPILOTS_TESTING": "1"}
-    say(f"scratch database {scratch}: migrating")
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-    )
-    return subprocess.run(
-        [sys.executable, "manage.py", "bench", *args, "--here"], cwd=ROOT, env=env
-    ).returncode
+    benchmark runs never mix with real ones; the database is dropped afterwards."""
+    with scratch.scratch_database("bench", say) as url:
+        return scratch.run_here("bench", args, url)
 
 
 def to_stderr(message: str) -> None:

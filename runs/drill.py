@@ -38,6 +38,7 @@ from runs import engine
 from runs.models import SNAPSHOT_FIELDS, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
 from runs.processes import Workers
 from runs.sandbox.client import SandboxClient, SandboxError, start_sandbox
+from taskpilots import embedded
 from taskpilots.celery import app as celery_app
 
 KINDS = (
@@ -78,6 +79,9 @@ class DrillConfig:
     # drop the simulated systems for longer than the wait window.
     chaos: bool = False
     chaos_interval: tuple[float, float] = (4.0, 9.0)
+    # The simulated systems to use; None starts a sandbox of the drill's own, so the faults it
+    # injects and clears never touch the sandbox of the install it runs beside.
+    sandbox_url: str | None = None
 
 
 @dataclass
@@ -125,13 +129,16 @@ class Drill:
             "dispatch": settings.TASKPILOTS["DISPATCH"],
             "queue": celery_app.conf.task_default_queue,
         }
-        self.sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
-        if self.config.chaos or not self._sandbox_up():
-            # The chaos soak stops and restarts the sandbox, so it needs one of its own.
+        if self.config.chaos or not self.config.sandbox_url:
+            # Its own sandbox: the chaos soak stops and restarts it, and the drill's faults must
+            # never reach the sandbox of an install (its seeded outage, its ledger).
             self.say("starting the simulated external systems (sandbox)")
             self._sandbox_process = start_sandbox()
             settings.TASKPILOTS["SANDBOX_URL"] = self._sandbox_process.url
             self.sandbox = self._sandbox_process.client
+        else:
+            settings.TASKPILOTS["SANDBOX_URL"] = self.config.sandbox_url
+            self.sandbox = SandboxClient(self.config.sandbox_url, timeout=5)
         self.sandbox.clear_faults()
         self._install_rules()
         self.person, _ = get_user_model().objects.get_or_create(
@@ -288,6 +295,14 @@ class Drill:
 
     def _chaos_restart_postgres(self) -> str:
         db = connections["default"].settings_dict
+        server = embedded.status(settings.VAR_DIR)
+        if server is not None and db["HOST"] == str(server.socket_dir):
+            # The embedded PostgreSQL (nothing configured): a fast stop, then the same start
+            # make run does. Open transactions roll back, as with a restarted cluster.
+            connections.close_all()
+            embedded.stop(settings.VAR_DIR)
+            embedded.ensure_running(settings.VAR_DIR)
+            return "restarted the embedded PostgreSQL"
         versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
         if not versions or db["HOST"] not in ("127.0.0.1", "localhost", ""):
             return ""

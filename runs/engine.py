@@ -1,7 +1,7 @@
 """The engine: flows that span several models — advancing a run, the side-effect protocol,
 failure routing, waits, human decisions, compensation and the sweeper.
 
-Invariants (DESIGN.md "Principles"): PostgreSQL is the source of truth and Celery messages are
+Invariants (docs/architecture.md): PostgreSQL is the source of truth and Celery messages are
 hints; no side effect is called without a committed Snapshot and an `intended` SideEffect row;
 completed steps never run again; an unknown outcome is reconciled by key or handed to a person;
 every state change writes its timeline event in the same transaction.

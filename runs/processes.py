@@ -21,17 +21,15 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
+from taskpilots.env import format_database_url
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def database_url() -> str:
-    """The URL of the database this process is connected to (the test database in tests)."""
-    db = connection.settings_dict
-    host = db["HOST"] or "localhost"
-    auth = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
-    if host.startswith("/"):
-        return f"postgres://{auth}@/{db['NAME']}?host={host}"
-    return f"postgres://{auth}@{host}:{db['PORT'] or 5432}/{db['NAME']}"
+def database_url(name: str | None = None) -> str:
+    """The URL of the database this process is connected to (the test database in tests), or of
+    another database `name` on the same server."""
+    return format_database_url(connection.settings_dict, name)
 
 
 class WorkerProcess:
@@ -101,7 +99,9 @@ class Workers:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         env.update(
             DATABASE_URL=database_url(),
+            # The same broker, and for the filesystem broker the same folders under var/.
             CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+            TASKPILOTS_VAR_DIR=str(settings.VAR_DIR),
             TASKPILOTS_TESTING="1",
             TASKPILOTS_QUEUE=self.queue,
             TASKPILOTS_DISPATCH="celery",

@@ -4,7 +4,8 @@ Steps, in order:
 
 1. Local defaults: TASKPILOTS_DEV=1 and DEBUG=1 (unless set), so there is a dev secret key and
    plain-HTTP cookies work.
-2. Without DATABASE_URL, start (or reuse) the embedded PostgreSQL under var/.
+2. Without DATABASE_URL, start (or reuse) the embedded PostgreSQL under var/ and hand its URL to
+   every child (``devenv.prepare``); create the filesystem broker's folders.
 3. ``manage.py migrate``, ``collectstatic --noinput``, ``demo_setup``.
 4. Children, each in its own process group with its output prefixed by its name: ``sandbox`` (the
    simulated external systems, when the command exists), ``web`` (gunicorn, 2 workers, static files
@@ -33,10 +34,12 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
+from taskpilots import devenv
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # Seconds each stage may take after SIGTERM before SIGKILL. The worker's warm shutdown lets running
-# tasks finish; anything cut off is recovered by the sweeper (DESIGN.md, principle 1).
+# tasks finish; anything cut off is recovered by the sweeper (docs/architecture.md, invariant 1).
 _STOP_STAGES: list[tuple[tuple[str, ...], float]] = [
     (("web", "beat"), 10.0),
     (("worker",), 20.0),
@@ -87,7 +90,8 @@ class Launcher:
         self.children: list[Child] = []
         self.stop_requests = 0
         self.started_database = False
-        self.var_dir = Path(os.environ.get("TASKPILOTS_VAR_DIR") or BASE_DIR / "var")
+        self.embedded_database = False
+        self.var_dir = devenv.var_dir()
 
     # --- signals
 
@@ -184,13 +188,17 @@ class Launcher:
             self._stop_database()
 
     def _run(self, port: int) -> int:
-        if not os.environ.get("DATABASE_URL"):
-            from taskpilots import embedded
+        from taskpilots import embedded
 
+        self.embedded_database = not os.environ.get("DATABASE_URL")
+        if self.embedded_database:
             say(f"embedded PostgreSQL in {embedded.pgdata_dir(self.var_dir)}")
-            info, self.started_database = embedded.ensure_running(self.var_dir)
+        # Starts (or reuses) the embedded database and sets DATABASE_URL for every child.
+        self.started_database = devenv.prepare()
+        if self.embedded_database:
+            info = embedded.status(self.var_dir)
             state = "started" if self.started_database else "already running, reusing it"
-            say(f"embedded PostgreSQL {state} (pid {info.pid})")
+            say(f"embedded PostgreSQL {state} (pid {info.pid if info else '?'})")
             say(f"its log: {embedded.log_file(self.var_dir)}")
 
         import django
@@ -260,7 +268,7 @@ class Launcher:
             if not announced and _listening(port):
                 _announce(port)
                 announced = True
-            if not os.environ.get("DATABASE_URL") and time.monotonic() >= next_database_check:
+            if self.embedded_database and time.monotonic() >= next_database_check:
                 next_database_check = time.monotonic() + 2.0
                 if not self._database_alive():
                     return 1

@@ -53,6 +53,8 @@ from urllib.parse import quote
 
 from django.core.exceptions import ImproperlyConfigured
 
+from taskpilots import devenv
+
 DATABASE_NAME = "taskpilots"
 SUPERUSER = "postgres"
 DEFAULT_PORT = 5432
@@ -401,14 +403,6 @@ def _run_pg_ctl(pgdata: Path, args: list[str]) -> subprocess.CompletedProcess[st
     )
 
 
-def default_var_dir() -> Path:
-    """The var dir settings use, found without importing settings (which would start a server)."""
-    configured = os.environ.get("TASKPILOTS_VAR_DIR")
-    if configured:
-        return Path(configured)
-    return Path(__file__).resolve().parent.parent / "var"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m taskpilots.embedded",
@@ -422,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         help="data folder (default: $TASKPILOTS_VAR_DIR or ./var); the server lives in its pgdata/",
     )
     args = parser.parse_args(argv)
-    var_dir = args.var_dir or default_var_dir()
+    var_dir = args.var_dir or devenv.var_dir()
     try:
         if args.command == "start":
             info, started = ensure_running(var_dir, check_database=True)

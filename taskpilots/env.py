@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -109,3 +109,20 @@ def parse_database_url(url: str) -> dict:
         "PORT": str(port or ""),
         "OPTIONS": options,
     }
+
+
+def format_database_url(db: dict, name: str | None = None) -> str:
+    """The URL of a DATABASES entry (the inverse of parse_database_url), optionally naming another
+    database on the same server. A Unix socket directory goes into the `host` query parameter."""
+    auth = quote(db.get("USER") or "postgres", safe="")
+    if db.get("PASSWORD"):
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    options = {k: v for k, v in (db.get("OPTIONS") or {}).items() if isinstance(v, str | int)}
+    host = db.get("HOST") or ""
+    if host.startswith("/"):
+        options = {"host": host, **options}
+        host = ""
+    netloc = f"{auth}@{host}" + (f":{db['PORT']}" if db.get("PORT") else "")
+    query = urlencode(options, safe="/") if options else ""
+    path = quote(name or db["NAME"], safe="")
+    return f"postgres://{netloc}/{path}" + (f"?{query}" if query else "")

@@ -7,6 +7,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
+from taskpilots import devenv
 from taskpilots.env import (
     env_bool,
     env_float,
@@ -18,7 +19,7 @@ from taskpilots.env import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("TASKPILOTS_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR = devenv.var_dir()
 
 DEBUG = env_bool("DEBUG", False)
 TESTING = env_bool("TASKPILOTS_TESTING", False)
@@ -84,15 +85,29 @@ TEMPLATES = [
     },
 ]
 
-# --- Database: PostgreSQL only. Without DATABASE_URL, the embedded server under var/ is used.
+# --- Database: PostgreSQL only, named by DATABASE_URL. Settings never start a database: the
+# development entry points (make run, manage.py with TASKPILOTS_DEV=1, the tests) start the
+# embedded one under var/ and set DATABASE_URL for themselves and their children
+# (taskpilots/devenv.py). Outside development a missing DATABASE_URL stops start-up here.
 _database_url = env_str("DATABASE_URL")
-if _database_url:
-    DATABASES = {"default": parse_database_url(_database_url)}
-else:
+if not _database_url:
+    if not devenv.is_development():
+        raise ImproperlyConfigured(
+            "DATABASE_URL is not set. Set it to your PostgreSQL "
+            "(postgres://user:password@host:5432/taskpilots); for local development set "
+            "TASKPILOTS_DEV=1 to use the embedded PostgreSQL under var/ (make run does this)."
+        )
     from taskpilots import embedded
 
-    DATABASES = {"default": parse_database_url(embedded.database_url(VAR_DIR))}
-    EMBEDDED_DATABASE = True
+    _embedded = embedded.status(VAR_DIR)  # reads postmaster.pid; starts nothing
+    if _embedded is None:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL is not set and the embedded PostgreSQL in {VAR_DIR} is not running. "
+            "Start it with `python -m taskpilots.embedded start` (make run and manage.py with "
+            "TASKPILOTS_DEV=1 start it themselves), or set DATABASE_URL."
+        )
+    _database_url = _embedded.url()
+DATABASES = {"default": parse_database_url(_database_url)}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TEST"] = {"NAME": env_str("TASKPILOTS_TEST_DATABASE", None)}
@@ -155,8 +170,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "staticfiles"
-STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns at every start otherwise
+STATIC_ROOT = VAR_DIR / "staticfiles"  # collectstatic fills it; devenv.prepare() creates it
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -200,24 +214,21 @@ SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 X_FRAME_OPTIONS = "DENY"
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("TASKPILOTS_MAX_BODY_BYTES", 1024 * 1024, minimum=1024)
 
-# --- Celery. Without CELERY_BROKER_URL, kombu's filesystem transport under var/ is used: not
-# crash-safe, acceptable only because PostgreSQL is the source of truth and the sweeper re-derives
-# lost work (DESIGN.md, principle 1).
+# --- Celery. Without CELERY_BROKER_URL (or with filesystem://), kombu's filesystem transport
+# under var/broker is used: not crash-safe, acceptable only because PostgreSQL is the source of
+# truth and the sweeper re-derives lost work (docs/architecture.md). Its folders are created by
+# the development entry points (devenv.prepare) and by the Celery app's processes.
 _broker_url = env_str("CELERY_BROKER_URL")
-if _broker_url:
-    CELERY_BROKER_URL = _broker_url
-    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
-else:
-    _broker_dir = VAR_DIR / "broker"
-    for _sub in ("queue", "processed", "control"):
-        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+CELERY_BROKER_URL = _broker_url or devenv.FILESYSTEM_BROKER
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
+if devenv.uses_filesystem_broker(_broker_url):
+    _folders = devenv.broker_folders(VAR_DIR)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker_dir / "queue"),
-        "data_folder_out": str(_broker_dir / "queue"),
-        "processed_folder": str(_broker_dir / "processed"),
+        "data_folder_in": str(_folders["queue"]),
+        "data_folder_out": str(_folders["queue"]),
+        "processed_folder": str(_folders["processed"]),
         "store_processed": False,
-        "control_folder": str(_broker_dir / "control"),
+        "control_folder": str(_folders["control"]),
         "polling_interval": 0.1,
     }
 

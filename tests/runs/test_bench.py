@@ -16,6 +16,8 @@ from runs import (
     engine,
 )
 
+pytestmark = pytest.mark.bench
+
 # Measured when this guard was set: 5 steps of bench.five took 57 statements in-process
 # (claim, snapshot + intent, receipt, one statement per timeline event). Raise the bound only
 # with a reason; lower it when the hot path gets leaner.

@@ -5,16 +5,21 @@ The figures come from the database and the sandbox ledger (runs/drill.py::comput
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.db import connection
 
+from approvals.models import EscalationRule
 from runs.drill import KINDS, Drill, DrillConfig, parse_faults
+from runs.models import Run
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.mark.timeout(300)
 def test_a_small_drill_loses_nothing_and_duplicates_nothing(sandbox):
-    with Drill(DrillConfig(runs=len(KINDS), workers=2, batch_timeout=60)) as drill:
+    config = DrillConfig(runs=len(KINDS), workers=2, batch_timeout=60, sandbox_url=sandbox.base_url)
+    with Drill(config) as drill:
         report = drill.run()
     assert report["runs"] == len(KINDS)
     assert report["lost_runs"] == 0
@@ -24,6 +29,24 @@ def test_a_small_drill_loses_nothing_and_duplicates_nothing(sandbox):
         assert report["per_kind"][kind]["recovered"] >= 1, (kind, report["per_kind"][kind])
     assert report["auto_recovered"] >= 4  # timeouts, resets, a killed worker, a lost receipt
     assert 0 < report["human_takeover_rate"] < 1
+
+
+@pytest.mark.timeout(300)
+def test_the_drill_command_leaves_the_install_it_runs_beside_as_it_found_it(sandbox, capfd):
+    # A drill against a live install once left six rules on top of the admin's rules page, a
+    # drill user and drill workflows in the filters, and cleared the sandbox's seeded outage.
+    outage = sandbox.inject("mail", "outage", seconds=1200)
+    before = (Run.objects.count(), EscalationRule.objects.count(), get_user_model().objects.count())
+    call_command("drill", runs=2, faults="interrupt_before,worker_kill", workers=1, json=True)
+    report = capfd.readouterr().out.strip().splitlines()[-1]
+    assert '"lost_runs": 0' in report and '"duplicate_side_effects": 0' in report, report
+    after = (Run.objects.count(), EscalationRule.objects.count(), get_user_model().objects.count())
+    assert after == before
+    assert [f["id"] for f in sandbox.faults()] == [outage["id"]]
+    assert sandbox.ledger() == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", ["%_drill"])
+        assert cursor.fetchall() == []  # the scratch database is gone
 
 
 def test_unknown_drill_kinds_are_refused_with_the_list():

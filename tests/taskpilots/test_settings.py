@@ -77,9 +77,7 @@ def _production_env():
     # DJANGO_ALLOW_ASYNC_UNSAFE is set by the browser tests (Playwright's sync API beside the
     # live server); it must never reach a production process.
     env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TASKPILOTS_", "DEBUG", "DJANGO_ALLOW_ASYNC_UNSAFE"))
+        k: v for k, v in os.environ.items() if not k.startswith(("TASKPILOTS_", "DEBUG", "DJANGO_"))
     }
     env.update(
         SECRET_KEY=secrets.token_urlsafe(50),
@@ -110,3 +108,50 @@ def test_bad_setting_fails_start_up_with_its_name():
     result = _manage("check", env=env)
     assert result.returncode != 0
     assert "TASKPILOTS_LEASE_SECONDS" in result.stderr
+
+
+def test_production_refuses_to_start_without_a_database_url():
+    # A deploy that forgot DATABASE_URL once ran silently on a private database under var/.
+    env = _production_env()
+    del env["DATABASE_URL"]
+    result = _manage("check", env=env)
+    assert result.returncode != 0
+    assert "DATABASE_URL is not set" in result.stderr
+
+
+def _import_settings(env: dict) -> subprocess.CompletedProcess:
+    code = "import django; django.setup(); print('imported')"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "taskpilots.settings"},
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_settings_start_nothing_and_create_no_folders(tmp_path):
+    var = tmp_path / "var"
+    env = {**_production_env(), "TASKPILOTS_VAR_DIR": str(var)}
+    env.pop("CELERY_BROKER_URL", None)  # the filesystem broker: its folders are named, not made
+    assert "imported" in _import_settings(env).stdout
+    assert not var.exists()
+    # In development without DATABASE_URL, settings read the embedded server's state; when it
+    # is not running they say how to start it instead of starting it.
+    del env["DATABASE_URL"]
+    env["TASKPILOTS_DEV"] = "1"
+    result = _import_settings(env)
+    assert result.returncode != 0
+    assert "embedded PostgreSQL" in result.stderr and "is not running" in result.stderr
+    assert not var.exists()
+
+
+def test_the_suite_reads_test_settings_from_its_own_configuration():
+    # `pytest` run directly (not through make test) once got production settings: HSTS and an
+    # SSL redirect that broke every browser test.
+    from django.conf import settings
+
+    assert settings.SETTINGS_MODULE == "tests.settings"
+    assert (
+        settings.TESTING and not settings.SECURE_SSL_REDIRECT and not settings.SECURE_HSTS_SECONDS
+    )

@@ -18,7 +18,7 @@ from django.db import transaction
 from taskpilots.env import env_bool
 
 DEFAULT_DEMO_PASSWORD = "taskpilots-demo"
-# username → group; the group names are the roles in DESIGN.md ("Console and roles").
+# username → group; the group names are the roles in docs/console.md.
 DEMO_USERS = {"support": "support", "auditor": "auditor", "admin": "admin"}
 
 

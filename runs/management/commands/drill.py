@@ -4,6 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from runs import scratch
 from runs.drill import Drill, DrillConfig, parse_faults, progress_to_stderr
 
 KEYS = (
@@ -31,6 +32,17 @@ class Command(BaseCommand):
             action="store_true",
             help="soak: SIGKILL workers, restart the broker and PostgreSQL, drop the sandbox",
         )
+        parser.add_argument(
+            "--here",
+            action="store_true",
+            help="run in the configured database (its drill runs, rules and user stay there) "
+            "instead of a scratch database that is dropped afterwards",
+        )
+        parser.add_argument(
+            "--keep",
+            action="store_true",
+            help="keep the scratch database afterwards (it is kept anyway when the drill fails)",
+        )
 
     def handle(self, *args, **options):
         if options["runs"] < 1:
@@ -39,6 +51,9 @@ class Command(BaseCommand):
             faults = parse_faults(options["faults"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        if not options["here"]:
+            self._in_scratch_database(options)
+            return
         config = DrillConfig(
             runs=options["runs"], faults=faults, seed=options["seed"],
             workers=max(options["workers"], 4 if options["chaos"] else 1),
@@ -66,3 +81,16 @@ class Command(BaseCommand):
                 f"{report['lost_runs']} lost runs and {report['duplicate_side_effects']} "
                 "duplicate side effects: recovery is broken; see the runs in the console."
             )
+
+    def _in_scratch_database(self, options) -> None:
+        """The drill again, with --here, in a scratch database that is dropped afterwards, so the
+        install it was run on keeps its rules, users, workflows and sandbox as they were."""
+        argv = [f"--{name}={options[name]}" for name in ("runs", "faults", "seed", "workers")]
+        argv += [f"--{flag}" for flag in ("json", "chaos") if options[flag]]
+        failed = False
+        with scratch.scratch_database(
+            "drill", progress_to_stderr, keep=lambda: options["keep"] or failed
+        ) as url:
+            failed = scratch.run_here("drill", argv, url) != 0
+        if failed:
+            raise CommandError("the drill failed; its runs are in the scratch database above")
