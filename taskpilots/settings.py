@@ -326,3 +326,6 @@ LOGGING = {
         "celery": {"level": env_str("CELERY_LOG_LEVEL", "WARNING")},
     },
 }
+if devenv.uses_filesystem_broker(_broker_url):
+    # kombu warns "No hostname was supplied" for every connection to the filesystem broker.
+    LOGGING["loggers"]["kombu.connection"] = {"level": "ERROR"}

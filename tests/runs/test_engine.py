@@ -14,6 +14,7 @@ from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import engine, workflows
 from runs.models import FailureClass, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
 from tests.factories import EscalationRuleFactory
+from tests.worker import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -169,9 +170,9 @@ class TestUnknownOutcome:
         assert step.status == "retry_scheduled"
         assert "in flight" in step.last_error
         assert SideEffect.objects.get(step=step).status == "unknown"
-        import time
-
-        time.sleep(0.8)  # the late commit lands at the sandbox
+        # The late commit lands at the sandbox (waited for, not slept for: under load it can
+        # take longer than the 0.5 s the clock would promise).
+        wait_for(lambda: sandbox.ledger(system="mail", run=str(run.pk)), what="the late commit")
         make_due(run)
         run = drive(run)
         assert run.status == "succeeded"

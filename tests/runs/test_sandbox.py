@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from runs.sandbox.client import SandboxClient, SandboxProcess, SandboxResponse, start_sandbox
+from tests.worker import wait_for
 
 MAIL = {"to": "ada@example.com", "subject": "Your refund", "body": "It is on its way."}
 
@@ -39,6 +40,11 @@ def in_background(client: SandboxClient, timeout: float) -> threading.Thread:
     thread = threading.Thread(target=call, daemon=True)
     thread.start()
     return thread
+
+
+def wait_until_in_flight(client: SandboxClient) -> None:
+    """The background request has reached the sandbox: it took its one-shot fault and sleeps."""
+    wait_for(lambda: client.faults() == [], timeout=10, what="the request to reach the sandbox")
 
 
 def send_mail(client: SandboxClient, key: str = "key-1", **kw: object) -> SandboxResponse:
@@ -310,7 +316,7 @@ def test_an_outage_answers_503_until_it_expires(client: SandboxClient) -> None:
 def test_a_sleeping_request_does_not_block_others(client: SandboxClient) -> None:
     client.inject("mail", "timeout_before_commit", seconds=2)
     slow = in_background(client, timeout=0.5)
-    time.sleep(0.05)
+    wait_until_in_flight(client)
 
     started = time.monotonic()
     assert client.health()
@@ -359,7 +365,7 @@ def test_stop_does_not_wait_for_sleeping_requests(
 ) -> None:
     client.inject("mail", "timeout_before_commit", seconds=30)
     slow = in_background(client, timeout=5)
-    time.sleep(0.1)
+    wait_until_in_flight(client)
 
     started = time.monotonic()
     sandbox.stop()
