@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, HumanDecision, Takeover
@@ -371,4 +371,11 @@ def load_fake_runs(
         done += len(batch.runs)
         if progress:
             progress(f"{done}/{count} runs")
+    # Fresh statistics, as after any bulk load: with the planner's old picture of these tables
+    # (empty, or another data set's distributions), the metrics rollup chose plans that ran
+    # for minutes instead of seconds. Autovacuum would catch up, but only later.
+    with connection.cursor() as cursor:
+        models = (RunModel, Step, Snapshot, SideEffect, Wait, ApprovalRequest, Takeover)
+        for model in (*models, HumanDecision, TimelineEvent):
+            cursor.execute(f'ANALYZE "{model._meta.db_table}"')
     return done
