@@ -94,10 +94,32 @@ def _fail(tl, name, verb, cls, after=0.4, **extra):
 
 
 def _build_run(batch: Batch, rng: random.Random, created: datetime, users, now) -> None:
-    workflow = rng.choice(list(WORKFLOWS))
-    scenario = rng.choices([s for s, _ in SCENARIOS], [w for _, w in SCENARIOS])[0]
-    if created > now - timedelta(minutes=5):
+    """Add one run started at `created`. No event is ever in the future: a run whose story
+    would go on past `now` (a long scenario started a few hours ago) is still in flight, and
+    one that would not even have reached its in-flight step by now started earlier."""
+    scenario = None
+    overshoot = _end(rng, created, users, now, scenario) - (now - timedelta(minutes=5))
+    if overshoot > timedelta(0):
         scenario = "in_flight"
+        overshoot = _end(rng, created, users, now, scenario) - (now - timedelta(minutes=1))
+        created -= max(overshoot, timedelta(0))
+    _build_run_as(batch, rng, created, users, now, scenario)
+
+
+def _end(rng: random.Random, created: datetime, users, now, scenario: str | None) -> datetime:
+    """When the run _build_run_as would build (from rng's current state) has its last event."""
+    probe = random.Random()
+    probe.setstate(rng.getstate())
+    draft = Batch()
+    _build_run_as(draft, probe, created, users, now, scenario)
+    return max(at for at, *_ in draft.events[0])
+
+
+def _build_run_as(
+    batch: Batch, rng: random.Random, created: datetime, users, now, scenario: str | None
+) -> None:
+    workflow = rng.choice(list(WORKFLOWS))
+    scenario = scenario or rng.choices([s for s, _ in SCENARIOS], [w for _, w in SCENARIOS])[0]
     run = RunModel(
         id=uuid.uuid4(),
         workflow=workflow,

@@ -20,7 +20,7 @@ from approvals import metrics
 from approvals.models import MetricsDay, RunMetrics
 from runs import audit
 from runs.metrics_loadgen import load_fake_runs
-from runs.models import Run
+from runs.models import Run, TimelineEvent
 from tests.approvals.test_metrics import world  # noqa: F401 (the fixture)
 from tests.factories import RunFactory, TakeoverFactory, UserFactory
 
@@ -107,6 +107,16 @@ def test_loadgen_runs_give_the_same_figures_live_and_stored(caplog):
     assert MetricsDay.objects.count() == days.count()
     for key in WINDOWS:
         same(board(now, key), live[key], key)
+
+
+def test_the_load_generator_writes_nothing_in_the_future():
+    # Long scenarios started a few hours before `now` once ended after it: an hour after
+    # midnight, yesterday's day row then missed runs that "ended" later (87 == 88).
+    now = timezone.now().replace(hour=1, minute=0)
+    load_fake_runs(300, days=1, batch_size=300, seed=11, now=now)
+    assert not TimelineEvent.objects.filter(at__gt=now).exists()
+    assert not Run.objects.filter(finished_at__gt=now).exists()
+    assert Run.objects.filter(status="running").exists()  # in flight, not finished in the future
 
 
 def _last_week(now):
