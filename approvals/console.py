@@ -15,9 +15,12 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import JSONObject
 from django.utils import timezone
+from django.utils.html import escape
+from django.utils.safestring import SafeData, SafeString, mark_safe
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from approvals import untrusted
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
@@ -108,6 +111,21 @@ VERB_LABELS = {
 
 def label(mapping: dict, value: str) -> str:
     return str(mapping.get(value, value))
+
+
+def say(template: Any, **values: Any) -> SafeString:
+    """A sentence of ours with values put in: plain strings (agent, tool and user data) are
+    isolated and their invisible characters shown (approvals/untrusted.py); SafeStrings (our own
+    markup or `escape()`d labels) go in as they are; numbers are escaped."""
+
+    def put(value: Any) -> Any:
+        if isinstance(value, SafeData):
+            return value
+        if isinstance(value, str):
+            return untrusted.isolate(value)
+        return escape(value)
+
+    return mark_safe(escape(str(template)) % {key: put(v) for key, v in values.items()})
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,36 +565,47 @@ _UNKNOWN_BY_SYSTEM = {
 }
 
 
-def suggest_next_action(ctx: RunContext) -> str:
+def suggest_next_action(ctx: RunContext) -> SafeString:
     run, step = ctx.run, ctx.current
     if run.is_terminal:
-        return _("Nothing to do: the run is %(status)s.") % {
-            "status": label(RUN_STATUS_LABELS, run.status).lower()
-        }
+        return say(
+            _("Nothing to do: the run is %(status)s."),
+            status=escape(label(RUN_STATUS_LABELS, run.status).lower()),
+        )
     if run.status == Run.Status.TAKEN_OVER and run.owner is not None:
-        return _(
-            "%(owner)s has taken this run over: automation will not touch it until they act "
-            "on it or release it."
-        ) % {"owner": run.owner.get_username()}
+        return say(
+            _(
+                "%(owner)s has taken this run over: automation will not touch it until they act "
+                "on it or release it."
+            ),
+            owner=run.owner.get_username(),
+        )
     if run.status == Run.Status.COMPENSATING:
-        return _("TaskPilots is undoing this run's side effects; watch the steps below.")
+        return say(_("TaskPilots is undoing this run's side effects; watch the steps below."))
     if run.status in (Run.Status.PENDING, Run.Status.RUNNING):
-        return _("The run is moving on its own; nothing to do.")
+        return say(_("The run is moving on its own; nothing to do."))
     if step is None:
-        return _("No step is waiting; nothing to do.")
+        return say(_("No step is waiting; nothing to do."))
     tool = (ctx.pending.tool if ctx.pending else "") or step.tool or step.name
     rule = ctx.routing.get("rule") or ""
     if ctx.approval is not None:
         if ctx.to_compensate:
-            return _(
+            return say(
+                _(
+                    "Check the proposed %(tool)s call below, then approve it, approve it with "
+                    "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
+                    "effects)."
+                ),
+                tool=tool,
+                count=len(ctx.to_compensate),
+            )
+        return say(
+            _(
                 "Check the proposed %(tool)s call below, then approve it, approve it with "
-                "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
-                "effects)."
-            ) % {"tool": tool, "count": len(ctx.to_compensate)}
-        return _(
-            "Check the proposed %(tool)s call below, then approve it, approve it with corrected "
-            "parameters, or reject it."
-        ) % {"tool": tool}
+                "corrected parameters, or reject it."
+            ),
+            tool=tool,
+        )
     cls = ctx.failure_class
     if step.status == Step.Status.UNKNOWN_OUTCOME or cls == FailureClass.UNKNOWN_OUTCOME:
         key = (ctx.pending.idempotency_key if ctx.pending else "") or step.idempotency_key
@@ -587,56 +616,75 @@ def suggest_next_action(ctx: RunContext) -> str:
                 "%(tool)s may or may not have done this. Check %(target)s for key %(key)s; then "
                 "confirm it happened (give its reference) or that it did not."
             )
-        return str(template) % {"tool": tool, "target": target, "key": key}
+        return say(template, tool=tool, target=target, key=key)
     if step.status in (Step.Status.WAITING, Step.Status.RETRY_SCHEDULED):
-        return _(
-            "TaskPilots is waiting for %(tool)s and will try again by itself; retry now if you "
-            "know it is back."
-        ) % {"tool": tool}
-    if cls == FailureClass.OUTAGE:
-        return _(
-            "%(tool)s stayed down longer than rule “%(rule)s” waits. Check that it is back, then "
-            "retry the step now; or do the work by hand and mark the step done."
-        ) % {"tool": tool, "rule": rule}
-    if cls == FailureClass.INVALID_INPUT:
-        return _(
-            "%(tool)s rejected the data it was given. Correct the parameters and retry, or skip "
-            "the step with a reason."
-        ) % {"tool": tool}
-    if cls == FailureClass.PERMISSION:
-        return _(
-            "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do it "
-            "by hand and mark the step done."
-        ) % {"tool": tool}
-    if cls == FailureClass.TRANSIENT:
-        return _(
-            "%(tool)s kept failing after %(attempts)s attempts. Retry now, or take the run over "
-            "and finish the step by hand."
-        ) % {"tool": tool, "attempts": step.attempts}
-    if cls == FailureClass.TIMEOUT:
-        return _(
-            "The wait ran out with no answer. Check whether it happened; then mark the step done "
-            "with its result, or skip it with a reason."
+        return say(
+            _(
+                "TaskPilots is waiting for %(tool)s and will try again by itself; retry now if "
+                "you know it is back."
+            ),
+            tool=tool,
         )
-    return _("Read the error below; retry the step, mark it done by hand, or cancel the run.")
+    if cls == FailureClass.OUTAGE:
+        return say(
+            _(
+                "%(tool)s stayed down longer than rule “%(rule)s” waits. Check that it is back, "
+                "then retry the step now; or do the work by hand and mark the step done."
+            ),
+            tool=tool,
+            rule=rule,
+        )
+    if cls == FailureClass.INVALID_INPUT:
+        return say(
+            _(
+                "%(tool)s rejected the data it was given. Correct the parameters and retry, or "
+                "skip the step with a reason."
+            ),
+            tool=tool,
+        )
+    if cls == FailureClass.PERMISSION:
+        return say(
+            _(
+                "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do "
+                "it by hand and mark the step done."
+            ),
+            tool=tool,
+        )
+    if cls == FailureClass.TRANSIENT:
+        return say(
+            _(
+                "%(tool)s kept failing after %(attempts)s attempts. Retry now, or take the run "
+                "over and finish the step by hand."
+            ),
+            tool=tool,
+            attempts=step.attempts,
+        )
+    if cls == FailureClass.TIMEOUT:
+        return say(
+            _(
+                "The wait ran out with no answer. Check whether it happened; then mark the step "
+                "done with its result, or skip it with a reason."
+            )
+        )
+    return say(_("Read the error below; retry the step, mark it done by hand, or cancel the run."))
 
 
-def conflict_message(run: Run) -> str:
+def conflict_message(run: Run) -> SafeString:
     """“Already decided by X at T”: the latest human decision, or the run's current state."""
     last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
+    status = escape(label(RUN_STATUS_LABELS, run.status).lower())
     if last is not None:
-        return _(
-            "Someone else acted first: %(user)s %(verb)s at %(time)s. The run is now "
-            "%(status)s; here is where it stands."
-        ) % {
-            "user": last.user.get_username(),
-            "verb": label(VERB_LABELS, last.verb),
-            "time": _format_time(last.created_at),
-            "status": label(RUN_STATUS_LABELS, run.status).lower(),
-        }
-    return _("This run changed since you opened it; it is now %(status)s.") % {
-        "status": label(RUN_STATUS_LABELS, run.status).lower()
-    }
+        return say(
+            _(
+                "Someone else acted first: %(user)s %(verb)s at %(time)s. The run is now "
+                "%(status)s; here is where it stands."
+            ),
+            user=last.user.get_username(),
+            verb=escape(label(VERB_LABELS, last.verb)),
+            time=escape(_format_time(last.created_at)),
+            status=status,
+        )
+    return say(_("This run changed since you opened it; it is now %(status)s."), status=status)
 
 
 def _format_time(value) -> str:

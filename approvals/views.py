@@ -6,6 +6,7 @@ approvals/actions.py to act, and render a page or (for htmx) the partial that ch
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -24,7 +26,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import reswap, retarget
 
-from approvals import actions, console
+from approvals import actions, console, untrusted
 from approvals.forms import (
     ActionForm,
     ApproveForm,
@@ -181,7 +183,7 @@ def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, A
     }
     if tab == "rehydration":
         document = run.rehydration()
-        context["rehydration"] = console.to_pretty_json(document)
+        context["rehydration"] = untrusted.json_html(console.to_pretty_json(document))
     elif tab == "events":
         context["events"] = list(TimelineEvent.objects.filter(run=run).order_by("-seq")[:200])
     context.update(extra)
@@ -202,8 +204,11 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
 @require_GET
 @never_cache
 @console_view()
-def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -> JsonResponse:
-    """The full JSON behind a truncated preview, served as application/json (never HTML)."""
+def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -> HttpResponse:
+    """The full JSON behind a truncated preview, served as application/json (never HTML).
+
+    Invisible and bidi format characters are written as \\uXXXX escapes: the same JSON
+    value, but a browser or editor showing the text shows them instead of obeying them."""
     run = _get_run(run_id)
     kind = part
     if kind == "input":
@@ -222,9 +227,8 @@ def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -
         value = {"proposed_params": approval.proposed_params, "edited": approval.edited_params}
     else:
         raise Http404("unknown part")
-    response = JsonResponse(
-        value, safe=False, json_dumps_params={"indent": 2, "ensure_ascii": False}
-    )
+    document = json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False)
+    response = HttpResponse(untrusted.escape_json(document), content_type="application/json")
     response["Content-Disposition"] = f'inline; filename="{run.pk}-{kind}.json"'
     return response
 

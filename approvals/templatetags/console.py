@@ -1,4 +1,5 @@
-"""Template helpers for the console: translated labels, bounded JSON, SLA wording."""
+"""Template helpers for the console: translated labels, bounded JSON, SLA wording, untrusted
+text (`|untrusted`, `|untrusted_plain`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from django import template
 from django.utils import timezone
 
 from approvals import console
+from approvals import untrusted as untrusted_module
 
 register = template.Library()
 
@@ -27,6 +29,24 @@ def label(value: str, kind: str) -> str:
 
 
 @register.filter
+def untrusted(value: Any) -> str:
+    """Anything an agent, a tool or a person produced: escaped, bidi-isolated (`<bdi>`), with
+    invisible characters shown as markers. For element content."""
+    return untrusted_module.isolate(value)
+
+
+@register.filter
+def untrusted_plain(value: Any) -> str:
+    """The same for places that take no markup: attributes, `<title>`, SVG text."""
+    return untrusted_module.reveal_plain(value)
+
+
+@register.filter
+def has_invisible(value: Any) -> bool:
+    return untrusted_module.has_invisible(value if isinstance(value, str) else "")
+
+
+@register.filter
 def short_id(value: Any) -> str:
     return str(value)[:8]
 
@@ -41,4 +61,5 @@ def json_block(value: Any, raw_url: str = "", css: str = "") -> dict:
     """Pretty JSON inside <pre>, auto-escaped; big or deep values are clipped with a link to
     the raw document (served as application/json)."""
     preview = console.preview_json(value)
-    return {"preview": preview, "raw_url": raw_url, "css": css}
+    html = untrusted_module.json_html(preview.text)
+    return {"preview": preview, "html": html, "raw_url": raw_url, "css": css}

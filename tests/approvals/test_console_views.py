@@ -18,6 +18,7 @@ from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is 
     invalid_data_run,
     start,
     unknown_outcome_run,
+    visible_text,
 )
 from tests.factories import RunFactory, StepFactory
 
@@ -201,10 +202,11 @@ def test_run_list_searches_by_id_key_workflow_status_and_date(client, sandbox, s
 def test_an_approval_shows_what_will_be_done_and_the_actions(client, sandbox, support_user):
     run = approval_run()
     client.force_login(support_user)
-    text = client.get(detail(run)).content.decode()
+    response = client.get(detail(run))
+    text = response.content.decode()
     assert "What will be done if you approve" in text
     assert "payments.refund" in text and "payment:pay_1" in text
-    assert "Check the proposed payments.refund call" in text
+    assert "Check the proposed payments.refund call" in visible_text(response)
     for action in ("approve", "approve_edits", "reject", "take_over", "cancel"):
         assert reverse("console:run-action", args=[run.pk, action]) in text
     assert f'name="expected_version" value="{run.lock_version}"' in text
@@ -273,9 +275,9 @@ def test_others_see_who_took_a_run_over(client, sandbox, support_user, admin_use
     run = approval_run()
     actions.take_over(run.pk, admin_user)
     client.force_login(support_user)
-    text = client.get(detail(run)).content.decode()
-    assert "alex-admin has taken this run over" in text
-    assert "/actions/" not in text
+    response = client.get(detail(run))
+    assert "alex-admin has taken this run over" in visible_text(response)
+    assert "/actions/" not in response.content.decode()
 
 
 def test_tabs_render_as_fragments(client, sandbox, support_user):

@@ -60,3 +60,41 @@ def test_injected_markup_stays_inert_text(page, sandbox, support_user):
     assert page.locator("a[href^='javascript:']").count() == 0
     assert page.locator("main script").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+# The characters of an element in the order they are drawn, left to right.
+VISUAL_ORDER = """(element) => {
+  const drawn = [];
+  const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (let i = 0; i < node.length; i++) {
+      const range = document.createRange();
+      range.setStart(node, i);
+      range.setEnd(node, i + 1);
+      const box = range.getBoundingClientRect();
+      if (box.width > 0) drawn.push([box.left, node.data[i]]);
+    }
+  }
+  return drawn.sort((a, b) => a[0] - b[0]).map((pair) => pair[1]).join("");
+}"""
+
+
+def test_a_right_to_left_override_cannot_disguise_a_business_key(page, sandbox, support_user):
+    # Rendered naively, this key reads "bk-exe.jpg-1LTRXDAB": the override reverses the rest.
+    key = "bk-\u202eBADXRTL1-gpj.exe"
+    run = start("test.refund", {"amount": 150, "payment": "pay_1", "note": "zero\u200bwidth"},
+                business_key=key)  # fmt: skip
+    log_in(page, support_user.username)
+    page.goto(f"/console/runs/{run.pk}/")
+    shown = page.locator(".facts div", has=page.locator("dt", has_text="Business key"))
+    assert shown.locator("dd").evaluate(VISUAL_ORDER) == "bk-[U+202E]BADXRTL1-gpj.exe"
+    # The zero-width space in the input is drawn as a visible marker.
+    marker = page.locator(".run-side .invisible-char", has_text="U+200B")
+    expect(marker).to_be_visible()
+    assert marker.bounding_box()["width"] > 10
+    expect(marker).to_have_attribute("title", "ZERO WIDTH SPACE")
+    # And in the run list, with the same key.
+    page.goto("/console/runs/?q=bk-")
+    cell = page.locator("table.runs tbody tr").first.locator("td").nth(4)
+    assert cell.evaluate(VISUAL_ORDER) == "bk-[U+202E]BADXRTL1-gpj.exe"
+    assert not [e for e in page.console_errors if "Content Security Policy" in e]
