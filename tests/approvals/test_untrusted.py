@@ -10,6 +10,7 @@ import pytest
 from django.urls import reverse
 
 from approvals import untrusted
+from runs.invisible import neutralise
 from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is autouse)
     approval_run,
     fast_passwords,
@@ -54,7 +55,7 @@ def test_reveal_escapes_and_marks_every_invisible_character():
 def test_plain_text_gets_markers_and_isolates_but_no_markup():
     plain = untrusted.reveal_plain(f"<i>{RLO}x")
     assert plain == "\u2068<i>[U+202E]x\u2069"  # the template escapes it
-    assert untrusted.neutralise(f"a{ZWSP}b") == "a[U+200B]b"
+    assert neutralise(f"a{ZWSP}b") == "a[U+200B]b"  # CSV cells
 
 
 def test_json_escaping_keeps_the_same_value():
