@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from approvals import console
+from approvals import console, viewer_time
 from approvals.models import ApprovalRequest, HumanDecision
 from approvals.views import _forbidden, _querystring
 from runs import audit
@@ -260,6 +260,7 @@ def build_lanes(run: Run, events: list[TimelineEvent], now: datetime) -> dict[st
         "plot_right": PLOT_RIGHT,
         "lane_height": LANE_HEIGHT,
         "span": _duration(span),
+        "zone": viewer_time.zone_label(timezone.localtime(start)),
         "start": start,
         "end": end,
     }

@@ -20,7 +20,7 @@ from django.utils.safestring import SafeData, SafeString, mark_safe
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from approvals import untrusted
+from approvals import untrusted, viewer_time
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
@@ -688,6 +688,4 @@ def conflict_message(run: Run) -> SafeString:
 
 
 def _format_time(value) -> str:
-    from django.utils.formats import date_format
-
-    return date_format(timezone.localtime(value), "DATETIME_FORMAT")
+    return viewer_time.format_timestamp(value)

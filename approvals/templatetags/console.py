@@ -1,5 +1,5 @@
 """Template helpers for the console: translated labels, bounded JSON, SLA wording, untrusted
-text (`|untrusted`, `|untrusted_plain`)."""
+text (`|untrusted`, `|untrusted_plain`) and timestamps (`|when`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-from approvals import console
+from approvals import console, viewer_time
 from approvals import untrusted as untrusted_module
 
 register = template.Library()
@@ -39,6 +39,23 @@ def untrusted(value: Any) -> str:
 def untrusted_plain(value: Any) -> str:
     """The same for places that take no markup: attributes, `<title>`, SVG text."""
     return untrusted_module.reveal_plain(value)
+
+
+@register.filter
+def when(value: Any, form: str = "") -> str:
+    """Every timestamp on the console and audit pages: one format, in the viewer's zone, with
+    the zone (`2026-10-14 17:11:05 UTC+2`). `|when` gives a <time> element; `|when:"plain"` the
+    text alone, for attributes. No query: the zone comes from the session."""
+    if not value:
+        return ""
+    if form == "plain":
+        return viewer_time.format_timestamp(value)
+    return viewer_time.timestamp_html(value)
+
+
+@register.simple_tag
+def viewer_zone() -> str:
+    return viewer_time.viewer_zone()
 
 
 @register.filter

@@ -98,3 +98,35 @@ def test_a_right_to_left_override_cannot_disguise_a_business_key(page, sandbox, 
     cell = page.locator("table.runs tbody tr").first.locator("td").nth(4)
     assert cell.evaluate(VISUAL_ORDER) == "bk-[U+202E]BADXRTL1-gpj.exe"
     assert not [e for e in page.console_errors if "Content Security Policy" in e]
+
+
+def test_times_are_in_the_browsers_zone_with_the_zone_shown(chromium, live_server, sandbox,
+                                                            support_user):  # fmt: skip
+    # The login form carries the browser's zone; every time on the page is then in it, in one
+    # format. A browser in another zone (same session) posts its zone once and the page follows.
+    from datetime import UTC, datetime, timedelta
+
+    run = start("test.refund", {"amount": 150, "payment": "pay_1"})
+    shanghai = chromium.new_context(base_url=live_server.url, locale="en-US",
+                                    timezone_id="Asia/Shanghai")  # fmt: skip
+    page = shanghai.new_page()
+    log_in(page, support_user.username)
+    expect(page.locator(".topbar .zone")).to_have_text("Asia/Shanghai (UTC+8)")
+    page.goto(f"/console/runs/{run.pk}/")
+    times = page.locator("main time")
+    assert times.count() >= 3
+    for index in range(times.count()):
+        element = times.nth(index)
+        instant = datetime.fromisoformat(element.get_attribute("datetime").replace("Z", "+00:00"))
+        expected = (instant.astimezone(UTC) + timedelta(hours=8)).strftime("%Y-%m-%d %H:%M:%S")
+        assert element.inner_text() == f"{expected} UTC+8"
+
+    sao_paulo = chromium.new_context(base_url=live_server.url, locale="en-US",
+                                     timezone_id="America/Sao_Paulo",
+                                     storage_state=shanghai.storage_state())  # fmt: skip
+    shanghai.close()
+    other = sao_paulo.new_page()
+    other.goto(f"/console/runs/{run.pk}/")
+    expect(other.locator(".topbar .zone")).to_have_text("America/Sao_Paulo (UTC-3)")
+    expect(other.locator(".facts time").first).to_contain_text("UTC-3")
+    sao_paulo.close()
