@@ -15,10 +15,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import JSONObject
 from django.utils import timezone
-from django.utils.html import escape
+from django.utils.html import conditional_escape, escape
 from django.utils.safestring import SafeData, SafeString, mark_safe
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
 from approvals import untrusted, viewer_time
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
@@ -126,6 +126,11 @@ def say(template: Any, **values: Any) -> SafeString:
         return escape(value)
 
     return mark_safe(escape(str(template)) % {key: put(v) for key, v in values.items()})
+
+
+def sentences(*parts: Any) -> SafeString:
+    """Sentences side by side, each escaped unless it is already safe (say() made it)."""
+    return mark_safe(" ".join(str(conditional_escape(part)) for part in parts if part))
 
 
 # --------------------------------------------------------------------------------------------
@@ -327,6 +332,10 @@ class TimelineItem:
     state: str  # "done", "current", "failed", "skipped", "upcoming"
     step: Step | None = None
     effects: list[SideEffect] = field(default_factory=list)
+    # Why a step failed or was skipped, as a person reads it (SafeString; empty when unknown).
+    reason: str = ""
+    # Set when the step's own status would mislead (a finished run's unfinished step).
+    status_label: str = ""
 
 
 @dataclass
@@ -362,6 +371,9 @@ class RunContext:
     to_compensate: list[SideEffect]
     wait: Wait | None
     can_act: bool
+    viewer: Any = None
+    # What is true when there is nothing to do (the actions panel says it).
+    idle: str = ""
 
 
 def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
@@ -398,11 +410,17 @@ def build_run_context(run: Run, user) -> RunContext:
     for effect in effects:
         by_step.setdefault(effect.step_id, []).append(effect)
     current = next((s for s in steps if s.status in Step.UNFINISHED), None)
+    # A finished run has no current step: one it left unfinished (a cancel leaves the parked
+    # step as it was) is shown as not done, not as waiting for a person.
+    if run.is_terminal:
+        current = None
 
     timeline: list[TimelineItem] = []
     for step in steps:
         if step is current:
             state = "current"
+        elif run.is_terminal and step.status in Step.UNFINISHED:
+            state = "skipped"
         elif step.status == Step.Status.FAILED:
             state = "failed"
         elif step.status in (Step.Status.SKIPPED, Step.Status.COMPENSATED):
@@ -461,9 +479,48 @@ def build_run_context(run: Run, user) -> RunContext:
         to_compensate=to_compensate,
         wait=wait,
         can_act=may_act,
+        viewer=user,
     )
+    for item in timeline:
+        item.reason = _step_reason(item, decisions)
+        if item.step is not None and item.step.status in Step.UNFINISHED and run.is_terminal:
+            item.status_label = _("Not done")
     ctx.suggestion = suggest_next_action(ctx)
+    ctx.idle = idle_sentence(ctx)
     return ctx
+
+
+def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
+    """A failed step says why (a rejection names who and when, with their comment); a step
+    skipped without a reason says the run stopped before it."""
+    step = item.step
+    if step is None or item.state not in ("failed", "skipped"):
+        return ""
+    if item.state == "failed":
+        rejected = next((d for d in decisions if d.step_id == step.pk and d.verb == "reject"), None)
+        if rejected is not None:
+            values = {"user": rejected.user.get_username(), "when": _when(rejected.created_at)}
+            if rejected.comment:
+                return say(
+                    _("Rejected by %(user)s at %(when)s: “%(comment)s”."),
+                    comment=rejected.comment,
+                    **values,
+                )
+            return say(_("Rejected by %(user)s at %(when)s."), **values)
+        if step.last_error:
+            return say(_("Failed: %(error)s"), error=_shorten(step.last_error, 240))
+        return ""
+    if step.status == Step.Status.SKIPPED and step.last_error:
+        return say(_("Skipped: “%(reason)s”"), reason=_shorten(step.last_error, 200))
+    return say(_("Not done: the run stopped before this step."))
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _when(value) -> SafeString:
+    return escape(viewer_time.format_timestamp(value)) if value else escape("—")
 
 
 def _pending(run, steps, current, approval) -> Pending | None:
@@ -566,20 +623,54 @@ _UNKNOWN_BY_SYSTEM = {
 
 
 def suggest_next_action(ctx: RunContext) -> SafeString:
-    run, step = ctx.run, ctx.current
+    run = ctx.run
     if run.is_terminal:
-        return say(
-            _("Nothing to do: the run is %(status)s."),
-            status=escape(label(RUN_STATUS_LABELS, run.status).lower()),
-        )
+        return how_it_ended(ctx)
     if run.status == Run.Status.TAKEN_OVER and run.owner is not None:
+        return _taken_over(ctx)
+    return _step_suggestion(ctx)
+
+
+def _taken_over(ctx: RunContext) -> SafeString:
+    """A taken-over run stays with its owner until released, whatever they do on it."""
+    run, step = ctx.run, ctx.current
+    viewer_id = getattr(ctx.viewer, "pk", None)
+    if run.owner_id != viewer_id:
         return say(
             _(
-                "%(owner)s has taken this run over: automation will not touch it until they act "
-                "on it or release it."
+                "%(owner)s has taken this run over: TaskPilots does not touch it until they (or "
+                "an admin) release it."
             ),
             owner=run.owner.get_username(),
         )
+    if step is not None and step.status in (Step.Status.NEEDS_HUMAN, Step.Status.UNKNOWN_OUTCOME):
+        return say(
+            _(
+                "%(suggestion)s The run stays with you: TaskPilots goes on only after you "
+                "release it."
+            ),
+            suggestion=_step_suggestion(ctx),
+        )
+    following = step.name if step is not None else _next_declared(ctx)
+    if following:
+        return say(
+            _(
+                "You have taken this run over and nothing is waiting on you: release it and "
+                "TaskPilots goes on with %(step)s."
+            ),
+            step=following,
+        )
+    return say(
+        _("You have taken this run over and nothing is left to do: release it so it can end.")
+    )
+
+
+def _next_declared(ctx: RunContext) -> str:
+    return next((item.name for item in ctx.timeline if item.step is None), "")
+
+
+def _step_suggestion(ctx: RunContext) -> SafeString:
+    run, step = ctx.run, ctx.current
     if run.status == Run.Status.COMPENSATING:
         return say(_("TaskPilots is undoing this run's side effects; watch the steps below."))
     if run.status in (Run.Status.PENDING, Run.Status.RUNNING):
@@ -591,10 +682,14 @@ def suggest_next_action(ctx: RunContext) -> SafeString:
     if ctx.approval is not None:
         if ctx.to_compensate:
             return say(
-                _(
+                ngettext(
                     "Check the proposed %(tool)s call below, then approve it, approve it with "
                     "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
-                    "effects)."
+                    "effect).",
+                    "Check the proposed %(tool)s call below, then approve it, approve it with "
+                    "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
+                    "effects).",
+                    len(ctx.to_compensate),
                 ),
                 tool=tool,
                 count=len(ctx.to_compensate),
@@ -617,6 +712,27 @@ def suggest_next_action(ctx: RunContext) -> SafeString:
                 "confirm it happened (give its reference) or that it did not."
             )
         return say(template, tool=tool, target=target, key=key)
+    if step.kind in ("wait_event", "wait_timer") and step.status == Step.Status.WAITING:
+        due = ctx.wait.due_at if ctx.wait else None
+        if step.kind == "wait_timer":
+            return say(
+                _("The run waits until %(due)s and goes on by itself; nothing to do."),
+                due=_when(due),
+            )
+        event = (ctx.wait.event_type if ctx.wait else "") or step.name
+        if due:
+            return say(
+                _(
+                    "The run waits for the event %(event)s (until %(due)s) and goes on by itself "
+                    "when it comes; nothing to do."
+                ),
+                event=event,
+                due=_when(due),
+            )
+        return say(
+            _("The run waits for the event %(event)s and goes on by itself when it comes."),
+            event=event,
+        )
     if step.status in (Step.Status.WAITING, Step.Status.RETRY_SCHEDULED):
         return say(
             _(
@@ -667,6 +783,179 @@ def suggest_next_action(ctx: RunContext) -> SafeString:
             )
         )
     return say(_("Read the error below; retry the step, mark it done by hand, or cancel the run."))
+
+
+def _done_effects(ctx: RunContext, status: str) -> int:
+    return sum(1 for effect in ctx.effects if effect.status == status)
+
+
+def how_it_ended(ctx: RunContext) -> SafeString:
+    """A finished run: nothing left to do, and how it ended (who ended it, when, and what
+    became of its side effects)."""
+    run = ctx.run
+    when = _when(run.finished_at or run.updated_at)
+    S = Run.Status
+    committed = _done_effects(ctx, SideEffect.Status.COMMITTED)
+    if run.status == S.SUCCEEDED:
+        sentence = say(_("Nothing left to do: the run succeeded at %(when)s."), when=when)
+        if committed:
+            sentence = sentences(
+                sentence,
+                say(
+                    ngettext(
+                        "It did %(n)s side effect; its receipt is in the steps below.",
+                        "It did %(n)s side effects; their receipts are in the steps below.",
+                        committed,
+                    ),
+                    n=committed,
+                ),
+            )
+        return sentence
+    if run.status == S.COMPENSATED:
+        undone = _done_effects(ctx, SideEffect.Status.COMPENSATED)
+        return say(
+            ngettext(
+                "Nothing left to do: the run was undone at %(when)s (%(n)s side effect "
+                "compensated).",
+                "Nothing left to do: the run was undone at %(when)s (%(n)s side effects "
+                "compensated).",
+                undone,
+            ),
+            when=when,
+            n=undone,
+        )
+    if run.status == S.FAILED:
+        if run.attention_reason:
+            return say(
+                _(
+                    "Nothing left to do: the run failed at %(when)s: %(reason)s. Start a new run "
+                    "if the work still needs doing."
+                ),
+                when=when,
+                reason=run.attention_reason,
+            )
+        return say(
+            _("Nothing left to do: the run failed at %(when)s. Start a new run if the work still "
+              "needs doing."),
+            when=when,
+        )  # fmt: skip
+    # Cancelled: by a person (a rejection or a cancel) or through the API.
+    ended_by = next((d for d in ctx.decisions if d.verb in ("reject", "cancel")), None)
+    if ended_by is not None and ended_by.verb == "reject":
+        sentence = say(
+            _("Nothing left to do: %(user)s rejected it at %(when)s, so the run was cancelled."),
+            user=ended_by.user.get_username(),
+            when=_when(ended_by.created_at),
+        )
+    elif ended_by is not None:
+        sentence = say(
+            _("Nothing left to do: %(user)s cancelled the run at %(when)s (“%(reason)s”)."),
+            user=ended_by.user.get_username(),
+            when=_when(ended_by.created_at),
+            reason=ended_by.comment,
+        )
+    else:
+        sentence = say(
+            _("Nothing left to do: the run was cancelled at %(when)s (%(reason)s)."),
+            when=when,
+            reason=run.attention_reason or "—",
+        )
+    if committed:
+        return sentences(
+            sentence,
+            say(
+                ngettext(
+                    "%(n)s side effect done before it stays done.",
+                    "%(n)s side effects done before it stay done.",
+                    committed,
+                ),
+                n=committed,
+            ),
+        )
+    return sentences(
+        sentence, say(_("Nothing had been done to other systems, so nothing was undone."))
+    )
+
+
+def idle_sentence(ctx: RunContext) -> SafeString:
+    """What the actions panel says when there is nothing to do: why, for this state."""
+    S = Run.Status
+    status = ctx.run.status
+    if status == S.SUCCEEDED:
+        return say(_("Nothing left to do: the run succeeded."))
+    if status == S.FAILED:
+        return say(_("Nothing left to do: the run failed."))
+    if status == S.CANCELLED:
+        return say(_("Nothing left to do: the run was cancelled."))
+    if status == S.COMPENSATED:
+        return say(_("Nothing left to do: the run was undone."))
+    if status == S.COMPENSATING:
+        return say(
+            _("Nothing to do: TaskPilots is undoing the run's side effects, then the run ends.")
+        )
+    if status in (S.PENDING, S.RUNNING):
+        return say(_("Nothing to do: TaskPilots is running this run now."))
+    if status == S.WAITING:
+        return say(_("Nothing to do: the run waits and goes on by itself."))
+    return say(_("Nothing to do on this run right now."))
+
+
+def what_happens_next(run: Run, user) -> SafeString:
+    """After a person's action, what the run does now, read from its state (never assumed):
+    a taken-over run stays with its owner; a rejection with nothing done undoes nothing."""
+    S = Run.Status
+    if run.status == S.TAKEN_OVER:
+        if run.owner_id == user.pk:
+            return say(
+                _(
+                    "The run stays taken over by you: TaskPilots does nothing more with it until "
+                    "you release it."
+                )
+            )
+        return say(
+            _(
+                "The run stays taken over by %(owner)s: TaskPilots does nothing more with it "
+                "until they (or an admin) release it."
+            ),
+            owner=run.owner.get_username() if run.owner else "?",
+        )
+    if run.status in (S.PENDING, S.RUNNING):
+        return say(_("The run goes on."))
+    if run.status == S.WAITING:
+        return say(_("The run waits (for an event, a timer or a tool) and goes on by itself."))
+    if run.status == S.NEEDS_HUMAN:
+        return say(_("The run still needs a person: it is back in the inbox."))
+    committed = run.side_effects.filter(status=SideEffect.Status.COMMITTED).count()
+    if run.status == S.COMPENSATING:
+        return say(
+            ngettext(
+                "TaskPilots is undoing the %(n)s side effect already done, then the run ends.",
+                "TaskPilots is undoing the %(n)s side effects already done, newest first, then "
+                "the run ends.",
+                committed,
+            ),
+            n=committed,
+        )
+    if run.status == S.CANCELLED:
+        if committed:
+            return say(
+                ngettext(
+                    "The run is cancelled; the %(n)s side effect already done stays done.",
+                    "The run is cancelled; the %(n)s side effects already done stay done.",
+                    committed,
+                ),
+                n=committed,
+            )
+        return say(
+            _(
+                "The run is cancelled. Nothing had been done to other systems, so there is "
+                "nothing to undo."
+            )
+        )
+    return say(
+        _("The run has ended: %(status)s."),
+        status=escape(label(RUN_STATUS_LABELS, run.status).lower()),
+    )
 
 
 def conflict_message(run: Run) -> SafeString:

@@ -130,3 +130,49 @@ def test_times_are_in_the_browsers_zone_with_the_zone_shown(chromium, live_serve
     expect(other.locator(".topbar .zone")).to_have_text("America/Sao_Paulo (UTC-3)")
     expect(other.locator(".facts time").first).to_contain_text("UTC-3")
     sao_paulo.close()
+
+
+def test_the_console_says_what_happens_next(page, sandbox, support_user):
+    # Confirming on a taken-over run does not move it on: the message says so, and releasing
+    # it does. A rejection with nothing done undoes nothing, and the step says why it failed.
+    from approvals import actions
+    from tests.approvals.console_helpers import unknown_outcome_run
+
+    unknown = unknown_outcome_run(sandbox)
+    actions.take_over(unknown.pk, support_user)
+    refund = start("test.refund", {"amount": 150, "payment": "pay_5"})
+    log_in(page, support_user.username)
+
+    page.goto(f"/console/runs/{unknown.pk}/")
+    page.fill("form[data-action=confirm_happened] input[name=proof]", "crm_77")
+    page.click("form[data-action=confirm_happened] button[type=submit]")
+    expect(page.locator("#flash")).to_have_text(
+        "Recorded as done, with your reference as proof. The run stays taken over by you: "
+        "TaskPilots does nothing more with it until you release it."
+    )
+    expect(page.locator(".run-head .status")).to_contain_text("Taken over")
+    expect(page.locator(".suggestion")).to_contain_text("release it and TaskPilots goes on")
+    page.click("form[data-action=release] button[type=submit]")
+    expect(page.locator("#flash")).to_have_text("Released. The run goes on.")
+
+    page.goto(f"/console/runs/{refund.pk}/")
+    page.click("details.action--danger summary >> text=Reject")
+    expect(page.locator("form[data-action=reject]").locator("..")).to_contain_text(
+        "Nothing has been done to other systems yet."
+    )
+    page.fill("form[data-action=reject] textarea[name=comment]", "duplicate request")
+    page.click("form[data-action=reject] button[type=submit]")
+    expect(page.locator("#flash")).to_have_text(
+        "Rejected. The run is cancelled. Nothing had been done to other systems, so there is "
+        "nothing to undo."
+    )
+    failed = page.locator(".tl--failed")
+    expect(failed.locator(".tl-status")).to_have_text("Failed")
+    expect(failed.locator(".tl-reason")).to_contain_text("Rejected by sam-support at ")
+    expect(failed.locator(".tl-reason")).to_contain_text("“duplicate request”")
+    expect(page.locator(".suggestion")).to_contain_text(
+        "Nothing left to do: sam-support rejected it at "
+    )
+    expect(page.locator("#actions .idle")).to_have_text(
+        "Nothing left to do: the run was cancelled."
+    )
