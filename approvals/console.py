@@ -15,6 +15,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import JSONObject
 from django.utils import timezone
+from django.utils.formats import number_format
 from django.utils.html import conditional_escape, escape
 from django.utils.safestring import SafeData, SafeString, mark_safe
 from django.utils.translation import gettext as _
@@ -351,6 +352,10 @@ class Pending:
     snapshot: Snapshot | None = None
     created_at: Any = None
 
+    @property
+    def amount(self) -> str:
+        return amount_of(self.params)
+
 
 @dataclass
 class RunContext:
@@ -559,6 +564,25 @@ def _pending(run, steps, current, approval) -> Pending | None:
         permissions={"actor": run.principal, "scopes": run.scopes},
         prior_results=_prior_results(steps, current),
         idempotency_key=current.idempotency_key,
+    )
+
+
+def amount_of(params: Any) -> str:
+    """A money amount in the parameters, with its currency: `1,250.00 USD`. Without a currency
+    in the call, it says so (the payment system then applies its default); "" when there is no
+    amount."""
+    if not isinstance(params, dict):
+        return ""
+    amount = params.get("amount")
+    if isinstance(amount, bool) or not isinstance(amount, int | float):
+        return ""
+    shown = number_format(amount, decimal_pos=2, force_grouping=True)
+    currency = params.get("currency")
+    if isinstance(currency, str) and currency.strip():
+        return say("%(amount)s %(currency)s", amount=escape(shown), currency=currency.strip())
+    return say(
+        _("%(amount)s (no currency in the call: the payment system applies its default)"),
+        amount=escape(shown),
     )
 
 

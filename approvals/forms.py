@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from approvals.console import REASON_LABELS, RUN_STATUS_LABELS
 from runs import tools as tool_registry
+from runs.invisible import neutralise
 
 MAX_JSON_CHARS = 256 * 1024
 
@@ -167,9 +168,12 @@ class EditParamsForm(ActionForm):
         except tool_registry.UnknownTool:
             self.schema = {}
         if self.schema:
+            currency = self.original.get("currency")
             for name, kind in self.schema.items():
                 field = _field_for(kind, self.original.get(name), name)
                 field.initial = self.original.get(name)
+                if name == "amount" and isinstance(currency, str) and currency:
+                    field.label = f"{name} ({neutralise(currency)})"
                 self.fields[f"param__{name}"] = field
         else:
             self.fields["params_json"] = forms.JSONField(

@@ -40,7 +40,8 @@ def invalid_data_run() -> Run:
 def visible_text(response) -> str:
     """The page as a person reads it: tags dropped (untrusted values sit in <bdi>), entities
     decoded, whitespace collapsed."""
-    text = re.sub(r"<[^>]+>", "", response.content.decode())
+    text = re.sub(r"</(dt|dd|td|th|li|p|div|h[1-6])>", " ", response.content.decode())
+    text = re.sub(r"<[^>]+>", "", text)
     return re.sub(r"\s+", " ", html.unescape(text))
 
 

@@ -297,3 +297,26 @@ def test_a_running_run_polls_and_a_paused_one_does_not(client, sandbox, support_
     assert 'hx-trigger="every 2s"' not in client.get(detail(run)).content.decode()
     Run.objects.filter(pk=run.pk).update(status="running")
     assert 'hx-trigger="every 2s"' in client.get(detail(run)).content.decode()
+
+
+def test_a_refund_shows_its_amount_with_the_currency(client, sandbox, support_user):
+    run = approval_run()
+    client.force_login(support_user)
+    response = client.get(detail(run))
+    assert "Amount 150.00 USD" in visible_text(response)
+    assert '<label for="id_param__amount">amount (USD)</label>' in response.content.decode()
+    # A call without a currency says so rather than letting a bare number pass for money.
+    bare = approval_run(currency=None, payment="pay_2")
+    text = visible_text(client.get(detail(bare)))
+    assert "Amount 150.00 (no currency in the call: the payment system applies its default)" in (
+        text
+    )
+
+
+def test_the_demo_refund_names_its_currency(sandbox, support_user):
+    from approvals.models import ApprovalRequest
+
+    run = start("refund.approval", {"payment_id": "pay_3", "amount": 250, "currency": "eur"})
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.reason == "Refund of 250.00 EUR is above the 100 threshold"
+    assert approval.proposed_params["currency"] == "EUR"

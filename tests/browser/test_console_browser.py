@@ -29,6 +29,7 @@ def test_support_approves_a_paused_run_and_sees_it_continue(page, sandbox, suppo
     page.wait_for_url(f"**/console/runs/{run.pk}/")
     expect(page.locator(".run-head")).to_contain_text("Needs a person")
     expect(page.locator(".suggestion")).to_contain_text("payments.refund")
+    expect(page.locator(".pending .amount")).to_have_text("150.00 USD")
 
     page.get_by_role("button", name="Approve", exact=True).click()
     expect(page.locator("#flash")).to_contain_text("Approved")
