@@ -792,9 +792,12 @@ def _step_suggestion(ctx: RunContext) -> SafeString:
         )
     if cls == FailureClass.TRANSIENT:
         return say(
-            _(
+            ngettext(
+                "%(tool)s kept failing after %(attempts)s attempt. Retry now, or take the run "
+                "over and finish the step by hand.",
                 "%(tool)s kept failing after %(attempts)s attempts. Retry now, or take the run "
-                "over and finish the step by hand."
+                "over and finish the step by hand.",
+                step.attempts,
             ),
             tool=tool,
             attempts=step.attempts,

@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import formats, timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -141,9 +141,12 @@ def _card(fig: m.Figure, dashboard: m.Dashboard, viewer) -> dict[str, Any]:
             "d": formats.number_format(fig.counts[1], force_grouping=True),
         }
     elif fig.unit == "per100" and fig.counts:
-        detail = _("%(n)s takeovers in %(d)s runs") % {
-            "n": formats.number_format(fig.counts[0], force_grouping=True),
-            "d": formats.number_format(fig.counts[1], force_grouping=True),
+        takeovers, runs = (int(count) for count in fig.counts)
+        detail = _("%(takeovers)s in %(runs)s") % {
+            "takeovers": ngettext("%(n)s takeover", "%(n)s takeovers", takeovers)
+            % {"n": formats.number_format(takeovers, force_grouping=True)},
+            "runs": ngettext("%(d)s run", "%(d)s runs", runs)
+            % {"d": formats.number_format(runs, force_grouping=True)},
         }
     if "mean" in fig.extra:
         detail = _("mean %(v)s") % {"v": format_value(fig.extra["mean"], fig.unit)}

@@ -15,7 +15,7 @@ from django import forms
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
 from approvals.models import EscalationRule, RuleChange, RuleVersion, ToolPause
 from runs import tools as tool_registry
@@ -350,9 +350,14 @@ def explain(rule: EscalationRule | None, *, tool: str = "") -> str:
         "fallback": "",
     }
     if rule.action == A.RETRY:
-        text = _("%(head)s retries up to %(attempts)s attempts with exponential backoff from "
-                 "%(base)s s up to %(cap)s s (with jitter), then hands the run to the “%(queue)s” "
-                 "queue.")  # fmt: skip
+        text = ngettext(
+            "%(head)s retries up to %(attempts)s attempt with exponential backoff from %(base)s s "
+            "up to %(cap)s s (with jitter), then hands the run to the “%(queue)s” queue.",
+            "%(head)s retries up to %(attempts)s attempts with exponential backoff from "
+            "%(base)s s up to %(cap)s s (with jitter), then hands the run to the “%(queue)s” "
+            "queue.",
+            rule.max_attempts,
+        )
     elif rule.action == A.WAIT:
         text = _("%(head)s waits up to %(window)s s for %(tool)s to recover, probing every "
                  "%(probe)s s, then hands the run to the “%(queue)s” queue.")  # fmt: skip
