@@ -177,3 +177,39 @@ def test_the_console_says_what_happens_next(page, sandbox, support_user):
     expect(page.locator("#actions .idle")).to_have_text(
         "Nothing left to do: the run was cancelled."
     )
+
+
+OPEN_IS_VISIBLE = """(link) => {
+  const wrap = link.closest(".table-wrap").getBoundingClientRect();
+  const box = link.getBoundingClientRect();
+  const hit = document.elementFromPoint(box.left + box.width / 2, box.top + box.height / 2);
+  return {inside: box.left >= wrap.left && box.right <= wrap.right - 4,
+          onTop: hit !== null && link.contains(hit)};
+}"""
+
+
+def test_the_inbox_open_button_is_never_clipped(page, sandbox, support_user):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.approvals.console_helpers import invalid_data_run, unknown_outcome_run
+
+    late = start("test.refund", {"amount": 150, "payment": "pay_1"})
+    Run.objects.filter(pk=late.pk).update(attention_due_at=timezone.now() - timedelta(hours=30))
+    unknown_outcome_run(sandbox)
+    invalid_data_run()
+    log_in(page, support_user.username)
+    for language in ("en", "zh-hans"):
+        if language == "zh-hans":
+            page.click(".lang-switch button[value=zh-hans]")
+        for width in (1440, 1280, 1024, 900):
+            page.set_viewport_size({"width": width, "height": 900})
+            page.goto("/console/")
+            links = page.locator("#inbox-live tbody tr td:last-child a")
+            assert links.count() == 3
+            for index in range(3):
+                seen = links.nth(index).evaluate(OPEN_IS_VISIBLE)
+                assert seen == {"inside": True, "onTop": True}, (language, width, index)
+    links.first.click()
+    page.wait_for_url(f"**/console/runs/{late.pk}/")
