@@ -27,6 +27,7 @@ from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.models import (
     FailureClass,
+    Risk,
     Run,
     SideEffect,
     Snapshot,
@@ -108,6 +109,11 @@ VERB_LABELS = {
     "complete_by_hand": gettext_lazy("marked the step done by hand"),
     "cancel": gettext_lazy("cancelled the run"),
 }
+
+
+# Translatable in runs/models.py (the console shows them; rule chips use get_*_display).
+FAILURE_CLASS_LABELS = dict(FailureClass.choices)
+RISK_LABELS = dict(Risk.choices)
 
 
 def label(mapping: dict, value: str) -> str:

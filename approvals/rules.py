@@ -398,6 +398,25 @@ def which_rule(*, workflow="", step="", tool="", failure_class="", risk="") -> V
 RECENT_FAILURES_SCANNED = 500
 
 
+TESTED_FIELD_LABELS = {
+    "workflow": gettext_lazy("workflow"),
+    "step": gettext_lazy("step"),
+    "tool": gettext_lazy("tool"),
+    "failure_class": gettext_lazy("failure class"),
+    "risk": gettext_lazy("risk"),
+}
+
+
+def tested(query: dict[str, str]) -> list[tuple[str, str]]:
+    """What the tester tried, for the chips under its verdict: field names and class and risk
+    values in the reader's language, the rest as given."""
+    labels = {"failure_class": dict(FailureClass.choices), "risk": dict(Risk.choices)}
+    return [
+        (str(TESTED_FIELD_LABELS.get(key, key)), str(labels.get(key, {}).get(value, value)))
+        for key, value in query.items()
+    ]
+
+
 def recent_failures(limit: int = 20) -> list[Step]:
     """Recent distinct failures for the tester's "pick a past failure": one entry per workflow,
     step, tool and failure class (they route the same way), the newest step standing for it,
