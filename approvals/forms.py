@@ -31,8 +31,13 @@ class InboxFilterForm(forms.Form):
 
     def __init__(self, *args, queues=(), workflows=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["queue"].choices = [("", _("All queues"))] + [(q, q) for q in queues]
-        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
+        # Names from workflows, tools and rules are shown with their invisible characters.
+        self.fields["queue"].choices = [("", _("All queues"))] + [
+            (q, neutralise(q)) for q in queues
+        ]
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [
+            (w, neutralise(w)) for w in workflows
+        ]
         self.fields["reason"].choices = [("", _("All reasons"))] + list(REASON_LABELS.items())
 
     def filters(self) -> dict[str, str]:
@@ -60,7 +65,9 @@ class RunSearchForm(forms.Form):
 
     def __init__(self, *args, workflows=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [
+            (w, neutralise(w)) for w in workflows
+        ]
 
     def filters(self) -> dict[str, Any]:
         if not self.is_valid():

@@ -139,3 +139,18 @@ def test_an_auditor_reads_the_timeline_with_invisible_characters_shown(
     assert RLO not in text and "[U+202E]" in text
     audit = client.get("/console/audit/", {"workflow": "test.refund"}).content.decode()
     assert RLO not in audit
+
+
+def test_filter_options_show_invisible_characters_in_names(client, support_user, monkeypatch):
+    # Workflow and queue names come from agents' registrations and from rules.
+    from approvals import console
+
+    name = f"agent.{RLO}fer"
+    monkeypatch.setattr(
+        console, "filter_choices", lambda: {"queues": [f"q{ZWSP}"], "workflows": [name]}
+    )
+    client.force_login(support_user)
+    for path in ("/console/", "/console/runs/"):
+        text = _outside_form_values(client.get(path).content.decode())
+        assert ">agent.[U+202E]fer</option>" in text, path
+    assert ">q[U+200B]</option>" in client.get("/console/").content.decode()
