@@ -121,7 +121,7 @@ def test_approve_with_edits_stores_the_diff(client, paused, support_user):
     assert decision.after["diff"] == {"amount": [150, 99.5]}
     approval = ApprovalRequest.objects.get(run=run)
     assert approval.decision == "approved_with_edits"
-    assert approval.edited_params == {"payment_id": "pay_1", "amount": 99.5, "currency": "USD"}
+    assert approval.edited_params == {"payment_id": "pay_1", "amount": 99.5}
 
 
 def test_edits_are_validated_against_the_tool_schema(client, paused, support_user):

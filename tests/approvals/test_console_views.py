@@ -300,13 +300,14 @@ def test_a_running_run_polls_and_a_paused_one_does_not(client, sandbox, support_
 
 
 def test_a_refund_shows_its_amount_with_the_currency(client, sandbox, support_user):
-    run = approval_run()
+    run = start("refund.approval", {"payment_id": "pay_1", "amount": 1250})
     client.force_login(support_user)
     response = client.get(detail(run))
-    assert "Amount 150.00 USD" in visible_text(response)
+    assert "Amount 1,250.00 USD" in visible_text(response)
     assert '<label for="id_param__amount">amount (USD)</label>' in response.content.decode()
-    # A call without a currency says so rather than letting a bare number pass for money.
-    bare = approval_run(currency=None, payment="pay_2")
+    # A call without a currency (the test workflow's) says so rather than letting a bare
+    # number pass for money.
+    bare = approval_run(payment="pay_2")
     text = visible_text(client.get(detail(bare)))
     assert "Amount 150.00 (no currency in the call: the payment system applies its default)" in (
         text

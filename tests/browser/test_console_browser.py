@@ -29,7 +29,6 @@ def test_support_approves_a_paused_run_and_sees_it_continue(page, sandbox, suppo
     page.wait_for_url(f"**/console/runs/{run.pk}/")
     expect(page.locator(".run-head")).to_contain_text("Needs a person")
     expect(page.locator(".suggestion")).to_contain_text("payments.refund")
-    expect(page.locator(".pending .amount")).to_have_text("150.00 USD")
 
     page.get_by_role("button", name="Approve", exact=True).click()
     expect(page.locator("#flash")).to_contain_text("Approved")
@@ -213,3 +212,17 @@ def test_the_inbox_open_button_is_never_clipped(page, sandbox, support_user):
                 assert seen == {"inside": True, "onTop": True}, (language, width, index)
     links.first.click()
     page.wait_for_url(f"**/console/runs/{late.pk}/")
+
+
+def test_a_refund_names_its_currency(page, sandbox, support_user):
+    run = start("refund.approval", {"payment_id": "pay_8", "amount": 1250, "currency": "EUR"})
+    bare = start("test.refund", {"amount": 150, "payment": "pay_9"})  # its call has no currency
+    log_in(page, support_user.username)
+    page.goto(f"/console/runs/{run.pk}/")
+    expect(page.locator(".pending .amount")).to_have_text("1,250.00 EUR")
+    expect(page.locator(".why")).to_contain_text("Refund of 1250.00 EUR is above the 100 threshold")
+    expect(page.locator("label[for=id_param__amount]")).to_have_text("amount (EUR)")
+    page.goto(f"/console/runs/{bare.pk}/")
+    expect(page.locator(".pending .amount")).to_have_text(
+        "150.00 (no currency in the call: the payment system applies its default)"
+    )
