@@ -18,9 +18,10 @@ from typing import Any
 # Invisible letters and marks that are not in a "format" category but draw nothing.
 INVISIBLE_EXTRA = {0x034F, 0x115F, 0x1160, 0x17B4, 0x17B5, 0x3164, 0xFFA0}
 
-# Every code point `is_invisible()` accepts, as ranges (Unicode 15.1, Python 3.13). Scanning
-# all of Unicode at start-up costs most of a second, so the table is written out;
-# tests/approvals/test_untrusted.py recomputes it and fails when Python's Unicode data moves on.
+# Every code point `is_invisible()` accepts, as ranges (the same for Unicode 15.0 and 15.1, i.e.
+# Python 3.12 and 3.13). Scanning all of Unicode at start-up costs most of a second, so the
+# table is written out; tests/approvals/test_untrusted.py recomputes it and fails when Python's
+# Unicode data moves on.
 INVISIBLE_RANGES = (
     (0x0000, 0x0008), (0x000B, 0x000C), (0x000E, 0x001F), (0x007F, 0x009F), (0x00AD, 0x00AD),
     (0x034F, 0x034F), (0x0600, 0x0605), (0x061C, 0x061C), (0x06DD, 0x06DD), (0x070F, 0x070F),
