@@ -24,12 +24,13 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from approvals import console
+from approvals import console, viewer_time
 from approvals.models import ApprovalRequest, HumanDecision
 from approvals.views import _forbidden, _querystring
 from runs import audit
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
+from runs.invisible import neutralise
 from runs.models import Run, SideEffect, Snapshot, Step, TimelineEvent
 
 logger = logging.getLogger("taskpilots.console")
@@ -260,6 +261,7 @@ def build_lanes(run: Run, events: list[TimelineEvent], now: datetime) -> dict[st
         "plot_right": PLOT_RIGHT,
         "lane_height": LANE_HEIGHT,
         "span": _duration(span),
+        "zone": viewer_time.zone_label(timezone.localtime(start)),
         "start": start,
         "end": end,
     }
@@ -389,8 +391,11 @@ class AuditSearchForm(forms.Form):
         super().__init__(*args, **kwargs)
         workflows = sorted({w.name for w in workflow_registry.all_workflows()})
         tools = sorted(tool_registry.all_tools())
-        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
-        self.fields["tool"].choices = [("", _("All tools"))] + [(t, t) for t in tools]
+        # Names from agents' workflows and tools are shown with their invisible characters.
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [
+            (w, neutralise(w)) for w in workflows
+        ]
+        self.fields["tool"].choices = [("", _("All tools"))] + [(t, neutralise(t)) for t in tools]
 
     def clean(self):
         data = super().clean()

@@ -11,8 +11,12 @@ import hashlib
 import logging
 
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_POST
+
+from approvals import viewer_time
 
 logger = logging.getLogger("taskpilots.console")
 
@@ -50,6 +54,16 @@ def clear_failures(username: str, address: str) -> None:
     cache.delete(_key(username, address))
 
 
+@require_POST
+@login_required
+def set_time_zone(request: HttpRequest) -> HttpResponse:
+    """The browser says its zone (static/js/console.js) when the session does not know it yet:
+    a preference of the account, like the language, not a console action. 204, or 422 for a
+    name Python does not know (the pages then stay in UTC)."""
+    known = viewer_time.remember(request, request.POST.get("time_zone", ""))
+    return HttpResponse(status=204 if known else 422)
+
+
 class LockoutLoginView(auth_views.LoginView):
     def post(self, request, *args, **kwargs) -> HttpResponse:
         username = request.POST.get("username", "")[:150]
@@ -75,4 +89,7 @@ class LockoutLoginView(auth_views.LoginView):
 
     def form_valid(self, form):
         clear_failures(form.get_user().get_username(), client_address(self.request))
-        return super().form_valid(form)
+        response = super().form_valid(form)
+        # The browser's time zone, from the login form's hidden field (static/js/console.js).
+        viewer_time.remember(self.request, self.request.POST.get("time_zone", ""))
+        return response

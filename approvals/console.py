@@ -15,14 +15,19 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import JSONObject
 from django.utils import timezone
+from django.utils.formats import number_format
+from django.utils.html import conditional_escape, escape
+from django.utils.safestring import SafeData, SafeString, mark_safe
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
+from approvals import untrusted, viewer_time
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.models import (
     FailureClass,
+    Risk,
     Run,
     SideEffect,
     Snapshot,
@@ -106,8 +111,33 @@ VERB_LABELS = {
 }
 
 
+# Translatable in runs/models.py (the console shows them; rule chips use get_*_display).
+FAILURE_CLASS_LABELS = dict(FailureClass.choices)
+RISK_LABELS = dict(Risk.choices)
+
+
 def label(mapping: dict, value: str) -> str:
     return str(mapping.get(value, value))
+
+
+def say(template: Any, **values: Any) -> SafeString:
+    """A sentence of ours with values put in: plain strings (agent, tool and user data) are
+    isolated and their invisible characters shown (approvals/untrusted.py); SafeStrings (our own
+    markup or `escape()`d labels) go in as they are; numbers are escaped."""
+
+    def put(value: Any) -> Any:
+        if isinstance(value, SafeData):
+            return value
+        if isinstance(value, str):
+            return untrusted.isolate(value)
+        return escape(value)
+
+    return mark_safe(escape(str(template)) % {key: put(v) for key, v in values.items()})
+
+
+def sentences(*parts: Any) -> SafeString:
+    """Sentences side by side, each escaped unless it is already safe (say() made it)."""
+    return mark_safe(" ".join(str(conditional_escape(part)) for part in parts if part))
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,6 +339,10 @@ class TimelineItem:
     state: str  # "done", "current", "failed", "skipped", "upcoming"
     step: Step | None = None
     effects: list[SideEffect] = field(default_factory=list)
+    # Why a step failed or was skipped, as a person reads it (SafeString; empty when unknown).
+    reason: str = ""
+    # Set when the step's own status would mislead (a finished run's unfinished step).
+    status_label: str = ""
 
 
 @dataclass
@@ -323,6 +357,10 @@ class Pending:
     idempotency_key: str = ""
     snapshot: Snapshot | None = None
     created_at: Any = None
+
+    @property
+    def amount(self) -> str:
+        return amount_of(self.params)
 
 
 @dataclass
@@ -344,6 +382,9 @@ class RunContext:
     to_compensate: list[SideEffect]
     wait: Wait | None
     can_act: bool
+    viewer: Any = None
+    # What is true when there is nothing to do (the actions panel says it).
+    idle: str = ""
 
 
 def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
@@ -380,11 +421,17 @@ def build_run_context(run: Run, user) -> RunContext:
     for effect in effects:
         by_step.setdefault(effect.step_id, []).append(effect)
     current = next((s for s in steps if s.status in Step.UNFINISHED), None)
+    # A finished run has no current step: one it left unfinished (a cancel leaves the parked
+    # step as it was) is shown as not done, not as waiting for a person.
+    if run.is_terminal:
+        current = None
 
     timeline: list[TimelineItem] = []
     for step in steps:
         if step is current:
             state = "current"
+        elif run.is_terminal and step.status in Step.UNFINISHED:
+            state = "skipped"
         elif step.status == Step.Status.FAILED:
             state = "failed"
         elif step.status in (Step.Status.SKIPPED, Step.Status.COMPENSATED):
@@ -443,9 +490,48 @@ def build_run_context(run: Run, user) -> RunContext:
         to_compensate=to_compensate,
         wait=wait,
         can_act=may_act,
+        viewer=user,
     )
+    for item in timeline:
+        item.reason = _step_reason(item, decisions)
+        if item.step is not None and item.step.status in Step.UNFINISHED and run.is_terminal:
+            item.status_label = _("Not done")
     ctx.suggestion = suggest_next_action(ctx)
+    ctx.idle = idle_sentence(ctx)
     return ctx
+
+
+def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
+    """A failed step says why (a rejection names who and when, with their comment); a step
+    skipped without a reason says the run stopped before it."""
+    step = item.step
+    if step is None or item.state not in ("failed", "skipped"):
+        return ""
+    if item.state == "failed":
+        rejected = next((d for d in decisions if d.step_id == step.pk and d.verb == "reject"), None)
+        if rejected is not None:
+            values = {"user": rejected.user.get_username(), "when": _when(rejected.created_at)}
+            if rejected.comment:
+                return say(
+                    _("Rejected by %(user)s at %(when)s: “%(comment)s”."),
+                    comment=rejected.comment,
+                    **values,
+                )
+            return say(_("Rejected by %(user)s at %(when)s."), **values)
+        if step.last_error:
+            return say(_("Failed: %(error)s"), error=_shorten(step.last_error, 240))
+        return ""
+    if step.status == Step.Status.SKIPPED and step.last_error:
+        return say(_("Skipped: “%(reason)s”"), reason=_shorten(step.last_error, 200))
+    return say(_("Not done: the run stopped before this step."))
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _when(value) -> SafeString:
+    return escape(viewer_time.format_timestamp(value)) if value else escape("—")
 
 
 def _pending(run, steps, current, approval) -> Pending | None:
@@ -484,6 +570,25 @@ def _pending(run, steps, current, approval) -> Pending | None:
         permissions={"actor": run.principal, "scopes": run.scopes},
         prior_results=_prior_results(steps, current),
         idempotency_key=current.idempotency_key,
+    )
+
+
+def amount_of(params: Any) -> str:
+    """A money amount in the parameters, with its currency: `1,250.00 USD`. Without a currency
+    in the call, it says so (the payment system then applies its default); "" when there is no
+    amount."""
+    if not isinstance(params, dict):
+        return ""
+    amount = params.get("amount")
+    if isinstance(amount, bool) or not isinstance(amount, int | float):
+        return ""
+    shown = number_format(amount, decimal_pos=2, force_grouping=True)
+    currency = params.get("currency")
+    if isinstance(currency, str) and currency.strip():
+        return say("%(amount)s %(currency)s", amount=escape(shown), currency=currency.strip())
+    return say(
+        _("%(amount)s (no currency in the call: the payment system applies its default)"),
+        amount=escape(shown),
     )
 
 
@@ -547,36 +652,85 @@ _UNKNOWN_BY_SYSTEM = {
 }
 
 
-def suggest_next_action(ctx: RunContext) -> str:
-    run, step = ctx.run, ctx.current
+def suggest_next_action(ctx: RunContext) -> SafeString:
+    run = ctx.run
     if run.is_terminal:
-        return _("Nothing to do: the run is %(status)s.") % {
-            "status": label(RUN_STATUS_LABELS, run.status).lower()
-        }
+        return how_it_ended(ctx)
     if run.status == Run.Status.TAKEN_OVER and run.owner is not None:
-        return _(
-            "%(owner)s has taken this run over: automation will not touch it until they act "
-            "on it or release it."
-        ) % {"owner": run.owner.get_username()}
+        return _taken_over(ctx)
+    return _step_suggestion(ctx)
+
+
+def _taken_over(ctx: RunContext) -> SafeString:
+    """A taken-over run stays with its owner until released, whatever they do on it."""
+    run, step = ctx.run, ctx.current
+    viewer_id = getattr(ctx.viewer, "pk", None)
+    if run.owner_id != viewer_id:
+        return say(
+            _(
+                "%(owner)s has taken this run over: TaskPilots does not touch it until they (or "
+                "an admin) release it."
+            ),
+            owner=run.owner.get_username(),
+        )
+    if step is not None and step.status in (Step.Status.NEEDS_HUMAN, Step.Status.UNKNOWN_OUTCOME):
+        return say(
+            _(
+                "%(suggestion)s The run stays with you: TaskPilots goes on only after you "
+                "release it."
+            ),
+            suggestion=_step_suggestion(ctx),
+        )
+    following = step.name if step is not None else _next_declared(ctx)
+    if following:
+        return say(
+            _(
+                "You have taken this run over and nothing is waiting on you: release it and "
+                "TaskPilots goes on with %(step)s."
+            ),
+            step=following,
+        )
+    return say(
+        _("You have taken this run over and nothing is left to do: release it so it can end.")
+    )
+
+
+def _next_declared(ctx: RunContext) -> str:
+    return next((item.name for item in ctx.timeline if item.step is None), "")
+
+
+def _step_suggestion(ctx: RunContext) -> SafeString:
+    run, step = ctx.run, ctx.current
     if run.status == Run.Status.COMPENSATING:
-        return _("TaskPilots is undoing this run's side effects; watch the steps below.")
+        return say(_("TaskPilots is undoing this run's side effects; watch the steps below."))
     if run.status in (Run.Status.PENDING, Run.Status.RUNNING):
-        return _("The run is moving on its own; nothing to do.")
+        return say(_("The run is moving on its own; nothing to do."))
     if step is None:
-        return _("No step is waiting; nothing to do.")
+        return say(_("No step is waiting; nothing to do."))
     tool = (ctx.pending.tool if ctx.pending else "") or step.tool or step.name
     rule = ctx.routing.get("rule") or ""
     if ctx.approval is not None:
         if ctx.to_compensate:
-            return _(
+            return say(
+                ngettext(
+                    "Check the proposed %(tool)s call below, then approve it, approve it with "
+                    "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
+                    "effect).",
+                    "Check the proposed %(tool)s call below, then approve it, approve it with "
+                    "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
+                    "effects).",
+                    len(ctx.to_compensate),
+                ),
+                tool=tool,
+                count=len(ctx.to_compensate),
+            )
+        return say(
+            _(
                 "Check the proposed %(tool)s call below, then approve it, approve it with "
-                "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
-                "effects)."
-            ) % {"tool": tool, "count": len(ctx.to_compensate)}
-        return _(
-            "Check the proposed %(tool)s call below, then approve it, approve it with corrected "
-            "parameters, or reject it."
-        ) % {"tool": tool}
+                "corrected parameters, or reject it."
+            ),
+            tool=tool,
+        )
     cls = ctx.failure_class
     if step.status == Step.Status.UNKNOWN_OUTCOME or cls == FailureClass.UNKNOWN_OUTCOME:
         key = (ctx.pending.idempotency_key if ctx.pending else "") or step.idempotency_key
@@ -587,59 +741,273 @@ def suggest_next_action(ctx: RunContext) -> str:
                 "%(tool)s may or may not have done this. Check %(target)s for key %(key)s; then "
                 "confirm it happened (give its reference) or that it did not."
             )
-        return str(template) % {"tool": tool, "target": target, "key": key}
-    if step.status in (Step.Status.WAITING, Step.Status.RETRY_SCHEDULED):
-        return _(
-            "TaskPilots is waiting for %(tool)s and will try again by itself; retry now if you "
-            "know it is back."
-        ) % {"tool": tool}
-    if cls == FailureClass.OUTAGE:
-        return _(
-            "%(tool)s stayed down longer than rule “%(rule)s” waits. Check that it is back, then "
-            "retry the step now; or do the work by hand and mark the step done."
-        ) % {"tool": tool, "rule": rule}
-    if cls == FailureClass.INVALID_INPUT:
-        return _(
-            "%(tool)s rejected the data it was given. Correct the parameters and retry, or skip "
-            "the step with a reason."
-        ) % {"tool": tool}
-    if cls == FailureClass.PERMISSION:
-        return _(
-            "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do it "
-            "by hand and mark the step done."
-        ) % {"tool": tool}
-    if cls == FailureClass.TRANSIENT:
-        return _(
-            "%(tool)s kept failing after %(attempts)s attempts. Retry now, or take the run over "
-            "and finish the step by hand."
-        ) % {"tool": tool, "attempts": step.attempts}
-    if cls == FailureClass.TIMEOUT:
-        return _(
-            "The wait ran out with no answer. Check whether it happened; then mark the step done "
-            "with its result, or skip it with a reason."
+        return say(template, tool=tool, target=target, key=key)
+    if step.kind in ("wait_event", "wait_timer") and step.status == Step.Status.WAITING:
+        due = ctx.wait.due_at if ctx.wait else None
+        if step.kind == "wait_timer":
+            return say(
+                _("The run waits until %(due)s and goes on by itself; nothing to do."),
+                due=_when(due),
+            )
+        event = (ctx.wait.event_type if ctx.wait else "") or step.name
+        if due:
+            return say(
+                _(
+                    "The run waits for the event %(event)s (until %(due)s) and goes on by itself "
+                    "when it comes; nothing to do."
+                ),
+                event=event,
+                due=_when(due),
+            )
+        return say(
+            _("The run waits for the event %(event)s and goes on by itself when it comes."),
+            event=event,
         )
-    return _("Read the error below; retry the step, mark it done by hand, or cancel the run.")
+    if step.status in (Step.Status.WAITING, Step.Status.RETRY_SCHEDULED):
+        return say(
+            _(
+                "TaskPilots is waiting for %(tool)s and will try again by itself; retry now if "
+                "you know it is back."
+            ),
+            tool=tool,
+        )
+    if cls == FailureClass.OUTAGE:
+        return say(
+            _(
+                "%(tool)s stayed down longer than rule “%(rule)s” waits. Check that it is back, "
+                "then retry the step now; or do the work by hand and mark the step done."
+            ),
+            tool=tool,
+            rule=rule,
+        )
+    if cls == FailureClass.INVALID_INPUT:
+        return say(
+            _(
+                "%(tool)s rejected the data it was given. Correct the parameters and retry, or "
+                "skip the step with a reason."
+            ),
+            tool=tool,
+        )
+    if cls == FailureClass.PERMISSION:
+        return say(
+            _(
+                "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do "
+                "it by hand and mark the step done."
+            ),
+            tool=tool,
+        )
+    if cls == FailureClass.TRANSIENT:
+        return say(
+            ngettext(
+                "%(tool)s kept failing after %(attempts)s attempt. Retry now, or take the run "
+                "over and finish the step by hand.",
+                "%(tool)s kept failing after %(attempts)s attempts. Retry now, or take the run "
+                "over and finish the step by hand.",
+                step.attempts,
+            ),
+            tool=tool,
+            attempts=step.attempts,
+        )
+    if cls == FailureClass.TIMEOUT:
+        return say(
+            _(
+                "The wait ran out with no answer. Check whether it happened; then mark the step "
+                "done with its result, or skip it with a reason."
+            )
+        )
+    return say(_("Read the error below; retry the step, mark it done by hand, or cancel the run."))
 
 
-def conflict_message(run: Run) -> str:
+def _done_effects(ctx: RunContext, status: str) -> int:
+    return sum(1 for effect in ctx.effects if effect.status == status)
+
+
+def how_it_ended(ctx: RunContext) -> SafeString:
+    """A finished run: nothing left to do, and how it ended (who ended it, when, and what
+    became of its side effects)."""
+    run = ctx.run
+    when = _when(run.finished_at or run.updated_at)
+    S = Run.Status
+    committed = _done_effects(ctx, SideEffect.Status.COMMITTED)
+    if run.status == S.SUCCEEDED:
+        sentence = say(_("Nothing left to do: the run succeeded at %(when)s."), when=when)
+        if committed:
+            sentence = sentences(
+                sentence,
+                say(
+                    ngettext(
+                        "It did %(n)s side effect; its receipt is in the steps below.",
+                        "It did %(n)s side effects; their receipts are in the steps below.",
+                        committed,
+                    ),
+                    n=committed,
+                ),
+            )
+        return sentence
+    if run.status == S.COMPENSATED:
+        undone = _done_effects(ctx, SideEffect.Status.COMPENSATED)
+        return say(
+            ngettext(
+                "Nothing left to do: the run was undone at %(when)s (%(n)s side effect "
+                "compensated).",
+                "Nothing left to do: the run was undone at %(when)s (%(n)s side effects "
+                "compensated).",
+                undone,
+            ),
+            when=when,
+            n=undone,
+        )
+    if run.status == S.FAILED:
+        if run.attention_reason:
+            return say(
+                _(
+                    "Nothing left to do: the run failed at %(when)s: %(reason)s. Start a new run "
+                    "if the work still needs doing."
+                ),
+                when=when,
+                reason=run.attention_reason,
+            )
+        return say(
+            _("Nothing left to do: the run failed at %(when)s. Start a new run if the work still "
+              "needs doing."),
+            when=when,
+        )  # fmt: skip
+    # Cancelled: by a person (a rejection or a cancel) or through the API.
+    ended_by = next((d for d in ctx.decisions if d.verb in ("reject", "cancel")), None)
+    if ended_by is not None and ended_by.verb == "reject":
+        sentence = say(
+            _("Nothing left to do: %(user)s rejected it at %(when)s, so the run was cancelled."),
+            user=ended_by.user.get_username(),
+            when=_when(ended_by.created_at),
+        )
+    elif ended_by is not None:
+        sentence = say(
+            _("Nothing left to do: %(user)s cancelled the run at %(when)s (“%(reason)s”)."),
+            user=ended_by.user.get_username(),
+            when=_when(ended_by.created_at),
+            reason=ended_by.comment,
+        )
+    else:
+        sentence = say(
+            _("Nothing left to do: the run was cancelled at %(when)s (%(reason)s)."),
+            when=when,
+            reason=run.attention_reason or "—",
+        )
+    if committed:
+        return sentences(
+            sentence,
+            say(
+                ngettext(
+                    "%(n)s side effect done before it stays done.",
+                    "%(n)s side effects done before it stay done.",
+                    committed,
+                ),
+                n=committed,
+            ),
+        )
+    return sentences(
+        sentence, say(_("Nothing had been done to other systems, so nothing was undone."))
+    )
+
+
+def idle_sentence(ctx: RunContext) -> SafeString:
+    """What the actions panel says when there is nothing to do: why, for this state."""
+    S = Run.Status
+    status = ctx.run.status
+    if status == S.SUCCEEDED:
+        return say(_("Nothing left to do: the run succeeded."))
+    if status == S.FAILED:
+        return say(_("Nothing left to do: the run failed."))
+    if status == S.CANCELLED:
+        return say(_("Nothing left to do: the run was cancelled."))
+    if status == S.COMPENSATED:
+        return say(_("Nothing left to do: the run was undone."))
+    if status == S.COMPENSATING:
+        return say(
+            _("Nothing to do: TaskPilots is undoing the run's side effects, then the run ends.")
+        )
+    if status in (S.PENDING, S.RUNNING):
+        return say(_("Nothing to do: TaskPilots is running this run now."))
+    if status == S.WAITING:
+        return say(_("Nothing to do: the run waits and goes on by itself."))
+    return say(_("Nothing to do on this run right now."))
+
+
+def what_happens_next(run: Run, user) -> SafeString:
+    """After a person's action, what the run does now, read from its state (never assumed):
+    a taken-over run stays with its owner; a rejection with nothing done undoes nothing."""
+    S = Run.Status
+    if run.status == S.TAKEN_OVER:
+        if run.owner_id == user.pk:
+            return say(
+                _(
+                    "The run stays taken over by you: TaskPilots does nothing more with it until "
+                    "you release it."
+                )
+            )
+        return say(
+            _(
+                "The run stays taken over by %(owner)s: TaskPilots does nothing more with it "
+                "until they (or an admin) release it."
+            ),
+            owner=run.owner.get_username() if run.owner else "?",
+        )
+    if run.status in (S.PENDING, S.RUNNING):
+        return say(_("The run goes on."))
+    if run.status == S.WAITING:
+        return say(_("The run waits (for an event, a timer or a tool) and goes on by itself."))
+    if run.status == S.NEEDS_HUMAN:
+        return say(_("The run still needs a person: it is back in the inbox."))
+    committed = run.side_effects.filter(status=SideEffect.Status.COMMITTED).count()
+    if run.status == S.COMPENSATING:
+        return say(
+            ngettext(
+                "TaskPilots is undoing the %(n)s side effect already done, then the run ends.",
+                "TaskPilots is undoing the %(n)s side effects already done, newest first, then "
+                "the run ends.",
+                committed,
+            ),
+            n=committed,
+        )
+    if run.status == S.CANCELLED:
+        if committed:
+            return say(
+                ngettext(
+                    "The run is cancelled; the %(n)s side effect already done stays done.",
+                    "The run is cancelled; the %(n)s side effects already done stay done.",
+                    committed,
+                ),
+                n=committed,
+            )
+        return say(
+            _(
+                "The run is cancelled. Nothing had been done to other systems, so there is "
+                "nothing to undo."
+            )
+        )
+    return say(
+        _("The run has ended: %(status)s."),
+        status=escape(label(RUN_STATUS_LABELS, run.status).lower()),
+    )
+
+
+def conflict_message(run: Run) -> SafeString:
     """“Already decided by X at T”: the latest human decision, or the run's current state."""
     last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
+    status = escape(label(RUN_STATUS_LABELS, run.status).lower())
     if last is not None:
-        return _(
-            "Someone else acted first: %(user)s %(verb)s at %(time)s. The run is now "
-            "%(status)s; here is where it stands."
-        ) % {
-            "user": last.user.get_username(),
-            "verb": label(VERB_LABELS, last.verb),
-            "time": _format_time(last.created_at),
-            "status": label(RUN_STATUS_LABELS, run.status).lower(),
-        }
-    return _("This run changed since you opened it; it is now %(status)s.") % {
-        "status": label(RUN_STATUS_LABELS, run.status).lower()
-    }
+        return say(
+            _(
+                "Someone else acted first: %(user)s %(verb)s at %(time)s. The run is now "
+                "%(status)s; here is where it stands."
+            ),
+            user=last.user.get_username(),
+            verb=escape(label(VERB_LABELS, last.verb)),
+            time=escape(_format_time(last.created_at)),
+            status=status,
+        )
+    return say(_("This run changed since you opened it; it is now %(status)s."), status=status)
 
 
 def _format_time(value) -> str:
-    from django.utils.formats import date_format
-
-    return date_format(timezone.localtime(value), "DATETIME_FORMAT")
+    return viewer_time.format_timestamp(value)

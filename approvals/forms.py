@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from approvals.console import REASON_LABELS, RUN_STATUS_LABELS
 from runs import tools as tool_registry
+from runs.invisible import neutralise
 
 MAX_JSON_CHARS = 256 * 1024
 
@@ -30,8 +31,13 @@ class InboxFilterForm(forms.Form):
 
     def __init__(self, *args, queues=(), workflows=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["queue"].choices = [("", _("All queues"))] + [(q, q) for q in queues]
-        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
+        # Names from workflows, tools and rules are shown with their invisible characters.
+        self.fields["queue"].choices = [("", _("All queues"))] + [
+            (q, neutralise(q)) for q in queues
+        ]
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [
+            (w, neutralise(w)) for w in workflows
+        ]
         self.fields["reason"].choices = [("", _("All reasons"))] + list(REASON_LABELS.items())
 
     def filters(self) -> dict[str, str]:
@@ -59,7 +65,9 @@ class RunSearchForm(forms.Form):
 
     def __init__(self, *args, workflows=(), **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["workflow"].choices = [("", _("All workflows"))] + [(w, w) for w in workflows]
+        self.fields["workflow"].choices = [("", _("All workflows"))] + [
+            (w, neutralise(w)) for w in workflows
+        ]
 
     def filters(self) -> dict[str, Any]:
         if not self.is_valid():
@@ -167,9 +175,12 @@ class EditParamsForm(ActionForm):
         except tool_registry.UnknownTool:
             self.schema = {}
         if self.schema:
+            currency = self.original.get("currency")
             for name, kind in self.schema.items():
                 field = _field_for(kind, self.original.get(name), name)
                 field.initial = self.original.get(name)
+                if name == "amount" and isinstance(currency, str) and currency:
+                    field.label = f"{name} ({neutralise(currency)})"
                 self.fields[f"param__{name}"] = field
         else:
             self.fields["params_json"] = forms.JSONField(

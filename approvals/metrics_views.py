@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import formats, timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -116,16 +116,24 @@ def sparkline(series: list[float | None]) -> Spark:
     return Spark(segments, dots, point(last_index, series[last_index]))
 
 
-def _trend_title(fig: m.Figure, buckets: list[datetime], bucket: str) -> str:
-    fmt = "H:i" if bucket == "hour" else "M j"
+def _trend_title(fig: m.Figure, buckets: list[datetime], bucket: str, viewer) -> str:
+    """Hours in the viewer's zone (like every time on the page); days are the server zone's
+    days, which the stored day sums are for."""
     parts = []
     for at, value in zip(buckets, fig.series, strict=True):
-        if value is not None:
-            parts.append(f"{formats.date_format(at, fmt)}: {format_value(value, fig.unit)}")
+        if value is None:
+            continue
+        if bucket == "hour":
+            server_time = timezone.make_aware(at, timezone.get_default_timezone())
+            local = timezone.localtime(server_time, viewer)
+            label = formats.date_format(local, "H:i")
+        else:
+            label = formats.date_format(at, "M j")
+        parts.append(f"{label}: {format_value(value, fig.unit)}")
     return "\n".join(parts[-48:])
 
 
-def _card(fig: m.Figure, dashboard: m.Dashboard) -> dict[str, Any]:
+def _card(fig: m.Figure, dashboard: m.Dashboard, viewer) -> dict[str, Any]:
     detail = ""
     if fig.unit == "ratio" and fig.counts:
         detail = _("%(n)s of %(d)s") % {
@@ -133,9 +141,12 @@ def _card(fig: m.Figure, dashboard: m.Dashboard) -> dict[str, Any]:
             "d": formats.number_format(fig.counts[1], force_grouping=True),
         }
     elif fig.unit == "per100" and fig.counts:
-        detail = _("%(n)s takeovers in %(d)s runs") % {
-            "n": formats.number_format(fig.counts[0], force_grouping=True),
-            "d": formats.number_format(fig.counts[1], force_grouping=True),
+        takeovers, runs = (int(count) for count in fig.counts)
+        detail = _("%(takeovers)s in %(runs)s") % {
+            "takeovers": ngettext("%(n)s takeover", "%(n)s takeovers", takeovers)
+            % {"n": formats.number_format(takeovers, force_grouping=True)},
+            "runs": ngettext("%(d)s run", "%(d)s runs", runs)
+            % {"d": formats.number_format(runs, force_grouping=True)},
         }
     if "mean" in fig.extra:
         detail = _("mean %(v)s") % {"v": format_value(fig.extra["mean"], fig.unit)}
@@ -146,7 +157,7 @@ def _card(fig: m.Figure, dashboard: m.Dashboard) -> dict[str, Any]:
         "display": format_value(fig.value, fig.unit),
         "detail": detail,
         "spark": sparkline(fig.series),
-        "trend_title": _trend_title(fig, dashboard.buckets, dashboard.window.bucket),
+        "trend_title": _trend_title(fig, dashboard.buckets, dashboard.window.bucket, viewer),
         "tone": "good" if fig.higher_is_better else "bad" if fig.higher_is_better is False else "",
     }
 
@@ -181,11 +192,18 @@ def _window_or_error(request: HttpRequest) -> tuple[m.Window, str]:
 @never_cache
 @console_view()
 def metrics_page(request: HttpRequest) -> HttpResponse:
-    window, error = _window_or_error(request)
-    dashboard = m.compute(window)
+    viewer = timezone.get_current_timezone()
+    # Windows and day buckets in the server's zone: the rollup stores day sums for it (a
+    # viewer's zone would make every day fall back to per-run rows). The page then shows the
+    # window's edges in the viewer's zone, with the zone, like every other time.
+    with timezone.override(timezone.get_default_timezone()):
+        window, error = _window_or_error(request)
+        dashboard = m.compute(window)
+        local_start, local_end = timezone.localtime(window.start), timezone.localtime(window.end)
     figures = {f.key: f for f in dashboard.figures}
-    groups = [(title, [_card(figures[key], dashboard) for key in keys]) for title, keys in GROUPS]
-    local_end = timezone.localtime(window.end)
+    groups = [
+        (title, [_card(figures[key], dashboard, viewer) for key in keys]) for title, keys in GROUPS
+    ]
     context = {
         "dashboard": dashboard,
         "groups": groups,
@@ -203,7 +221,7 @@ def metrics_page(request: HttpRequest) -> HttpResponse:
             }
             for kind in m.INCONSISTENCIES
         ],  # fmt: skip
-        "custom_start": request.GET.get("start") or timezone.localtime(window.start).date(),
+        "custom_start": request.GET.get("start") or local_start.date(),
         "custom_end": request.GET.get("end") or local_end.date(),
     }
     return render(request, "console/metrics.html", context, status=400 if error else 200)
@@ -213,13 +231,16 @@ def metrics_page(request: HttpRequest) -> HttpResponse:
 @never_cache
 @console_view()
 def metrics_json(request: HttpRequest) -> JsonResponse:
-    try:
-        window = m.parse_window(request.GET)
-    except m.BadWindow as exc:
-        return JsonResponse(
-            {"error": {"code": "bad_window", "message": str(exc), "field": "window"}}, status=400
-        )
-    return JsonResponse(m.compute(window).as_json(), json_dumps_params={"ensure_ascii": False})
+    with timezone.override(timezone.get_default_timezone()):  # as the page (see above)
+        try:
+            window = m.parse_window(request.GET)
+        except m.BadWindow as exc:
+            return JsonResponse(
+                {"error": {"code": "bad_window", "message": str(exc), "field": "window"}},
+                status=400,
+            )
+        document = m.compute(window).as_json()
+    return JsonResponse(document, json_dumps_params={"ensure_ascii": False})
 
 
 def _bearer_ok(request: HttpRequest) -> bool:

@@ -15,11 +15,13 @@ from django import forms
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 
 from approvals.models import EscalationRule, RuleChange, RuleVersion, ToolPause
+from approvals.viewer_time import format_timestamp
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
+from runs.invisible import neutralise
 from runs.models import FailureClass, Risk, Step, TimelineEvent, Wait
 
 A = EscalationRule.Action
@@ -350,9 +352,14 @@ def explain(rule: EscalationRule | None, *, tool: str = "") -> str:
         "fallback": "",
     }
     if rule.action == A.RETRY:
-        text = _("%(head)s retries up to %(attempts)s attempts with exponential backoff from "
-                 "%(base)s s up to %(cap)s s (with jitter), then hands the run to the “%(queue)s” "
-                 "queue.")  # fmt: skip
+        text = ngettext(
+            "%(head)s retries up to %(attempts)s attempt with exponential backoff from %(base)s s "
+            "up to %(cap)s s (with jitter), then hands the run to the “%(queue)s” queue.",
+            "%(head)s retries up to %(attempts)s attempts with exponential backoff from "
+            "%(base)s s up to %(cap)s s (with jitter), then hands the run to the “%(queue)s” "
+            "queue.",
+            rule.max_attempts,
+        )
     elif rule.action == A.WAIT:
         text = _("%(head)s waits up to %(window)s s for %(tool)s to recover, probing every "
                  "%(probe)s s, then hands the run to the “%(queue)s” queue.")  # fmt: skip
@@ -387,14 +394,69 @@ def which_rule(*, workflow="", step="", tool="", failure_class="", risk="") -> V
     return Verdict(first, explain(first, tool=tool), risk, matching[1:])
 
 
+# How many recent failing steps the tester's list is drawn from.
+RECENT_FAILURES_SCANNED = 500
+
+
+TESTED_FIELD_LABELS = {
+    "workflow": gettext_lazy("workflow"),
+    "step": gettext_lazy("step"),
+    "tool": gettext_lazy("tool"),
+    "failure_class": gettext_lazy("failure class"),
+    "risk": gettext_lazy("risk"),
+}
+
+
+def tested(query: dict[str, str]) -> list[tuple[str, str]]:
+    """What the tester tried, for the chips under its verdict: field names and class and risk
+    values in the reader's language, the rest as given."""
+    labels = {"failure_class": dict(FailureClass.choices), "risk": dict(Risk.choices)}
+    return [
+        (str(TESTED_FIELD_LABELS.get(key, key)), str(labels.get(key, {}).get(value, value)))
+        for key, value in query.items()
+    ]
+
+
 def recent_failures(limit: int = 20) -> list[Step]:
-    """Recent steps that failed with a class, for the tester's "pick a past failure"."""
-    return list(
+    """Recent distinct failures for the tester's "pick a past failure": one entry per workflow,
+    step, tool and failure class (they route the same way), the newest step standing for it,
+    with how often it happened (`times`) among the last RECENT_FAILURES_SCANNED failing steps."""
+    steps = (
         Step.objects.exclude(error_class="")
         .select_related("run")
-        .only("id", "name", "tool", "error_class", "created_at", "run__workflow", "run__id")
-        .order_by("-id")[:limit]
+        .only(
+            "id",
+            "name",
+            "tool",
+            "error_class",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "run__workflow",
+            "run__id",
+        )
+        .order_by("-id")[:RECENT_FAILURES_SCANNED]
     )
+    distinct: dict[tuple, Step] = {}
+    for step in steps:
+        key = (step.run.workflow, step.name, step.tool, step.error_class)
+        if key in distinct:
+            distinct[key].times += 1
+        elif len(distinct) < limit:
+            step.times = 1
+            distinct[key] = step
+    return list(distinct.values())
+
+
+def _failure_label(step: Step) -> str:
+    known = step.error_class in FailureClass.values
+    cls = FailureClass(step.error_class).label if known else step.error_class
+    seen = step.finished_at or step.started_at or step.created_at
+    times = ngettext("%(n)s time, last %(when)s", "%(n)s times, last %(when)s", step.times) % {
+        "n": step.times,
+        "when": format_timestamp(seen),
+    }
+    return neutralise(" · ".join([step.run.workflow, step.name, step.tool or "—", str(cls), times]))
 
 
 class TesterForm(forms.Form):
@@ -411,8 +473,7 @@ class TesterForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.failures = {s.pk: s for s in failures}
         self.fields["failure"].choices = [("", _("— or type below —"))] + [
-            (s.pk, f"{s.run.workflow} · {s.name} · {s.tool or '—'} · {s.error_class}")
-            for s in failures
+            (s.pk, _failure_label(s)) for s in failures
         ]
         self.fields["failure_class"].choices = [("", _("Any"))] + list(FailureClass.choices)
         self.fields["risk"].choices = [("", _("From the tool"))] + list(Risk.choices)

@@ -44,7 +44,7 @@ def _tester(request: HttpRequest) -> dict:
     form = rules.TesterForm(request.GET or None, failures=rules.recent_failures())
     query = form.query() if form.is_bound else None
     return {"tester": form, "verdict": rules.which_rule(**query) if query else None,
-            "query": query}  # fmt: skip
+            "query": query, "tested": rules.tested(query) if query else []}  # fmt: skip
 
 
 @require_GET

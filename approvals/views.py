@@ -6,6 +6,7 @@ approvals/actions.py to act, and render a page or (for htmx) the partial that ch
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,16 +16,18 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import reswap, retarget
 
-from approvals import actions, console
+from approvals import actions, console, untrusted
 from approvals.forms import (
     ActionForm,
     ApproveForm,
@@ -181,7 +184,7 @@ def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, A
     }
     if tab == "rehydration":
         document = run.rehydration()
-        context["rehydration"] = console.to_pretty_json(document)
+        context["rehydration"] = untrusted.json_html(console.to_pretty_json(document))
     elif tab == "events":
         context["events"] = list(TimelineEvent.objects.filter(run=run).order_by("-seq")[:200])
     context.update(extra)
@@ -202,8 +205,11 @@ def run_detail(request: HttpRequest, run_id) -> HttpResponse:
 @require_GET
 @never_cache
 @console_view()
-def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -> JsonResponse:
-    """The full JSON behind a truncated preview, served as application/json (never HTML)."""
+def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -> HttpResponse:
+    """The full JSON behind a truncated preview, served as application/json (never HTML).
+
+    Invisible and bidi format characters are written as \\uXXXX escapes: the same JSON
+    value, but a browser or editor showing the text shows them instead of obeying them."""
     run = _get_run(run_id)
     kind = part
     if kind == "input":
@@ -222,9 +228,8 @@ def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -
         value = {"proposed_params": approval.proposed_params, "edited": approval.edited_params}
     else:
         raise Http404("unknown part")
-    response = JsonResponse(
-        value, safe=False, json_dumps_params={"indent": 2, "ensure_ascii": False}
-    )
+    document = json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False)
+    response = HttpResponse(untrusted.escape_json(document), content_type="application/json")
     response["Content-Disposition"] = f'inline; filename="{run.pk}-{kind}.json"'
     return response
 
@@ -236,7 +241,9 @@ def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -
 @dataclass(frozen=True)
 class ActionSpec:
     form: type
+    # Does it and says what was recorded; _answer adds what the run does now (from its state).
     perform: Callable[[Run, Any, dict, HttpRequest], str]
+    says_what_next: bool = True
 
 
 def _approval_of(run: Run, data: dict) -> ApprovalRequest:
@@ -252,7 +259,7 @@ def _approve(run, user, data, request):
         _approval_of(run, data).pk, user, "approved",
         comment=data["comment"], expected_version=data["expected_version"],
     )  # fmt: skip
-    return _("Approved. The run goes on.")
+    return _("Approved.")
 
 
 def _approve_edits(run, user, data, request):
@@ -263,7 +270,7 @@ def _approve_edits(run, user, data, request):
         _approval_of(run, data).pk, user, "approved_with_edits", edited_params=data["params"],
         comment=data["comment"], expected_version=data["expected_version"],
     )  # fmt: skip
-    return _("Approved with your edits. The run goes on with the new parameters.")
+    return _("Approved with your edits: the call uses your parameters.")
 
 
 def _reject(run, user, data, request):
@@ -271,7 +278,7 @@ def _reject(run, user, data, request):
         _approval_of(run, data).pk, user, "rejected",
         comment=data["comment"], expected_version=data["expected_version"],
     )  # fmt: skip
-    return _("Rejected. Side effects already done are being undone.")
+    return _("Rejected.")
 
 
 def _confirm_happened(run, user, data, request):
@@ -279,7 +286,7 @@ def _confirm_happened(run, user, data, request):
         _step_of(run, data).pk, user, happened=True, proof=data["proof"],
         comment=data["comment"], expected_version=data["expected_version"],
     )  # fmt: skip
-    return _("Recorded as done, with your reference as proof. The run goes on.")
+    return _("Recorded as done, with your reference as proof.")
 
 
 def _confirm_not_happened(run, user, data, request):
@@ -287,14 +294,14 @@ def _confirm_not_happened(run, user, data, request):
         _step_of(run, data).pk, user, happened=False,
         comment=data["comment"], expected_version=data["expected_version"],
     )  # fmt: skip
-    return _("Recorded as not done. The step is tried again with the same idempotency key.")
+    return _("Recorded as not done: the step will be sent again with the same idempotency key.")
 
 
 def _retry(run, user, data, request):
     actions.retry_step(
         run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
     )
-    return _("The step will be tried again now.")
+    return _("The step will be tried again.")
 
 
 def _retry_edits(run, user, data, request):
@@ -309,7 +316,7 @@ def _skip(run, user, data, request):
     actions.skip_step(
         run.pk, user, reason=data["comment"], expected_version=data["expected_version"]
     )
-    return _("Step skipped. The run goes on.")
+    return _("Step skipped.")
 
 
 def _complete(run, user, data, request):
@@ -317,7 +324,7 @@ def _complete(run, user, data, request):
         run.pk, user, result=data["result"],
         comment=data["comment"], expected_version=data["expected_version"],
     )  # fmt: skip
-    return _("Step marked done by hand. The run goes on.")
+    return _("Step marked done by hand.")
 
 
 def _take_over(run, user, data, request):
@@ -331,14 +338,15 @@ def _release(run, user, data, request):
     actions.release(
         run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
     )
-    return _("Released. The run is back with TaskPilots.")
+    return _("Released.")
 
 
 def _cancel(run, user, data, request):
-    actions.cancel_run(
+    run = actions.cancel_run(
         run.pk, user, reason=data["comment"], expected_version=data["expected_version"]
     )
-    return _("The run is cancelled; side effects already done are being undone.")
+    # "The run is cancelled. …" follows; while side effects are undone first, say it here.
+    return "" if run.status == Run.Status.CANCELLED else _("Cancelled.")
 
 
 ACTIONS: dict[str, ActionSpec] = {
@@ -351,7 +359,7 @@ ACTIONS: dict[str, ActionSpec] = {
     "retry_edits": ActionSpec(EditParamsForm, _retry_edits),
     "skip": ActionSpec(ReasonForm, _skip),
     "complete": ActionSpec(CompleteForm, _complete),
-    "take_over": ActionSpec(ActionForm, _take_over),
+    "take_over": ActionSpec(ActionForm, _take_over, says_what_next=False),
     "release": ActionSpec(ActionForm, _release),
     "cancel": ActionSpec(ReasonForm, _cancel),
 }
@@ -391,7 +399,14 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
     except actions.ActionRefused as exc:
         return _answer(request, run, status=422, error=str(exc), bound={action: form})
     logger.info("console action %s on run %s by %s", action, run.pk, request.user.get_username())
-    return _answer(request, _fresh(run), status=200, success=message)
+    run = _fresh(run)
+    if spec.says_what_next:
+        message = console.say(
+            "%(done)s %(next)s" if message else "%(next)s",
+            done=escape(message),
+            next=console.what_happens_next(run, request.user),
+        )
+    return _answer(request, run, status=200, success=message)
 
 
 def _fresh(run: Run) -> Run:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from runs.invisible import escape_json, neutralise
 from runs.models import canonical_json, digest
 from taskpilots.env import env_int
 
@@ -386,7 +387,9 @@ def _run_record(run) -> dict[str, Any]:
 
 
 def _line(record: dict) -> str:
-    return json.dumps(record, ensure_ascii=False, sort_keys=True, default=str) + "\n"
+    # Invisible and bidi format characters as \uXXXX escapes: the same values (so the digests
+    # and hashes verify), but an editor or a terminal shows them instead of obeying them.
+    return escape_json(json.dumps(record, ensure_ascii=False, sort_keys=True, default=str)) + "\n"
 
 
 def export_jsonl(runs, *, exported_by: str = "", query: dict | None = None,
@@ -430,8 +433,13 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _cell(value: Any) -> str:
-    # Spreadsheets run cells that start like a formula; agent data is untrusted.
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    """Agent data is untrusted. Text shows invisible and bidi format characters as markers
+    (`[U+202E]`); JSON writes them as \\uXXXX escapes, so the cell still parses to exactly the
+    event's data. Spreadsheets run cells that start like a formula: those get a leading '."""
+    if isinstance(value, str):
+        text = neutralise(value)
+    else:
+        text = escape_json(json.dumps(value, ensure_ascii=False))
     return "'" + text if text.startswith(_FORMULA_START) else text
 
 

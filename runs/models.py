@@ -18,6 +18,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 
 class TransitionError(Exception):
@@ -90,20 +91,22 @@ class ImmutableModel(models.Model):
 # Failure classes and step kinds (shared vocabulary of tools, the router and the console)
 
 
+# The labels of these two are shown in the console (rule chips, the tester, risk badges), so
+# they are translatable (locale/; makemessages reads runs/models.py).
 class FailureClass(models.TextChoices):
-    TRANSIENT = "transient", "Transient (retryable)"
-    OUTAGE = "outage", "External outage"
-    INVALID_INPUT = "invalid_input", "Invalid input (data uncertainty)"
-    PERMISSION = "permission", "Permission denied"
-    UNKNOWN_OUTCOME = "unknown_outcome", "Unknown outcome (side-effect boundary)"
+    TRANSIENT = "transient", _("Transient (retryable)")
+    OUTAGE = "outage", _("External outage")
+    INVALID_INPUT = "invalid_input", _("Invalid input (data uncertainty)")
+    PERMISSION = "permission", _("Permission denied")
+    UNKNOWN_OUTCOME = "unknown_outcome", _("Unknown outcome (side-effect boundary)")
     # Not a tool error: a wait or approval reached its deadline undecided.
-    TIMEOUT = "timeout", "Wait timed out"
+    TIMEOUT = "timeout", _("Wait timed out")
 
 
 class Risk(models.TextChoices):
-    LOW = "low", "Low"
-    MEDIUM = "medium", "Medium"
-    HIGH = "high", "High"
+    LOW = "low", _("Low")
+    MEDIUM = "medium", _("Medium")
+    HIGH = "high", _("High")
 
 
 class StepKind(models.TextChoices):

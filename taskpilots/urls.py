@@ -5,7 +5,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from approvals.auth import LockoutLoginView
+from approvals.auth import LockoutLoginView, set_time_zone
 from approvals.metrics_views import prometheus
 from runs.api import api
 from taskpilots import views
@@ -16,6 +16,7 @@ urlpatterns = [
     path("metrics", prometheus, name="prometheus-metrics"),
     path("accounts/login/", LockoutLoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/time-zone/", set_time_zone, name="time-zone"),
     path("i18n/", include("django.conf.urls.i18n")),
     path("console/", include("approvals.urls")),
     path("admin/", admin.site.urls),

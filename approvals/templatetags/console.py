@@ -1,4 +1,5 @@
-"""Template helpers for the console: translated labels, bounded JSON, SLA wording."""
+"""Template helpers for the console: translated labels, bounded JSON, SLA wording, untrusted
+text (`|untrusted`, `|untrusted_plain`) and timestamps (`|when`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-from approvals import console
+from approvals import console, viewer_time
+from approvals import untrusted as untrusted_module
 
 register = template.Library()
 
@@ -18,12 +20,49 @@ _LABELS = {
     "reason": console.REASON_LABELS,
     "kind": console.STEP_KIND_LABELS,
     "verb": console.VERB_LABELS,
+    "risk": console.RISK_LABELS,
+    "failure_class": console.FAILURE_CLASS_LABELS,
 }
 
 
 @register.filter
 def label(value: str, kind: str) -> str:
     return console.label(_LABELS[kind], value or "")
+
+
+@register.filter
+def untrusted(value: Any) -> str:
+    """Anything an agent, a tool or a person produced: escaped, bidi-isolated (`<bdi>`), with
+    invisible characters shown as markers. For element content."""
+    return untrusted_module.isolate(value)
+
+
+@register.filter
+def untrusted_plain(value: Any) -> str:
+    """The same for places that take no markup: attributes, `<title>`, SVG text."""
+    return untrusted_module.reveal_plain(value)
+
+
+@register.filter
+def when(value: Any, form: str = "") -> str:
+    """Every timestamp on the console and audit pages: one format, in the viewer's zone, with
+    the zone (`2026-10-14 17:11:05 UTC+2`). `|when` gives a <time> element; `|when:"plain"` the
+    text alone, for attributes. No query: the zone comes from the session."""
+    if not value:
+        return ""
+    if form == "plain":
+        return viewer_time.format_timestamp(value)
+    return viewer_time.timestamp_html(value)
+
+
+@register.simple_tag
+def viewer_zone() -> str:
+    return viewer_time.viewer_zone()
+
+
+@register.filter
+def has_invisible(value: Any) -> bool:
+    return untrusted_module.has_invisible(value if isinstance(value, str) else "")
 
 
 @register.filter
@@ -41,4 +80,5 @@ def json_block(value: Any, raw_url: str = "", css: str = "") -> dict:
     """Pretty JSON inside <pre>, auto-escaped; big or deep values are clipped with a link to
     the raw document (served as application/json)."""
     preview = console.preview_json(value)
-    return {"preview": preview, "raw_url": raw_url, "css": css}
+    html = untrusted_module.json_html(preview.text)
+    return {"preview": preview, "html": html, "raw_url": raw_url, "css": css}

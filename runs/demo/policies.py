@@ -9,6 +9,7 @@ from __future__ import annotations
 from runs.workflows import Context
 
 REFUND_APPROVAL_THRESHOLD = 100
+REFUND_DEFAULT_CURRENCY = "USD"
 INTENTS = {
     "refund": ("refund", "money back", "charged twice", "退款"),
     "delivery": ("where is", "delivery", "shipping", "package", "物流"),
@@ -55,6 +56,9 @@ def refund_facts(ctx: Context) -> dict:
     amount = float(ctx.input["amount"])
     return {
         "amount": amount,
+        # Explicit in the call, so the person approving sees the currency that will be refunded
+        # (the payment system would otherwise apply its default, USD).
+        "currency": (ctx.input.get("currency") or REFUND_DEFAULT_CURRENCY).upper(),
         "payment_id": ctx.input["payment_id"],
         "needs_approval": amount > REFUND_APPROVAL_THRESHOLD,
         "reason": ctx.input.get("reason", ""),
@@ -63,7 +67,9 @@ def refund_facts(ctx: Context) -> dict:
 
 def refund_params(ctx: Context) -> dict:
     facts = ctx.results["collect_facts"]
-    return {"payment_id": facts["payment_id"], "amount": facts["amount"],
+    # Facts recorded before the currency was (runs paused across an upgrade) mean USD.
+    currency = facts.get("currency", REFUND_DEFAULT_CURRENCY)
+    return {"payment_id": facts["payment_id"], "amount": facts["amount"], "currency": currency,
             "reason": facts["reason"] or "customer request"}  # fmt: skip
 
 

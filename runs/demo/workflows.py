@@ -27,6 +27,9 @@ def _validate_refund(data: dict) -> dict:
     amount = data.get("amount")
     if isinstance(amount, bool) or not isinstance(amount, int | float) or amount <= 0:
         raise ValueError("amount must be a positive number")
+    currency = data.get("currency", "USD")
+    if not isinstance(currency, str) or len(currency) != 3 or not currency.isalpha():
+        raise ValueError("currency must be a 3-letter code (default USD)")
     return data
 
 
@@ -63,8 +66,9 @@ def refund_approval(name: str) -> Workflow:
             compute("collect_facts", policies.refund_facts, stage="facts"),
             approval("approve_refund", tool="payments.refund", params=policies.refund_params,
                      when=lambda ctx: ctx.results["collect_facts"]["needs_approval"],
-                     reason=lambda ctx: f"Refund of {ctx.results['collect_facts']['amount']:.2f}"
-                     f" is above the {policies.REFUND_APPROVAL_THRESHOLD} threshold",
+                     reason=lambda ctx: f"Refund of {ctx.results['collect_facts']['amount']:.2f} "
+                     f"{ctx.results['collect_facts'].get('currency', 'USD')} is above the "
+                     f"{policies.REFUND_APPROVAL_THRESHOLD} threshold",
                      queue="support", sla=timedelta(hours=4), stage="approval"),
             side_effect("issue_refund", "payments.refund", params=policies.approved_refund,
                         stage="refund"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 
 from runs import engine
@@ -32,6 +35,14 @@ def unknown_outcome_run(sandbox) -> Run:
 def invalid_data_run() -> Run:
     """tickets.update answers 422 for an empty ticket id: a person must fix the data."""
     return start("test.reply", {**REPLY[1], "ticket": ""})
+
+
+def visible_text(response) -> str:
+    """The page as a person reads it: tags dropped (untrusted values sit in <bdi>), entities
+    decoded, whitespace collapsed."""
+    text = re.sub(r"</(dt|dd|td|th|li|p|div|h[1-6])>", " ", response.content.decode())
+    text = re.sub(r"<[^>]+>", "", text)
+    return re.sub(r"\s+", " ", html.unescape(text))
 
 
 def fresh(run: Run) -> Run:

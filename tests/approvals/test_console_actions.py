@@ -18,6 +18,7 @@ from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is 
     fresh,
     invalid_data_run,
     unknown_outcome_run,
+    visible_text,
 )
 from tests.factories import UserFactory
 
@@ -195,8 +196,7 @@ def test_double_submit_and_a_second_decider_see_who_won(client, paused, support_
     client.force_login(admin_user)
     other = post(client, run, "reject", {**data, "comment": "no"}, **HTMX)
     assert other.status_code == 409
-    text = other.content.decode()
-    assert "Someone else acted first: sam-support approved at" in text
+    assert "Someone else acted first: sam-support approved at" in visible_text(other)
     assert HumanDecision.objects.filter(run=run).count() == 1
     assert fresh(run).status == "running"
 

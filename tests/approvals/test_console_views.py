@@ -18,6 +18,7 @@ from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is 
     invalid_data_run,
     start,
     unknown_outcome_run,
+    visible_text,
 )
 from tests.factories import RunFactory, StepFactory
 
@@ -201,10 +202,11 @@ def test_run_list_searches_by_id_key_workflow_status_and_date(client, sandbox, s
 def test_an_approval_shows_what_will_be_done_and_the_actions(client, sandbox, support_user):
     run = approval_run()
     client.force_login(support_user)
-    text = client.get(detail(run)).content.decode()
+    response = client.get(detail(run))
+    text = response.content.decode()
     assert "What will be done if you approve" in text
     assert "payments.refund" in text and "payment:pay_1" in text
-    assert "Check the proposed payments.refund call" in text
+    assert "Check the proposed payments.refund call" in visible_text(response)
     for action in ("approve", "approve_edits", "reject", "take_over", "cancel"):
         assert reverse("console:run-action", args=[run.pk, action]) in text
     assert f'name="expected_version" value="{run.lock_version}"' in text
@@ -273,9 +275,9 @@ def test_others_see_who_took_a_run_over(client, sandbox, support_user, admin_use
     run = approval_run()
     actions.take_over(run.pk, admin_user)
     client.force_login(support_user)
-    text = client.get(detail(run)).content.decode()
-    assert "alex-admin has taken this run over" in text
-    assert "/actions/" not in text
+    response = client.get(detail(run))
+    assert "alex-admin has taken this run over" in visible_text(response)
+    assert "/actions/" not in response.content.decode()
 
 
 def test_tabs_render_as_fragments(client, sandbox, support_user):
@@ -295,3 +297,27 @@ def test_a_running_run_polls_and_a_paused_one_does_not(client, sandbox, support_
     assert 'hx-trigger="every 2s"' not in client.get(detail(run)).content.decode()
     Run.objects.filter(pk=run.pk).update(status="running")
     assert 'hx-trigger="every 2s"' in client.get(detail(run)).content.decode()
+
+
+def test_a_refund_shows_its_amount_with_the_currency(client, sandbox, support_user):
+    run = start("refund.approval", {"payment_id": "pay_1", "amount": 1250})
+    client.force_login(support_user)
+    response = client.get(detail(run))
+    assert "Amount 1,250.00 USD" in visible_text(response)
+    assert '<label for="id_param__amount">amount (USD)</label>' in response.content.decode()
+    # A call without a currency (the test workflow's) says so rather than letting a bare
+    # number pass for money.
+    bare = approval_run(payment="pay_2")
+    text = visible_text(client.get(detail(bare)))
+    assert "Amount 150.00 (no currency in the call: the payment system applies its default)" in (
+        text
+    )
+
+
+def test_the_demo_refund_names_its_currency(sandbox, support_user):
+    from approvals.models import ApprovalRequest
+
+    run = start("refund.approval", {"payment_id": "pay_3", "amount": 250, "currency": "eur"})
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.reason == "Refund of 250.00 EUR is above the 100 threshold"
+    assert approval.proposed_params["currency"] == "EUR"

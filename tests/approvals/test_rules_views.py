@@ -260,3 +260,26 @@ def test_the_tester_says_when_nothing_matches(client, admin_user):
     client.force_login(admin_user)
     response = client.get(RULES, {"failure_class": "outage"})
     assert "No enabled rule matches" in response.context["verdict"].sentence
+
+
+def test_the_tester_lists_each_past_failure_once(client, admin_user, sandbox):
+    # Three runs hit the same failure (same workflow, step, tool and class): they route the same
+    # way, so the tester lists it once, newest first, saying how often it happened.
+    sandbox.inject("mail", "429", action="send", count=6)
+    steps = []
+    for n in range(3):
+        run, _ = engine.start_run(
+            "test.reply", {"message": "Hi", "email": f"ann{n}@example.com", "ticket": "T-1"}
+        )
+        engine.run_until_quiet(run.pk)
+        steps.append(Step.objects.get(run=run, name="send_reply"))
+    client.force_login(admin_user)
+    response = client.get(RULES)
+    choices = [label for value, label in response.context["tester"].fields["failure"].choices
+               if value]  # fmt: skip
+    same = [label for label in choices if label.startswith("test.reply · send_reply · mail.send")]
+    assert len(same) == 1, choices
+    assert "3 times, last " in same[0] and same[0].endswith(" UTC")
+    assert response.context["tester"].fields["failure"].choices[1][0] == steps[-1].pk
+    text = response.content.decode()
+    assert text.count("test.reply · send_reply · mail.send") == 1

@@ -15,12 +15,14 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 import runs.demo.workflows  # noqa: F401  (registers the demo workflows)
 from approvals import actions
+from approvals.models import ApprovalRequest
 from runs import engine
-from runs.models import Run, Wait
+from runs.models import Run, Step, Wait
 from tests.approvals.console_helpers import start
 from tests.browser.conftest import log_in
 from tests.factories import UserFactory
@@ -46,10 +48,23 @@ def _outage_run(sandbox, n):
 
 
 def _age(run, *, hours, due_in_hours=None):
-    updates = {"created_at": timezone.now() - timedelta(hours=hours)}
+    """Move the run back in time, with its steps and approval, so the page does not show it
+    started five hours before the approval it asked for at the same moment. (Timeline events
+    and snapshots are append-only and keep their times.)"""
+    shift = timedelta(hours=hours)
+    updates = {"created_at": F("created_at") - shift}
     if due_in_hours is not None:
-        updates["attention_due_at"] = timezone.now() + timedelta(hours=due_in_hours)
+        due = timezone.now() + timedelta(hours=due_in_hours)
+        updates["attention_due_at"] = due
+        Wait.objects.filter(run=run, status="pending").update(due_at=due)
+        ApprovalRequest.objects.filter(run=run).update(due_at=due)
     Run.objects.filter(pk=run.pk).update(**updates)
+    Step.objects.filter(run=run).update(
+        created_at=F("created_at") - shift,
+        started_at=F("started_at") - shift,
+        finished_at=F("finished_at") - shift,
+    )
+    ApprovalRequest.objects.filter(run=run).update(created_at=F("created_at") - shift)
 
 
 def test_take_screenshots(page, sandbox):

@@ -255,3 +255,45 @@ def test_export_filters_and_csv(runs, tmp_path):
     rows = csv_path.read_text(encoding="utf-8").splitlines()
     assert rows[0].startswith("run,workflow,seq,at,actor,verb,data")
     assert len(rows) == 1 + TimelineEvent.objects.filter(run=reply).count()
+
+
+def test_invisible_characters_are_escaped_in_exports_and_the_chain_still_verifies(
+    sandbox, tmp_path, django_db_blocker
+):
+    # An auditor opens exports in editors, terminals and spreadsheets, where U+202E would
+    # reorder what they read. JSON Lines writes it as \u202e (the same value, so the chain
+    # verifies); CSV text shows a marker; the CSV's JSON cell still parses to the exact data.
+    import csv
+
+    from approvals import actions
+    from runs.models import digest
+    from tests.factories import UserFactory
+
+    rlo, zwsp = "\u202e", "\u200b"
+    run = start("test.refund", {"amount": 150, "payment": "pay_1"},
+                business_key=f"bk-{rlo}gpj.exe{zwsp}")  # fmt: skip
+    person = UserFactory(username=f"{rlo}=mei", groups=["support"])
+    actions.take_over(run.pk, person)
+    path = export(tmp_path, "--run", str(run.pk))
+    text = Path(path).read_text(encoding="utf-8")
+    assert rlo not in text and zwsp not in text
+    assert '"business_key": "bk-\\u202egpj.exe\\u200b"' in text
+    events = [json.loads(line) for line in text.splitlines() if '"type": "event"' in line]
+    stored = {e.seq: e for e in TimelineEvent.objects.filter(run=run)}
+    assert all(event["data"] == stored[event["seq"]].data for event in events)
+    assert any(event["actor"] == f"user:{rlo}=mei" for event in events)
+    with django_db_blocker.block():
+        code, out, _err = verify("--file", path)
+    assert code == 0, out
+
+    csv_path = tmp_path / "audit.csv"
+    call_command("export_audit", "--run", str(run.pk), "--format", "csv", "-o", str(csv_path),
+                 stderr=io.StringIO())  # fmt: skip
+    content = csv_path.read_text(encoding="utf-8")
+    assert rlo not in content and zwsp not in content
+    rows = list(csv.DictReader(io.StringIO(content)))
+    assert any(row["actor"] == "user:[U+202E]=mei" for row in rows)
+    for row in rows:
+        data = json.loads(row["data"])
+        assert data == stored[int(row["seq"])].data
+        assert digest(data) == row["data_digest"]  # verifiable from the CSV cell too

@@ -1,0 +1,31 @@
+// TaskPilots console: tell the server the browser's time zone, so every time is shown in it.
+// The login form carries it in a hidden field; a session that does not know it yet (or whose
+// browser moved to another zone) posts it once and reloads. Without JavaScript: UTC.
+(function () {
+  "use strict";
+  var zone;
+  try {
+    zone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  } catch (error) {
+    return;
+  }
+  if (!zone) return;
+  var field = document.querySelector("input[name=time_zone]");
+  if (field) field.value = zone;
+  var body = document.body;
+  var url = body.getAttribute("data-time-zone-url");
+  if (!url || body.getAttribute("data-time-zone-reported") === zone) return;
+  var headers = JSON.parse(body.getAttribute("hx-headers") || "{}");
+  headers["Content-Type"] = "application/x-www-form-urlencoded";
+  fetch(url, {
+    method: "POST",
+    headers: headers,
+    credentials: "same-origin",
+    body: "time_zone=" + encodeURIComponent(zone),
+  }).then(function (response) {
+    // Shown in UTC until now: show this page again in the browser's zone.
+    if (response.status === 204 && body.getAttribute("data-time-zone") !== zone) {
+      window.location.reload();
+    }
+  });
+})();

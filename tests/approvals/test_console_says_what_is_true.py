@@ -1,0 +1,227 @@
+"""The console says what is true: a finished run says how it ended, an action on a taken-over run
+says that the run stays taken over, a rejection with nothing done says there is nothing to undo,
+and a failed step says why."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from approvals import actions
+from approvals.models import ApprovalRequest
+from runs import engine, workflows
+from runs.models import Run, SideEffect, Step
+from runs.workflows import Workflow, approval, read, side_effect
+from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is autouse)
+    approval_run,
+    fast_passwords,
+    fresh,
+    start,
+    unknown_outcome_run,
+    visible_text,
+)
+
+pytestmark = pytest.mark.django_db
+
+HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-main"}
+
+# Reads, then asks before mailing: rejecting it undoes nothing.
+workflows.register(
+    Workflow("test.read_then_ask", 1, [
+        read("lookup", "crm.lookup", params=lambda ctx: {"email": ctx.input["email"]}),
+        approval("approve", tool="mail.send", reason="A person checks the mail",
+                 params=lambda ctx: {"to": ctx.input["email"], "subject": "Hi", "body": "Hi"}),
+        side_effect("send", "mail.send", params=lambda ctx: ctx.results["approve"]["params"]),
+    ]),
+    replace=True,
+)  # fmt: skip
+# Refunds, then asks before mailing: rejecting it undoes the refund.
+workflows.register(
+    Workflow("test.refund_then_ask", 1, [
+        side_effect("refund", "payments.refund",
+                    params=lambda ctx: {"payment_id": ctx.input["payment"], "amount": 20.0}),
+        approval("approve", tool="mail.send", reason="A person checks the mail",
+                 params=lambda ctx: {"to": "a@example.com", "subject": "Hi", "body": "Hi"}),
+    ]),
+    replace=True,
+)  # fmt: skip
+
+
+def detail(run, **params):
+    url = reverse("console:run-detail", args=[run.pk])
+    return url + ("?" + "&".join(f"{k}={v}" for k, v in params.items()) if params else "")
+
+
+def act(client, run, action, **data):
+    run = fresh(run)
+    body = {"expected_version": run.lock_version, **data}
+    return client.post(reverse("console:run-action", args=[run.pk, action]), body, **HTMX)
+
+
+def _approval(run) -> int:
+    return ApprovalRequest.objects.get(run=run, status="pending").pk
+
+
+# -- finished runs --------------------------------------------------------------------------
+
+
+def test_a_succeeded_run_says_how_it_ended_not_that_taskpilots_is_handling_it(
+    client, sandbox, support_user
+):
+    run = start("test.kb", {"q": "refund"})
+    assert run.status == "succeeded"
+    client.force_login(support_user)
+    response = client.get(detail(run))
+    text = visible_text(response)
+    assert "TaskPilots is handling this run" not in text
+    assert "Nothing left to do: the run succeeded at " in text
+    assert "Nothing left to do: the run succeeded." in text  # the actions panel
+
+
+def test_a_cancelled_run_names_who_cancelled_it_and_that_nothing_was_undone(
+    client, sandbox, support_user
+):
+    run = approval_run()
+    actions.cancel_run(run.pk, support_user, reason="customer withdrew")
+    client.force_login(support_user)
+    text = visible_text(client.get(detail(run)))
+    assert "TaskPilots is handling this run" not in text
+    assert "Nothing left to do: sam-support cancelled the run at " in text
+    assert "(“customer withdrew”)" in text
+    assert "Nothing had been done to other systems, so nothing was undone." in text
+    assert "Nothing left to do: the run was cancelled." in text
+    # The approval it was parked on is not "waiting for a person" any more.
+    assert "Needs a person" not in text and "approve Approval payments.refund Not done" in text
+
+
+def test_a_compensated_run_says_its_side_effects_were_undone(client, sandbox, support_user):
+    run = start("test.refund", {"amount": 50, "payment": "pay_c"})  # refunded, awaits settlement
+    actions.cancel_run(run.pk, support_user, reason="wrong customer")
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "compensated"
+    client.force_login(support_user)
+    text = visible_text(client.get(detail(run)))
+    assert "Nothing left to do: the run was undone at " in text
+    assert "(1 side effect compensated)" in text
+
+
+def test_a_failed_run_says_why(client, sandbox, auditor_user):
+    run = approval_run()
+    fresh(run).fail("the payment provider closed the account")
+    client.force_login(auditor_user)
+    text = visible_text(client.get(detail(run)))
+    assert "Nothing left to do: the run failed at " in text
+    assert "the payment provider closed the account" in text
+    assert "Nothing left to do: the run failed." in text  # the auditor's panel too
+
+
+# -- taken-over runs ------------------------------------------------------------------------
+
+
+def test_confirming_on_a_taken_over_run_says_it_stays_taken_over(client, sandbox, support_user):
+    run = unknown_outcome_run(sandbox)
+    actions.take_over(run.pk, support_user)
+    client.force_login(support_user)
+    step = Step.objects.get(run=run, status="unknown_outcome")
+    response = act(client, run, "confirm_happened", step=step.pk, proof="crm_42")
+    assert response.status_code == 200
+    text = visible_text(response)
+    assert "The run goes on" not in text
+    assert (
+        "Recorded as done, with your reference as proof. The run stays taken over by you: "
+        "TaskPilots does nothing more with it until you release it."
+    ) in text
+    assert fresh(run).status == "taken_over"  # and it is true
+    # The page then says what to do: release it.
+    assert "nothing is waiting on you: release it and TaskPilots goes on with done." in text
+
+
+def test_approving_a_taken_over_run_does_not_say_it_goes_on(client, sandbox, support_user):
+    run = approval_run()
+    actions.take_over(run.pk, support_user)
+    client.force_login(support_user)
+    response = act(client, run, "approve", approval=_approval(run))
+    text = visible_text(response)
+    assert "Approved. The run stays taken over by you" in text
+    assert fresh(run).status == "taken_over"
+    released = act(client, run, "release")
+    assert "Released. The run goes on." in visible_text(released)
+    assert fresh(run).status == "running"
+
+
+def test_the_owner_is_told_the_run_waits_for_their_release(client, sandbox, support_user):
+    run = approval_run()
+    actions.take_over(run.pk, support_user)
+    client.force_login(support_user)
+    text = visible_text(client.get(detail(run)))
+    assert "Check the proposed payments.refund call below" in text
+    assert "The run stays with you: TaskPilots goes on only after you release it." in text
+    assert "until they act on it" not in text
+
+
+def test_an_admin_acting_on_someone_elses_run_is_told_whose_it_stays(
+    client, sandbox, support_user, admin_user
+):
+    run = approval_run()
+    actions.take_over(run.pk, support_user)
+    client.force_login(admin_user)
+    response = act(client, run, "approve", approval=_approval(run))
+    assert "The run stays taken over by sam-support" in visible_text(response)
+
+
+# -- rejecting ------------------------------------------------------------------------------
+
+
+def test_rejecting_a_run_that_only_read_says_there_is_nothing_to_undo(
+    client, sandbox, support_user
+):
+    run = start("test.read_then_ask", {"email": "lee@example.com"})
+    assert run.status == "needs_human"
+    client.force_login(support_user)
+    response = act(client, run, "reject", approval=_approval(run), comment="duplicate")
+    text = visible_text(response)
+    assert "being undone" not in text
+    assert (
+        "Rejected. The run is cancelled. Nothing had been done to other systems, so there is "
+        "nothing to undo."
+    ) in text
+    assert fresh(run).status == "cancelled"
+    assert not SideEffect.objects.filter(run=run).exists()
+    # The step says why it failed.
+    assert "Failed" in text
+    assert "Rejected by sam-support at " in text and ": “duplicate”." in text
+
+
+def test_rejecting_after_a_side_effect_says_what_is_undone(client, sandbox, support_user):
+    run = start("test.refund_then_ask", {"payment": "pay_r"})
+    assert run.status == "needs_human"
+    client.force_login(support_user)
+    page = visible_text(client.get(detail(run)))
+    assert "rejecting undoes 1 earlier side effect)" in page
+    response = act(client, run, "reject", approval=_approval(run), comment="not needed")
+    text = visible_text(response)
+    assert "Rejected. TaskPilots is undoing the 1 side effect already done, then the run ends." in (
+        text
+    )
+    assert fresh(run).status == "compensating"
+
+
+def test_cancelling_says_what_becomes_of_the_side_effects(client, sandbox, support_user):
+    nothing_done = approval_run()
+    refunded = start("test.refund", {"amount": 50, "payment": "pay_x"})
+    client.force_login(support_user)
+    text = visible_text(act(client, nothing_done, "cancel", comment="customer withdrew"))
+    assert "The run is cancelled. Nothing had been done to other systems" in text
+    assert "being undone" not in text
+    text = visible_text(act(client, refunded, "cancel", comment="wrong customer"))
+    assert "Cancelled. TaskPilots is undoing the 1 side effect already done" in text
+
+
+def test_a_waiting_run_says_what_it_waits_for(client, sandbox, support_user):
+    run = start("test.refund", {"amount": 50, "payment": "pay_w"})
+    assert run.status == "waiting"
+    client.force_login(support_user)
+    text = visible_text(client.get(detail(run)))
+    assert "The run waits for the event payment.settled (until " in text
+    assert "will try again by itself" not in text
+    assert Run.objects.get(pk=run.pk).status == "waiting"
