@@ -17,15 +17,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from taskpilots.env import env_bool
+from taskpilots.env import env_bool, var_dir
 
-BASE_DIR = Path(__file__).resolve().parent.parent
 FILESYSTEM_BROKER = "filesystem://"
-
-
-def var_dir() -> Path:
-    """Where the local defaults keep their state: ``$TASKPILOTS_VAR_DIR`` or ``./var``."""
-    return Path(os.environ.get("TASKPILOTS_VAR_DIR") or BASE_DIR / "var")
 
 
 def is_development() -> bool:

@@ -35,6 +35,7 @@ from types import FrameType
 from urllib.parse import urlsplit
 
 from taskpilots import devenv
+from taskpilots.env import var_dir
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -91,7 +92,7 @@ class Launcher:
         self.stop_requests = 0
         self.started_database = False
         self.embedded_database = False
-        self.var_dir = devenv.var_dir()
+        self.var_dir = var_dir()
 
     # --- signals
 

@@ -54,7 +54,7 @@ from urllib.parse import quote
 
 from django.core.exceptions import ImproperlyConfigured
 
-from taskpilots import devenv
+from taskpilots import env
 
 DATABASE_NAME = "taskpilots"
 SUPERUSER = "postgres"
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         help="data folder (default: $TASKPILOTS_VAR_DIR or ./var); the server lives in its pgdata/",
     )
     args = parser.parse_args(argv)
-    var_dir = args.var_dir or devenv.var_dir()
+    var_dir = args.var_dir or env.var_dir()
     try:
         if args.command == "start":
             info, started = ensure_running(var_dir, check_database=True)

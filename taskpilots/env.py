@@ -16,6 +16,11 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+def var_dir() -> Path:
+    """Where the local defaults keep their state: ``$TASKPILOTS_VAR_DIR`` or ``./var``."""
+    return Path(os.environ.get("TASKPILOTS_VAR_DIR") or Path(__file__).resolve().parents[1] / "var")
+
+
 def env_str(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return default if value is None else value

@@ -16,10 +16,11 @@ from taskpilots.env import (
     env_secret,
     env_str,
     parse_database_url,
+    var_dir,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = devenv.var_dir()
+VAR_DIR = var_dir()
 
 DEBUG = env_bool("DEBUG", False)
 TESTING = env_bool("TASKPILOTS_TESTING", False)
@@ -49,6 +50,9 @@ INSTALLED_APPS = [
     "django_htmx",
     "runs",
     "approvals",
+    # Demo and evidence tooling, apart from the production apps: management commands only.
+    "taskpilots.demo",
+    "taskpilots.evidence",
 ]
 
 MIDDLEWARE = [
@@ -294,14 +298,14 @@ TASKPILOTS = {
     "SANDBOX_URL": env_str("TASKPILOTS_SANDBOX_URL", "http://127.0.0.1:8765"),
     # Modules that register workflows and tools on import (comma-separated in the environment).
     "WORKFLOW_MODULES": env_list(
-        "TASKPILOTS_WORKFLOW_MODULES", ["runs.demo.tools", "runs.demo.workflows"]
+        "TASKPILOTS_WORKFLOW_MODULES", ["taskpilots.demo.tools", "taskpilots.demo.workflows"]
     ),
     # Modules imported on first use of a workflow or tool name (or "prefix."), for registrations
     # too heavy to import in every process: the demo agent pulls in openai-agents and mcp.
     "LAZY_MODULES": {
-        "demo.agent": "runs.agents.demo",
-        "demo.agent.": "runs.agents.demo",
-        "mcp.sandbox.": "runs.agents.demo",
+        "demo.agent": "taskpilots.demo.agent",
+        "demo.agent.": "taskpilots.demo.agent",
+        "mcp.sandbox.": "taskpilots.demo.agent",
     },
     # "celery" sends advance messages; "none" leaves all driving to the sweeper and to callers
     # (tests that step the engine by hand).

@@ -25,7 +25,7 @@ def pytest_sessionstart(session):
 @pytest.fixture(scope="session")
 def sandbox_process(tmp_path_factory):
     """The simulated external systems, as their own process, for the whole session."""
-    from runs.sandbox.client import start_sandbox
+    from taskpilots.sandbox.client import start_sandbox
 
     process = start_sandbox(db_path=tmp_path_factory.mktemp("sandbox") / "ledger.sqlite3")
     previous = settings.TASKPILOTS["SANDBOX_URL"]

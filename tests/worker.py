@@ -1,5 +1,5 @@
-"""Real Celery workers for tests (see runs/processes.py)."""
+"""Real Celery workers for tests (see taskpilots/evidence/workers.py)."""
 
-from runs.processes import WorkerProcess, Workers, wait_for
+from taskpilots.evidence.workers import WorkerProcess, Workers, wait_for
 
 __all__ = ["WorkerProcess", "Workers", "wait_for"]

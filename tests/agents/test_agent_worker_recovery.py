@@ -15,14 +15,14 @@ from django.utils import timezone
 from approvals import actions
 from approvals.models import ApprovalRequest
 from runs import engine
-from runs.agents import demo  # noqa: F401  (registers demo.agent in this process too)
 from runs.models import Run, SideEffect, Step, TimelineEvent
 from taskpilots.celery import app as celery_app
+from taskpilots.demo import agent as demo  # noqa: F401  (registers demo.agent in this process too)
 from tests.worker import Workers, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
-MODULES = "runs.demo.tools,tests.runs.flows,runs.agents.demo"
+MODULES = "taskpilots.demo.tools,tests.runs.flows,taskpilots.demo.agent"
 CASE = {
     "message": "My order arrived broken, please refund it.",
     "customer": "ann@example.com",

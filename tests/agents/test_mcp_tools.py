@@ -1,6 +1,6 @@
-"""MCP tools as TaskPilots tools, against a real local MCP server (runs/agents/servers/sandbox.py,
-started by the tests over stdio and streamable HTTP) that forwards to the sandbox, whose ledger
-counts what really happened."""
+"""MCP tools as TaskPilots tools, against a real local MCP server
+(taskpilots/demo/servers/sandbox.py, started by the tests over stdio and streamable HTTP) that
+forwards to the sandbox, whose ledger counts what really happened."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from approvals import actions
 from approvals.models import ApprovalRequest
 from runs import engine
 from runs import tools as tool_registry
-from runs.agents import demo
 from runs.agents.mcp import (
     McpServer,
     McpToolConfig,
@@ -28,6 +27,7 @@ from runs.agents.mcp import (
 )
 from runs.models import SideEffect, Snapshot, Step
 from runs.tools import CallContext, ToolError
+from taskpilots.demo import agent as demo
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from approvals import metrics
 from approvals.models import ApprovalRequest, HumanDecision
-from runs.metrics_loadgen import load_fake_runs
 from runs.models import Run, StepKind, TimelineEvent, Wait, digest, to_json_value
+from taskpilots.evidence.loadgen import load_fake_runs
 from tests.factories import (
     ApprovalRequestFactory,
     HumanDecisionFactory,

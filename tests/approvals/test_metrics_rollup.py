@@ -19,8 +19,8 @@ from django.utils import timezone
 from approvals import metrics
 from approvals.models import MetricsDay, RunMetrics
 from runs import audit
-from runs.metrics_loadgen import load_fake_runs
 from runs.models import Run, TimelineEvent
+from taskpilots.evidence.loadgen import load_fake_runs
 from tests.approvals.test_metrics import world  # noqa: F401 (the fixture)
 from tests.factories import RunFactory, TakeoverFactory, UserFactory
 

@@ -18,7 +18,7 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-import runs.demo.workflows  # noqa: F401  (registers the demo workflows)
+import taskpilots.demo.workflows  # noqa: F401  (registers the demo workflows)
 from approvals import actions
 from approvals.models import ApprovalRequest
 from runs import engine

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 def test_an_auditor_reads_a_week_of_recovery_figures(page):
     from approvals import metrics
     from approvals.models import MetricsDay
-    from runs.metrics_loadgen import load_fake_runs
+    from taskpilots.evidence.loadgen import load_fake_runs
     from tests.factories import UserFactory
 
     now = timezone.now()

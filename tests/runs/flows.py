@@ -6,7 +6,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from runs import tools, workflows
-from runs.demo import tools as demo_tools  # noqa: F401  (registers the sandbox tools)
 from runs.models import FailureClass
 from runs.tools import ToolError, python_tool
 from runs.workflows import (
@@ -19,6 +18,7 @@ from runs.workflows import (
     wait_event,
     wait_timer,
 )
+from taskpilots.demo import tools as demo_tools  # noqa: F401  (registers the sandbox tools)
 
 
 def _register(workflow: Workflow) -> Workflow:

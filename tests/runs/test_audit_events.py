@@ -70,7 +70,7 @@ ALLOWED = {
         "UPDATE(**fields) sets only spec and idempotency_key; the status change follows "
         "through step.transition in the same transaction"
     ),
-    ("runs/metrics_loadgen.py", "*"): (
+    ("taskpilots/evidence/loadgen.py", "*"): (
         "synthetic history for the metrics benchmarks: builds whole finished runs together "
         "with their timelines in bulk, never touches a live run"
     ),

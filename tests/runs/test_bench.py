@@ -10,10 +10,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from runs import (
+from runs import engine
+from taskpilots.evidence import (
     bench,
     bench_flows,  # noqa: F401  (registers bench.five)
-    engine,
 )
 
 pytestmark = pytest.mark.bench

@@ -1,6 +1,7 @@
 """A small drill in `make test`: every drill kind recovers, nothing is lost, nothing is doubled.
 
-The figures come from the database and the sandbox ledger (runs/drill.py::compute_report)."""
+The figures come from the database and the sandbox ledger
+(taskpilots/evidence/drill.py::compute_report)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from approvals.models import EscalationRule
-from runs.drill import KINDS, Drill, DrillConfig, parse_faults
 from runs.models import Run
+from taskpilots.evidence.drill import KINDS, Drill, DrillConfig, parse_faults
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 

@@ -547,7 +547,7 @@ def test_heavy_registrations_load_on_first_use():
 
     code = (
         "import os, sys, django; os.environ['DJANGO_SETTINGS_MODULE'] = 'taskpilots.settings'; "
-        "django.setup(); assert 'runs.agents.demo' not in sys.modules; "
+        "django.setup(); assert 'taskpilots.demo.agent' not in sys.modules; "
         "from runs import tools, workflows; workflows.get('demo.agent'); "
         "tools.get('mcp.sandbox.send_mail'); print('loaded')"
     )

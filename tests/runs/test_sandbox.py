@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from runs.sandbox.client import SandboxClient, SandboxProcess, SandboxResponse, start_sandbox
+from taskpilots.sandbox.client import SandboxClient, SandboxProcess, SandboxResponse, start_sandbox
 from tests.worker import wait_for
 
 MAIL = {"to": "ada@example.com", "subject": "Your refund", "body": "It is on its way."}

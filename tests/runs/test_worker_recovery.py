@@ -29,7 +29,7 @@ def workers(transactional_db, sandbox):
     previous_queue = celery_app.conf.task_default_queue
     celery_app.conf.task_default_queue = queue
     settings.TASKPILOTS["DISPATCH"] = "celery"
-    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "runs.demo.tools,tests.runs.flows"})
+    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "taskpilots.demo.tools,tests.runs.flows"})
     yield pool
     # Shown by pytest only when the test failed: what each worker said.
     for worker in pool.started:

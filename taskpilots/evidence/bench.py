@@ -21,13 +21,14 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from runs import engine, scratch
+from runs import engine
 from runs.models import Run, Step, TimelineEvent
-from runs.processes import ROOT, Workers, database_url
 from taskpilots.celery import app as celery_app
+from taskpilots.evidence import scratch
+from taskpilots.evidence.workers import ROOT, Workers, database_url
 
 Say = Callable[[str], None]
-BENCH_MODULES = "runs.demo.tools,runs.demo.workflows,runs.bench_flows"
+BENCH_MODULES = "taskpilots.demo.tools,taskpilots.demo.workflows,taskpilots.evidence.bench_flows"
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -60,7 +61,7 @@ def _commits() -> int:
 def _peers(argv_list: list[list[str]], timeout: float) -> list[dict]:
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "runs.bench_peers", *argv],
+            [sys.executable, "-m", "taskpilots.evidence.bench_peers", *argv],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -150,7 +151,7 @@ def _dbos_steps_per_s(url: str, processes: int, workflows: int, say: Say) -> flo
 def bench_engine(
     runs: int = 500, workers: int = 2, say: Say = print, with_dbos: bool = True
 ) -> dict:
-    from runs import bench_flows  # noqa: F401  (registers bench.five in this process too)
+    from taskpilots.evidence import bench_flows  # noqa: F401  (registers bench.five in this process too)
 
     say(f"baseline: single-row INSERT commits with {workers} psycopg processes")
     baseline = baseline_commits_per_s(workers)
@@ -233,11 +234,9 @@ def bench_engine(
 
 def bench_snapshot(samples: int = 200, say: Say = print) -> dict:
     """In-process, so only the protocol is measured: claim, snapshot + intent, call, receipt."""
-    from runs import (
-        bench_flows,  # noqa: F401
-        tools,
-    )
+    from runs import tools
     from runs.tools import CallContext
+    from taskpilots.evidence import bench_flows  # noqa: F401
 
     previous = settings.TASKPILOTS["DISPATCH"]
     settings.TASKPILOTS["DISPATCH"] = "none"
@@ -313,7 +312,7 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
     from django.contrib.auth import get_user_model
 
     from approvals import actions
-    from runs.sandbox.client import SandboxClient
+    from taskpilots.sandbox.client import SandboxClient
 
     person, _ = get_user_model().objects.get_or_create(username="bench-operator")
     sandbox_process = _ensure_sandbox()
@@ -422,7 +421,7 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
 
 def _ensure_sandbox():
     """The simulated systems at SANDBOX_URL, or a process of our own (returned, to close)."""
-    from runs.sandbox.client import SandboxClient, start_sandbox
+    from taskpilots.sandbox.client import SandboxClient, start_sandbox
 
     try:
         SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=2).health()

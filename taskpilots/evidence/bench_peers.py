@@ -1,8 +1,8 @@
 """The references of the engine benchmark, each run as its own process, without Django:
 
-    python -m runs.bench_peers dbos --url postgresql://... --workflows N --start-at T
+    python -m taskpilots.evidence.bench_peers dbos --url postgresql://... --workflows N --start-at T
         the same 5-step workflow on DBOS Transact (the peer)
-    python -m runs.bench_peers inserts --dsn "dbname=..." --table T --seconds S --start-at T
+    python -m taskpilots.evidence.bench_peers inserts --dsn URL --table T --seconds S --start-at T
         single-row INSERT commits from plain psycopg (the physical baseline)
 
 Each prints one JSON line with what it did and how long it took.

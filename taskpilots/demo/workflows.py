@@ -9,9 +9,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from runs import workflows
-from runs.demo import policies
-from runs.demo import tools as _tools  # noqa: F401  (registers the sandbox tools)
 from runs.workflows import Workflow, approval, compute, read, side_effect, wait_event
+from taskpilots.demo import policies
+from taskpilots.demo import tools as _tools  # noqa: F401  (registers the sandbox tools)
 
 
 def _validate_reply(data: dict) -> dict:

@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from runs.sandbox.server import serve
+from taskpilots.sandbox.server import serve
 
 
 class Command(BaseCommand):

@@ -4,8 +4,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runs import scratch
-from runs.drill import Drill, DrillConfig, parse_faults, progress_to_stderr
+from taskpilots.evidence import scratch
+from taskpilots.evidence.drill import Drill, DrillConfig, parse_faults, progress_to_stderr
 
 KEYS = (
     "runs", "succeeded", "needs_human", "failed", "lost_runs", "duplicate_side_effects",

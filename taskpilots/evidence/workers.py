@@ -23,7 +23,7 @@ from django.db import connection
 
 from taskpilots.env import format_database_url
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def database_url(name: str | None = None) -> str:

@@ -36,10 +36,10 @@ from approvals import actions
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import engine
 from runs.models import SNAPSHOT_FIELDS, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
-from runs.processes import Workers
-from runs.sandbox.client import SandboxClient, SandboxError, start_sandbox
 from taskpilots import embedded
 from taskpilots.celery import app as celery_app
+from taskpilots.evidence.workers import Workers
+from taskpilots.sandbox.client import SandboxClient, SandboxError, start_sandbox
 
 KINDS = (
     "interrupt_before",  # the call times out before the system commits

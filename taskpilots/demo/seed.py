@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from approvals import actions
 from runs import engine
 from runs.models import Run, Wait
-from runs.sandbox.client import SandboxClient
+from taskpilots.sandbox.client import SandboxClient
 
 PREFIX = "demo-"
 CUSTOMERS = ["ann", "bo", "chen", "dara", "eli", "fay", "gus", "hana", "ivo", "jun"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.demo.seed import SeedError, seed
+from taskpilots.demo.seed import SeedError, seed
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """A demo MCP server in front of the sandbox's simulated systems (docs/sandbox.md).
 
-    python runs/agents/servers/sandbox.py                     # stdio (what the demo agent uses)
-    python runs/agents/servers/sandbox.py --http 8766         # streamable HTTP on /mcp
+    python taskpilots/demo/servers/sandbox.py                     # stdio (what the demo agent uses)
+    python taskpilots/demo/servers/sandbox.py --http 8766         # streamable HTTP on /mcp
 
 Each tool forwards to the sandbox HTTP service at $TASKPILOTS_SANDBOX_URL, so the sandbox
 ledger counts every effect. The TaskPilots idempotency key, run and step arrive in the call's

@@ -1,5 +1,5 @@
 """The demo agent, registered as workflow `demo.agent`: a refund desk built with the OpenAI Agents
-SDK, using one plain Python tool and four tools of a local MCP server (runs/agents/servers/
+SDK, using one plain Python tool and four tools of a local MCP server (taskpilots/demo/servers/
 sandbox.py, in front of the simulated systems).
 
     engine.start_run("demo.agent", {"message": "My order arrived broken, please refund it.",

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.metrics_loadgen import load_fake_runs
+from taskpilots.evidence.loadgen import load_fake_runs
 
 
 class Command(BaseCommand):

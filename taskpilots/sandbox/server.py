@@ -1,6 +1,6 @@
 """The sandbox: simulated external systems with a durable ledger and fault injection.
 
-Standard library only, and no Django import, so `python -m runs.sandbox.server` starts in a
+Standard library only, and no Django import, so `python -m taskpilots.sandbox.server` starts in a
 fraction of a second and can be killed and restarted by tests and drills. Everything that must
 survive a restart (the ledger, per-system switches, injected faults and outages) lives in one
 sqlite file. Reference: docs/sandbox.md.
@@ -1020,7 +1020,9 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m runs.sandbox.server", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m taskpilots.sandbox.server", description=__doc__
+    )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
     parser.add_argument("--port", type=int, default=8765, help="0 picks a free port")
     parser.add_argument("--db", default="var/sandbox.sqlite3", help="sqlite file for the ledger")

@@ -1,4 +1,4 @@
-"""Tools for the simulated external systems (runs/sandbox), through the generic HTTP adapter.
+"""Tools for the simulated external systems (taskpilots/sandbox), through the generic HTTP adapter.
 
 The switches mirror the sandbox defaults, so every branch of the unknown-outcome logic is taken
 by some system: mail can be asked by key, tickets dedupe, CRM can do neither (a person decides),

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from django.db import connection
 
-from runs.processes import ROOT, database_url
+from taskpilots.evidence.workers import ROOT, database_url
 
 Say = Callable[[str], None]
 

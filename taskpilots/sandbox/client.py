@@ -202,7 +202,7 @@ class SandboxProcess:
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
         )
         env["PYTHONUNBUFFERED"] = "1"
-        command = [sys.executable, "-m", "runs.sandbox.server"]
+        command = [sys.executable, "-m", "taskpilots.sandbox.server"]
         command += ["--port", str(self.port), "--db", self.db_path]
         self.process = subprocess.Popen(
             command,
@@ -310,7 +310,7 @@ class SandboxProcess:
 
 
 def start_sandbox(port: int = 0, db_path: str | os.PathLike[str] | None = None) -> SandboxProcess:
-    """Spawn `python -m runs.sandbox.server` and wait until it answers /_admin/health."""
+    """Spawn `python -m taskpilots.sandbox.server` and wait until it answers /_admin/health."""
     sandbox = SandboxProcess(port=port, db_path=db_path)
     try:
         return sandbox.start()

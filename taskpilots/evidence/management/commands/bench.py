@@ -4,7 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from runs import bench
+from taskpilots.evidence import bench
 
 
 class Command(BaseCommand):
