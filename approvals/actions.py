@@ -1,6 +1,10 @@
-"""What people do to runs: every action is authorised by the caller (views check roles), made
-under the run's row lock with a compare-and-set on its version, recorded as a HumanDecision and a
-timeline event in the same transaction, and leaves the run where the engine can pick it up.
+"""What people do to runs: every action checks who may take it (approvals/permissions.py, the
+same rule for the console and the API) under the run's row lock, with a compare-and-set on its
+version, is recorded as a HumanDecision and a timeline event in the same transaction, and leaves
+the run where the engine can pick it up.
+
+Lock order (as everywhere, see runs/models.py `Run.lock`): the Run row first, then its Step,
+then SideEffect / Wait / ApprovalRequest rows.
 
 Two people acting at once, a double submit, or acting on a run that moved on: exactly one wins;
 the other gets DecisionConflict saying who did what, and when.
@@ -14,6 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, HumanDecision, Takeover
+from approvals.permissions import ActionForbidden, check_may_act
 from runs import tools as tool_registry
 from runs.engine import begin_compensation, enqueue
 from runs.models import (
@@ -38,12 +43,23 @@ class ActionRefused(ValueError):
     """The action does not make sense in the run's current state (the message says why)."""
 
 
+__all__ = ["ActionForbidden", "ActionRefused", "DecisionConflict", "check_may_act"]
+
+
 def _actor(user) -> str:
     return f"user:{user.get_username()}"
 
 
-def _lock_run(run_id, expected_version: int | None) -> Run:
+def _lock_run(run_id, expected_version: int | None, user=None, *, action: str) -> Run:
+    """Lock the run (always the first row a transaction locks), check that it has not moved on
+    since the person loaded it, then that `user` may take `action` on it now."""
     run = Run.objects.select_for_update(of=("self",)).select_related("owner").get(pk=run_id)
+    _check_version(run, expected_version)
+    check_may_act(run, user, action)
+    return run
+
+
+def _check_version(run: Run, expected_version: int | None) -> None:
     if expected_version is not None and run.lock_version != expected_version:
         last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
         who = (
@@ -56,7 +72,6 @@ def _lock_run(run_id, expected_version: int | None) -> Run:
             f"This run changed since you opened it (it is now {run.get_status_display().lower()})"
             f"{who}. Reload to see where it stands."
         )
-    return run
 
 
 def _current_step(run: Run) -> Step | None:
@@ -131,7 +146,9 @@ def decide_approval(
     if decision not in D.values:
         raise ActionRefused(f"decision must be one of {', '.join(D.values)}")
     actor = _actor(user)
+    run_id = ApprovalRequest.objects.values_list("run_id", flat=True).get(pk=approval_id)
     with transaction.atomic():
+        run = _lock_run(run_id, None, user, action="decide")
         approval = (
             ApprovalRequest.objects.select_for_update(of=("self",))
             .select_related("decided_by")
@@ -148,12 +165,7 @@ def decide_approval(
                 f"Already {approval.get_decision_display().lower() or approval.status} by "
                 f"{who}{when}."
             )
-        run = _lock_run(approval.run_id, expected_version)
-        if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk and not _is_admin(user):
-            raise ActionRefused(
-                f"{run.owner.get_username()} has taken this run over; only they or an admin "
-                "can decide."
-            )
+        _check_version(run, expected_version)
         step = Step.objects.select_for_update().get(pk=approval.step_id)
         params = approval.proposed_params
         if decision == D.APPROVED_WITH_EDITS:
@@ -248,10 +260,6 @@ def validate_params(tool_name: str, params: Any) -> dict:
     return value
 
 
-def _is_admin(user) -> bool:
-    return user.is_superuser or user.groups.filter(name="admin").exists()
-
-
 # --------------------------------------------------------------------------------------------
 # Unknown outcomes
 
@@ -268,10 +276,10 @@ def confirm_outcome(
     """A person settles an unknown outcome: it happened (the external reference is the proof)
     or it did not (the step is retried with the same idempotency key)."""
     actor = _actor(user)
+    run_id = Step.objects.values_list("run_id", flat=True).get(pk=step_id)
     with transaction.atomic():
+        run = _lock_run(run_id, expected_version, user, action="settle an outcome of")
         step = Step.objects.select_for_update().get(pk=step_id)
-        run = _lock_run(step.run_id, expected_version)
-        step.refresh_from_db()
         if step.status != Step.Status.UNKNOWN_OUTCOME:
             raise DecisionConflict(
                 f"Step {step.name} is {step.get_status_display().lower()}, not an unknown "
@@ -333,7 +341,7 @@ def confirm_outcome(
 def retry_step(run_id, user, *, comment: str = "", expected_version=None) -> Step:
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="retry a step of")
         step = _current_step(run)
         _refuse_unknown(step)
         if step is None:
@@ -367,7 +375,7 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
     """
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="edit a step of")
         step = _current_step(run)
         _refuse_unknown(step)
         if (
@@ -432,7 +440,7 @@ def skip_step(run_id, user, *, reason: str, expected_version=None) -> Step:
     if not reason.strip():
         raise ActionRefused("Say why the step is skipped.")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="skip a step of")
         step = _current_step(run)
         if step is None:
             raise ActionRefused("There is no unfinished step to skip.")
@@ -461,7 +469,7 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
     """The person did the step's work outside TaskPilots; record its result and go on."""
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="complete a step of")
         step = _current_step(run)
         if step is None:
             raise ActionRefused("There is no unfinished step to complete.")
@@ -502,7 +510,7 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
 def take_over(run_id, user, *, comment: str = "", expected_version=None) -> Run:
     """Claim the run: automation stops touching it until it is released."""
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="take over")
         if run.status == Run.Status.TAKEN_OVER:
             raise DecisionConflict(f"Already taken over by {run.owner.get_username()}.")
         if run.is_terminal:
@@ -517,13 +525,9 @@ def release(run_id, user, *, comment: str = "", expected_version=None) -> Run:
     """Give the run back: to the engine if its step can go on, otherwise to the inbox."""
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="release")
         if run.status != Run.Status.TAKEN_OVER:
             raise DecisionConflict("The run is not taken over.")
-        if run.owner_id != user.pk and not _is_admin(user):
-            raise ActionRefused(
-                "Only the person who took the run over, or an admin, can release it."
-            )
         _end_takeover(run, user, comment or "released")
         step = _current_step(run)
         parked = step is not None and step.status in (
@@ -548,14 +552,24 @@ def _end_takeover(run: Run, user, resolution: str) -> None:
 
 
 def cancel_run(
-    run_id, user=None, *, reason: str, compensate: bool = True, expected_version=None
+    run_id,
+    user=None,
+    *,
+    reason: str,
+    compensate: bool = True,
+    expected_version=None,
+    actor: str = "system",
 ) -> Run:
-    """Stop the run; committed side effects are compensated (newest first) unless told not to."""
-    actor = _actor(user) if user else "system"
+    """Stop the run; committed side effects are compensated (newest first) unless told not to.
+
+    Without a `user` the caller acts on its own account (`actor`, e.g. an API client), which
+    is refused on a taken-over run: only its owner or an admin decides about it.
+    """
+    actor = _actor(user) if user else actor
     if not reason.strip():
         raise ActionRefused("Say why the run is cancelled.")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="cancel")
         if run.is_terminal:
             raise DecisionConflict(f"The run is already {run.get_status_display().lower()}.")
         if run.status == Run.Status.COMPENSATING:

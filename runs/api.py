@@ -35,7 +35,6 @@ from taskpilots.env import env_bool
 EVENTS_STRICT = env_bool("TASKPILOTS_EVENTS_STRICT", False)
 MAX_BIGINT = 2**63 - 1
 MAX_VERSION = 2**31 - 1
-ACTING_GROUPS = ("support", "admin")
 
 api = NinjaAPI(
     title="TaskPilots API",
@@ -232,22 +231,28 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
                        field="cursor") from None  # fmt: skip
 
 
-def _acting_user(username: str):
-    """The named user an action is taken as: must exist, be active and be support or admin."""
+def _acting_user(username: str | None):
+    """The named user an action is taken as (None: the client on its own account)."""
+    if username is None:
+        return None
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
         raise ApiError(422, "unknown_user", f"No active user {username!r}.", field="user")
-    if not (user.is_superuser or user.groups.filter(name__in=ACTING_GROUPS).exists()):
-        message = f"{username} is not in the support or admin group."
-        raise ApiError(403, "user_not_allowed", message, field="user")
     return user
 
 
-def _is_admin(user) -> bool:
-    return user.is_superuser or user.groups.filter(name="admin").exists()
+def _check_may_act(run: Run, user, action: str) -> None:
+    """The console's rule (approvals/permissions.py), checked first so that a user who may not
+    act hears that before anything about the body; the action checks it again under the lock."""
+    try:
+        actions.check_may_act(run, user, action)
+    except actions.ActionForbidden as exc:
+        raise _action_error(exc) from None
 
 
 def _action_error(exc: Exception) -> ApiError:
+    if isinstance(exc, actions.ActionForbidden):
+        return ApiError(403, exc.code, str(exc), field="user")
     code = "conflict" if isinstance(exc, actions.DecisionConflict) else "refused"
     return ApiError(409, code, str(exc))
 
@@ -358,14 +363,20 @@ def list_runs(request, filters: Query[RunFilters]):
     auth=BearerAuth(ApiScope.RUNS_WRITE),
     response={200: RunOut, **_errors(404, 409, 413)},
     summary="Cancel a run (committed side effects are compensated unless compensate=false)",
-    description="Optionally as a named support/admin `user`; takeover rules apply.",
+    description=(
+        "As a named support/admin `user`, or without one on the client's own account. The "
+        "console's rules apply: a taken-over run is cancelled only by its owner or an admin "
+        "(403 `taken_over`, also when no `user` is named)."
+    ),
     tags=["runs"],
 )
 def cancel_run(request, run_id: UUID, body: CancelIn):
     client = _client(request)
-    user = _acting_user(body.user) if body.user else None
-    if not Run.objects.filter(pk=run_id).exists():
+    run = Run.objects.select_related("owner").filter(pk=run_id).first()
+    if run is None:
         raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    user = _acting_user(body.user)
+    _check_may_act(run, user, "cancel")
     try:
         with transaction.atomic():
             TimelineEvent.append(
@@ -380,8 +391,9 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
                 reason=body.reason,
                 compensate=body.compensate,
                 expected_version=body.expected_version,
+                actor=client.actor,
             )
-    except (actions.DecisionConflict, actions.ActionRefused) as exc:
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
         raise _action_error(exc) from None
     client.touch()
     return _run_out(run)
@@ -455,14 +467,13 @@ def deliver_event(request, body: EventIn):
 )
 def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1, le=MAX_BIGINT)):
     client = _client(request)
-    approval = ApprovalRequest.objects.select_related("run").filter(pk=approval_id).first()
+    approvals = ApprovalRequest.objects.select_related("run", "run__owner")
+    approval = approvals.filter(pk=approval_id).first()
     if approval is None:
         raise ApiError(404, "not_found", f"No approval {approval_id}.", field="approval_id")
     user = _acting_user(body.user)
     run = approval.run
-    if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk and not _is_admin(user):
-        raise ApiError(403, "taken_over", "The run is taken over; only its owner or an admin "
-                       "can decide.", field="user")  # fmt: skip
+    _check_may_act(run, user, "decide")
     if body.decision == "approved_with_edits":
         if body.edited_params is None:
             raise ApiError(422, "missing_field", "edited_params is required for "
@@ -488,7 +499,7 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
                 comment=body.comment,
                 expected_version=body.expected_version,
             )
-    except (actions.DecisionConflict, actions.ActionRefused) as exc:
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
         raise _action_error(exc) from None
     client.touch()
     run.refresh_from_db(fields=["status"])

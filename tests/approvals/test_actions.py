@@ -48,7 +48,7 @@ def test_only_the_owner_or_an_admin_decides_a_taken_over_run(sandbox, support_us
     run = start("test.refund", {"amount": 150, "payment": "pay_1"})
     actions.take_over(run.pk, support_user)
     approval = ApprovalRequest.objects.get(run=run)
-    with pytest.raises(actions.ActionRefused, match="taken this run over"):
+    with pytest.raises(actions.ActionForbidden, match="taken this run over"):
         actions.decide_approval(approval.pk, other, "approved")
     actions.decide_approval(approval.pk, admin_user, "approved")
 

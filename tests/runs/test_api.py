@@ -489,6 +489,72 @@ class TestCancel:
         missing = "/runs/00000000-0000-0000-0000-000000000000/cancel"
         assert api.post(missing, {"reason": "x"})[0] == 404
 
+    def test_a_run_an_admin_took_over_is_not_cancelled_for_support(
+        self, api, support_user, admin_user
+    ):
+        # The console refuses this (403); the API named the same user and cancelled the run.
+        run = waiting_run(api)
+        actions.take_over(run.pk, admin_user)
+        status, data = api.post(f"/runs/{run.pk}/cancel",
+                                {"reason": "x", "user": support_user.username})  # fmt: skip
+        assert status == 403 and data["error"]["code"] == "taken_over"
+        assert data["error"]["field"] == "user"
+        assert Run.objects.get(pk=run.pk).status == "taken_over"
+        assert not TimelineEvent.objects.filter(run=run, verb="api.cancel_requested").exists()
+
+    def test_a_taken_over_run_is_not_cancelled_without_a_named_user(self, api, admin_user):
+        # A takeover means a person handles the run: the client must say who cancels it.
+        run = waiting_run(api)
+        actions.take_over(run.pk, admin_user)
+        status, data = api.post(f"/runs/{run.pk}/cancel", {"reason": "x"})
+        assert status == 403 and data["error"]["code"] == "taken_over"
+        assert "alex-admin" in data["error"]["message"]
+        assert Run.objects.get(pk=run.pk).status == "taken_over"
+
+    def test_the_owner_or_an_admin_cancels_a_taken_over_run(self, api, support_user, admin_user):
+        run = waiting_run(api)
+        actions.take_over(run.pk, support_user)
+        status, _ = api.post(f"/runs/{run.pk}/cancel",
+                             {"reason": "x", "user": support_user.username})  # fmt: skip
+        assert status == 200
+        other = waiting_run(api, order="o-2")
+        actions.take_over(other.pk, support_user)
+        status, _ = api.post(f"/runs/{other.pk}/cancel",
+                             {"reason": "x", "user": admin_user.username})  # fmt: skip
+        assert status == 200
+
+    def test_a_cancel_without_a_user_is_recorded_as_the_client(self, api):
+        run = waiting_run(api)
+        assert api.post(f"/runs/{run.pk}/cancel", {"reason": "withdrawn"})[0] == 200
+        cancelled = TimelineEvent.objects.get(run=run, verb="run.cancelled")
+        assert cancelled.actor == "api:billing-agent"
+
+    @pytest.mark.parametrize("persona", ["owner", "other-support", "admin", "auditor", "outsider"])
+    def test_the_console_and_the_api_give_the_same_answer(self, api, client, persona):
+        owner = UserFactory(username="owner", groups=["support"])
+        users = {
+            "owner": owner,
+            "other-support": UserFactory(username="other-support", groups=["support"]),
+            "admin": UserFactory(username="admin-2", groups=["admin"]),
+            "auditor": UserFactory(username="auditor-2", groups=["auditor"]),
+            "outsider": UserFactory(username="outsider-2"),
+        }
+        user = users[persona]
+        by_api, by_console = waiting_run(api, order="o-a"), waiting_run(api, order="o-c")
+        for run in (by_api, by_console):
+            actions.take_over(run.pk, owner)
+        api_status, _ = api.post(f"/runs/{by_api.pk}/cancel",
+                                 {"reason": "x", "user": user.username})  # fmt: skip
+        client.force_login(user)
+        version = Run.objects.get(pk=by_console.pk).lock_version
+        console_status = client.post(
+            f"/console/runs/{by_console.pk}/actions/cancel/",
+            {"comment": "x", "expected_version": version},
+        ).status_code
+        allowed = persona in ("owner", "admin")
+        assert (api_status == 200, console_status in (200, 302)) == (allowed, allowed)
+        assert Run.objects.get(pk=by_api.pk).status == Run.objects.get(pk=by_console.pk).status
+
     def test_wrong_method_is_405(self, client):
         assert client.get("/api/v1/events").status_code == 405
         assert client.delete("/api/v1/runs").status_code == 405
