@@ -267,8 +267,10 @@ def _action_error(exc: Exception) -> ApiError:
     response={201: RunOut, 200: RunOut, **_errors(409, 413)},
     summary="Start a run (idempotent by business_key)",
     description=(
-        "201 with the new run. The same business_key with the same input again: 200 with the "
-        "existing run (safe to retry, also concurrently). The same key with other input: 409."
+        "201 with the new run. The same business_key with the same workflow and input again: "
+        "200 with the existing run (safe to retry, also concurrently). The same key with another "
+        "workflow or other input: 409. A client without runs:read gets 409 instead of a run "
+        "another client started; `run_id` is only given for runs the client may read."
     ),
     tags=["runs"],
 )
@@ -294,18 +296,38 @@ def start_run(request, body: StartRunIn):
             actor=client.actor,
         )
     except engine.BusinessKeyConflict as exc:
-        raise ApiError(
-            409,
-            "business_key_conflict",
-            f"business_key {body.business_key!r} already started run {exc.run.pk} with "
-            "different input; use a new business_key for a different request.",
-            field="business_key",
-            run_id=str(exc.run.pk),
-        ) from None
+        raise _key_conflict(client, body.business_key, exc.run, exc.why) from None
     except engine.StartError as exc:
         raise ApiError(422, "invalid_input", str(exc), field="input") from None
+    if not created and not _may_read(client, run):
+        # Resending someone else's key and input must not hand their run to a client that
+        # cannot read runs.
+        raise _key_conflict(client, body.business_key, run, "taken")
     client.touch()
     return Status(201 if created else 200, _run_out(run))
+
+
+def _may_read(client: ApiClient, run: Run) -> bool:
+    """A client reads every run with runs:read, and otherwise only the runs it started."""
+    return client.has_scope(ApiScope.RUNS_READ) or run.principal == client.actor
+
+
+def _key_conflict(client: ApiClient, key: str, run: Run, why: str) -> ApiError:
+    what = {
+        "workflow": "for another workflow",
+        "input": "with different input",
+        "taken": "by another client",
+    }[why]
+    extra = {"run_id": str(run.pk)} if _may_read(client, run) else {}
+    shown = f" (run {run.pk})" if extra else ""
+    return ApiError(
+        409,
+        "business_key_conflict",
+        f"business_key {key!r} was already used {what}{shown}; use a new business_key for a "
+        "different request.",
+        field="business_key",
+        **extra,
+    )
 
 
 @api.get(

@@ -107,10 +107,15 @@ class StartError(ValueError):
 
 
 class BusinessKeyConflict(StartError):
-    def __init__(self, run: Run):
+    """The business key already started a run for another request: `why` is "workflow" (another
+    workflow or version) or "input" (the same workflow with other input)."""
+
+    def __init__(self, run: Run, why: str = "input"):
         self.run = run
+        self.why = why
+        what = "another workflow" if why == "workflow" else "other input"
         super().__init__(
-            f"business key {run.business_key!r} already started run {run.pk} with other input"
+            f"business key {run.business_key!r} already started run {run.pk} with {what}"
         )
 
 
@@ -127,7 +132,8 @@ def start_run(
 ) -> tuple[Run, bool]:
     """Create a run (or return the existing one for the same business key and input).
 
-    Returns (run, created). The same business key with different input raises
+    Returns (run, created). A business key names one request to one workflow: the same key
+    with another workflow (or another explicit version), or with different input, raises
     BusinessKeyConflict; nothing is written for a rejected start.
     """
     try:
@@ -146,7 +152,7 @@ def start_run(
     if business_key is not None:
         existing = Run.objects.filter(business_key=business_key).first()
         if existing is not None:
-            return _same_start(existing, input_digest)
+            return _same_start(existing, definition, version, input_digest)
     try:
         with transaction.atomic():
             run = Run.objects.create(
@@ -176,11 +182,18 @@ def start_run(
         existing = Run.objects.filter(business_key=business_key).first()
         if business_key is None or existing is None:
             raise
-        return _same_start(existing, input_digest)
+        return _same_start(existing, definition, version, input_digest)
     return run, True
 
 
-def _same_start(existing: Run, input_digest: str) -> tuple[Run, bool]:
+def _same_start(
+    existing: Run, definition: Workflow, version: int | None, input_digest: str
+) -> tuple[Run, bool]:
+    # Without an explicit version a retry may resolve to a newer one: still the same request.
+    if existing.workflow != definition.name or (
+        version is not None and existing.workflow_version != version
+    ):
+        raise BusinessKeyConflict(existing, why="workflow")
     if existing.input_digest != input_digest:
         raise BusinessKeyConflict(existing)
     return existing, False

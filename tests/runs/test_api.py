@@ -148,6 +148,52 @@ class TestStartRun:
         assert data["error"]["run_id"] == first["id"]
         assert Run.objects.count() == 1
 
+    def test_the_same_key_with_another_workflow_is_a_conflict(self, api):
+        # A key names one request to one workflow; it must never answer with a run of another.
+        _, first = api.post("/runs", start_body())
+        status, data = api.post("/runs", {**start_body(), "workflow": "test.kb"})
+        assert status == 409, data
+        assert data["error"]["code"] == "business_key_conflict"
+        assert data["error"]["run_id"] == first["id"]
+        assert "another workflow" in data["error"]["message"]
+        assert Run.objects.count() == 1
+
+    def test_another_version_named_explicitly_is_a_conflict(self, api):
+        for version in (1, 2):
+            workflows.register(
+                Workflow("test.api_versioned", version, [compute("a", lambda ctx: 1)]),
+                replace=True,
+            )
+        try:
+            body = {"workflow": "test.api_versioned", "input": {}, "business_key": "v"}
+            assert api.post("/runs", {**body, "version": 1})[0] == 201
+            assert api.post("/runs", {**body, "version": 1})[0] == 200
+            assert api.post("/runs", {**body, "version": 2})[0] == 409
+        finally:
+            workflows.unregister("test.api_versioned", 1)
+            workflows.unregister("test.api_versioned", 2)
+
+    def test_a_client_without_read_scope_does_not_get_another_clients_run(self, api):
+        _, first = api.post("/runs", start_body())
+        _, credentials = ApiClient.issue("writer", [ApiScope.RUNS_WRITE])
+        writer = Api(bearer(credentials.token))
+        status, data = writer.post("/runs", start_body())
+        assert status == 409, data
+        assert data["error"]["code"] == "business_key_conflict"
+        assert "run_id" not in data["error"]
+        assert first["id"] not in json.dumps(data)
+        assert Run.objects.count() == 1
+
+    def test_a_client_without_read_scope_gets_its_own_run_again(self, db):
+        _, credentials = ApiClient.issue("writer", [ApiScope.RUNS_WRITE])
+        writer = Api(bearer(credentials.token))
+        status, first = writer.post("/runs", start_body())
+        assert status == 201
+        status, again = writer.post("/runs", start_body())
+        assert status == 200 and again["id"] == first["id"]
+        status, data = writer.post("/runs", start_body(order="o-2"))
+        assert status == 409 and data["error"]["run_id"] == first["id"]
+
     def test_an_unknown_workflow_or_version_is_refused_naming_the_field(self, api):
         status, data = api.post("/runs", {**start_body(), "workflow": "nope"})
         assert status == 422 and data["error"]["field"] == "workflow"
