@@ -12,6 +12,7 @@ import base64
 import binascii
 import json
 from datetime import UTC, datetime
+from functools import wraps
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -19,6 +20,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from ninja import Field, NinjaAPI, Path, Query, Schema, Status
+from ninja.decorators import decorate_view
 from pydantic import AfterValidator, ConfigDict, field_validator
 
 from approvals import actions
@@ -27,7 +29,13 @@ from runs import engine
 from runs import workflows as workflow_registry
 from runs.api_auth import BearerAuth, SignatureAuth
 from runs.api_docs import ReadableDocs
-from runs.api_errors import ApiError, GuardedParser, install_handlers, reject_nul
+from runs.api_errors import (
+    ApiError,
+    GuardedParser,
+    guard_json_body,
+    install_handlers,
+    reject_nul,
+)
 from runs.api_models import ApiClient, ApiScope
 from runs.models import InboundEvent, Run, RunStatus, TimelineEvent
 from taskpilots.env import env_bool
@@ -52,6 +60,21 @@ api = NinjaAPI(
     parser=GuardedParser(),
 )
 install_handlers(api)
+
+
+def json_body(run_operation):
+    """Wrap an operation with a JSON body: size and media type are refused (413/415) before
+    authentication (a signed webhook's check reads the body) and before ninja reads the body."""
+
+    @wraps(run_operation)
+    def guarded(request, *args, **kwargs):
+        try:
+            guard_json_body(request)
+        except ApiError as error:
+            return api.create_response(request, error.body(), status=error.status)
+        return run_operation(request, *args, **kwargs)
+
+    return guarded
 
 
 def _events_strict() -> bool:
@@ -274,6 +297,7 @@ def _action_error(exc: Exception) -> ApiError:
     ),
     tags=["runs"],
 )
+@decorate_view(json_body)
 def start_run(request, body: StartRunIn):
     client = _client(request)
     try:
@@ -392,6 +416,7 @@ def list_runs(request, filters: Query[RunFilters]):
     ),
     tags=["runs"],
 )
+@decorate_view(json_body)
 def cancel_run(request, run_id: UUID, body: CancelIn):
     client = _client(request)
     run = Run.objects.select_related("owner").filter(pk=run_id).first()
@@ -438,6 +463,7 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
     ),
     tags=["events"],
 )
+@decorate_view(json_body)
 def deliver_event(request, body: EventIn):
     client = _client(request)
 
@@ -487,6 +513,7 @@ def deliver_event(request, body: EventIn):
     ),
     tags=["approvals"],
 )
+@decorate_view(json_body)
 def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1, le=MAX_BIGINT)):
     client = _client(request)
     approvals = ApprovalRequest.objects.select_related("run", "run__owner")

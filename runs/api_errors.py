@@ -2,12 +2,15 @@
 
 Every error answers `{"error": {"code": "...", "message": "...", "field": "input.customer"}}`
 (`field` is null when no single field is at fault). Bodies are checked before anything reads them
-as data: size (413), UTF-8, JSON syntax, NUL bytes and unpaired surrogates (PostgreSQL cannot store
-either), nesting depth and string lengths (400), so a rejected request never reaches the database.
+as data: size (413, also for chunked bodies) and media type (415) before authentication and
+parsing (`guard_json_body`), then UTF-8, JSON syntax, NUL bytes and unpaired surrogates
+(PostgreSQL cannot store either), nesting depth and string lengths (400), so a rejected request
+never reaches the database.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -15,6 +18,7 @@ from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse
 from django.http.request import RawPostDataException
+from django.utils.http import parse_header_parameters
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -53,23 +57,72 @@ def field_path(parts) -> str | None:
 # --------------------------------------------------------------------------------------------
 # Body guard
 
+JSON_MEDIA_TYPE = "application/json"
+_READ_CHUNK = 64 * 1024
 
-def read_body(request: HttpRequest) -> bytes:
-    """The raw body, refusing one over the limit before reading it when its length is declared."""
+
+def guard_json_body(request: HttpRequest) -> None:
+    """Refuse a body that is too large or not JSON before anything reads or parses it.
+
+    1. A declared Content-Length over the limit: 413 without reading a byte.
+    2. Any media type but application/json (a `charset` other than UTF-8 included): 415.
+    3. Read the body with the limit, so an undeclared (chunked) length cannot grow past it: 413.
+       Django reads a chunked body under WSGI as empty (it trusts Content-Length only), so the
+       server's de-chunked stream is read here when the server says it ends
+       (`wsgi.input_terminated`, set by gunicorn); a server that cannot say so gets 411.
+    The body read here is what Django and the parser see afterwards.
+    """
     try:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         raise ApiError(400, "invalid_request", "Content-Length is not a number.") from None
     if declared > MAX_BODY_BYTES:
         raise _too_large()
+    media_type, params = parse_header_parameters(request.META.get("CONTENT_TYPE", ""))
+    charset = params.get("charset", "utf-8").lower()
+    if media_type.lower() != JSON_MEDIA_TYPE or charset not in ("utf-8", "utf8"):
+        shown = request.META.get("CONTENT_TYPE") or "none"
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"Send the body as {JSON_MEDIA_TYPE} (UTF-8); got Content-Type: {shown[:100]}.",
+        )
+    if hasattr(request, "_body"):
+        if len(request._body) > MAX_BODY_BYTES:
+            raise _too_large()
+        return
+    chunked = "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower()
+    environ = getattr(request, "environ", {})
+    if chunked and "wsgi.input" in environ:
+        if not environ.get("wsgi.input_terminated"):
+            raise ApiError(
+                411,
+                "length_required",
+                "This server cannot read a chunked body; send it with Content-Length.",
+            )
+        stream = environ["wsgi.input"]
+    else:
+        stream = request  # reads Django's own stream (Content-Length bounded; whole under ASGI)
+    parts, size = [], 0
+    while size <= MAX_BODY_BYTES:
+        part = stream.read(min(_READ_CHUNK, MAX_BODY_BYTES + 1 - size))
+        if not part:
+            break
+        parts.append(part)
+        size += len(part)
+    if size > MAX_BODY_BYTES:
+        raise _too_large()
+    # Hand the bytes read here to Django (request.body) and to the parser: the stream is spent.
+    request._body = b"".join(parts)
+    request._stream = io.BytesIO(request._body)
+
+
+def read_body(request: HttpRequest) -> bytes:
+    """The raw body (already read and bounded by `guard_json_body`)."""
     try:
         body = request.body
-    except RawPostDataException:  # pragma: no cover (ninja never reads POST first)
+    except RawPostDataException:  # pragma: no cover (the guard reads it first)
         raise ApiError(400, "invalid_request", "The body was already consumed.") from None
-    except Exception as exc:  # RequestDataTooBig and friends
-        if "too big" in str(exc).lower() or type(exc).__name__ == "RequestDataTooBig":
-            raise _too_large() from None
-        raise
     if len(body) > MAX_BODY_BYTES:
         raise _too_large()
     return body

@@ -3,6 +3,7 @@ tools, and refusal of bad input with nothing written."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
@@ -280,6 +281,86 @@ class TestHostileBodies:
         status, data = api.post("/runs", {**start_body(), "input": {"b": ["x" * 1000] * 300}})
         assert status == 413 and data["error"]["code"] == "body_too_large"
         assert Run.objects.count() == 0
+
+
+class TestBodyLimitsAndMediaType:
+    """What reaches the parser: at most TASKPILOTS_API_MAX_BODY_BYTES of application/json."""
+
+    ENDPOINTS = [
+        "/runs",
+        "/runs/00000000-0000-0000-0000-000000000000/cancel",
+        "/events",
+        "/approvals/1/decision",
+    ]
+
+    def raw_post(self, path, stream, *, headers=None, **environ):
+        return Client().generic(
+            "POST", f"/api/v1{path}", data=b"x", content_type="application/json",
+            headers=headers, **{"wsgi.input": stream, **environ},
+        )  # fmt: skip
+
+    @pytest.mark.parametrize("path", ENDPOINTS)
+    def test_a_body_over_a_mebibyte_is_413_before_it_is_read(self, agent, path, caplog):
+        # Django refuses to read more than DATA_UPLOAD_MAX_MEMORY_SIZE (1 MiB): that used to
+        # surface as a 500 with a traceback, because ninja reads the body before the parser.
+        size = 2 * 1024 * 1024
+        stream = io.BytesIO(b"{" + b" " * (size - 2) + b"}")
+        response = self.raw_post(path, stream, CONTENT_LENGTH=str(size), headers=bearer(agent))
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "body_too_large"
+        assert stream.tell() == 0  # not a byte read
+        assert "Traceback" not in caplog.text and Run.objects.count() == 0
+
+    @pytest.mark.parametrize("path", ENDPOINTS)
+    def test_an_oversized_chunked_body_is_413(self, agent, path):
+        # Under WSGI a chunked body has no Content-Length; gunicorn de-chunks it and says the
+        # stream ends (wsgi.input_terminated). It used to be read as empty (422 "required").
+        stream = io.BytesIO(json.dumps({"input": {"b": ["x" * 1000] * 2000}}).encode())
+        response = self.raw_post(
+            path, stream, CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+            headers=bearer(agent), **{"wsgi.input_terminated": True},
+        )  # fmt: skip
+        assert response.status_code == 413, response.content
+        assert stream.tell() <= 256 * 1024 + 1  # read no further than the limit
+
+    def test_a_chunked_body_within_the_limit_starts_a_run(self, agent):
+        stream = io.BytesIO(json.dumps(start_body()).encode())
+        response = self.raw_post(
+            "/runs", stream, CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+            headers=bearer(agent), **{"wsgi.input_terminated": True},
+        )  # fmt: skip
+        assert response.status_code == 201, response.content
+        assert Run.objects.get().business_key == "order-1"
+
+    def test_a_chunked_body_a_server_cannot_end_is_411(self, agent):
+        stream = io.BytesIO(json.dumps(start_body()).encode())
+        response = self.raw_post(
+            "/runs", stream, CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+            headers=bearer(agent),
+        )  # fmt: skip
+        assert response.status_code == 411
+        assert response.json()["error"]["code"] == "length_required"
+
+    @pytest.mark.parametrize(
+        "content_type",
+        ["text/plain", "application/x-www-form-urlencoded", "", "application/json; charset=latin-1",
+         "application/jsonx", "multipart/form-data; boundary=x"],
+    )  # fmt: skip
+    @pytest.mark.parametrize("path", ENDPOINTS)
+    def test_anything_but_json_is_415(self, api, path, content_type):
+        raw = json.dumps(start_body()).encode()
+        response = api.http.generic("POST", f"/api/v1{path}", data=raw,
+                                    content_type=content_type, headers=api.headers)  # fmt: skip
+        assert response.status_code == 415, response.content
+        assert response.json()["error"]["code"] == "unsupported_media_type"
+        assert Run.objects.count() == 0
+
+    def test_json_with_a_utf8_charset_is_accepted(self, api):
+        raw = json.dumps(start_body()).encode()
+        response = api.http.generic("POST", "/api/v1/runs", data=raw,
+                                    content_type="Application/JSON; charset=UTF-8",
+                                    headers=api.headers)  # fmt: skip
+        assert response.status_code == 201, response.content
 
 
 # --------------------------------------------------------------------------------------------
