@@ -30,11 +30,12 @@ from runs import workflows as workflow_registry
 from runs.api_auth import BearerAuth, SignatureAuth
 from runs.api_docs import ReadableDocs
 from runs.api_errors import (
+    IDENTIFIER_PATTERN,
     ApiError,
     GuardedParser,
+    check_identifier,
     guard_json_body,
     install_handlers,
-    reject_nul,
 )
 from runs.api_models import ApiClient, ApiScope
 from runs.models import InboundEvent, Run, RunStatus, TimelineEvent
@@ -84,7 +85,12 @@ def _events_strict() -> bool:
 # --------------------------------------------------------------------------------------------
 # Schemas
 
-SafeStr = Annotated[str, AfterValidator(reject_nul)]
+# Keys, names and references: no NUL (400), no control or format characters (422).
+Identifier = Annotated[
+    str,
+    AfterValidator(check_identifier),
+    Field(json_schema_extra={"pattern": IDENTIFIER_PATTERN}),
+]
 
 
 class StrictIn(Schema):
@@ -103,11 +109,11 @@ class ErrorOut(Schema):
 
 
 class StartRunIn(StrictIn):
-    workflow: str = Field(..., min_length=1, max_length=100)
+    workflow: Identifier = Field(..., min_length=1, max_length=100)
     version: int | None = Field(None, ge=1, le=MAX_VERSION)
     input: dict[str, Any]
-    business_key: str = Field(..., min_length=1, max_length=200)
-    session_context_ref: str = Field("", max_length=200)
+    business_key: Identifier = Field(..., min_length=1, max_length=200)
+    session_context_ref: Identifier = Field("", max_length=200)
 
 
 class RunSummary(Schema):
@@ -136,12 +142,12 @@ class RunPage(Schema):
 
 
 class RunFilters(Schema):
-    workflow: SafeStr | None = Field(None, max_length=100)
+    workflow: Identifier | None = Field(None, max_length=100)
     status: RunStatus | None = None
-    business_key: SafeStr | None = Field(None, max_length=200)
+    business_key: Identifier | None = Field(None, max_length=200)
     created_after: datetime | None = Field(None, description="inclusive")
     created_before: datetime | None = Field(None, description="exclusive")
-    cursor: SafeStr | None = Field(None, max_length=200)
+    cursor: Identifier | None = Field(None, max_length=200)
     limit: int = Field(50, ge=1, le=100)
 
     @field_validator("created_after", "created_before")
@@ -160,9 +166,9 @@ class RunFilters(Schema):
 
 
 class EventIn(StrictIn):
-    event_id: str = Field(..., min_length=1, max_length=200)
-    event_type: str = Field(..., min_length=1, max_length=150)
-    correlation_key: str = Field(..., min_length=1, max_length=255)
+    event_id: Identifier = Field(..., min_length=1, max_length=200)
+    event_type: Identifier = Field(..., min_length=1, max_length=150)
+    correlation_key: Identifier = Field(..., min_length=1, max_length=255)
     payload: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -174,7 +180,7 @@ class EventOut(Schema):
 
 class CancelIn(StrictIn):
     reason: str = Field(..., min_length=1, max_length=2000)
-    user: str | None = Field(
+    user: Identifier | None = Field(
         None, min_length=1, max_length=150, description="act as this support/admin user"
     )
     compensate: bool = True
@@ -182,7 +188,7 @@ class CancelIn(StrictIn):
 
 
 class DecisionIn(StrictIn):
-    user: str = Field(..., min_length=1, max_length=150, description="support or admin user")
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
     decision: Literal["approved", "approved_with_edits", "rejected"]
     edited_params: dict[str, Any] | None = None
     comment: str = Field("", max_length=4000)

@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import math
+import unicodedata
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse
@@ -211,6 +212,47 @@ def reject_nul(value: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Identifiers: keys, names and references a person reads or a machine matches exactly.
+
+# The code points of Unicode categories Cc (controls) and Cf (format: zero-width characters,
+# bidirectional overrides, tag characters...) in Unicode 15.1, the version of Python 3.12 and
+# 3.13. They are invisible or reorder what is shown: a key with U+202E renders reversed, and
+# one with U+200B looks like another key but is not. tests/runs/test_api.py checks this table
+# against `unicodedata`; `check_identifier` asks `unicodedata` itself.
+INVISIBLE_RANGES = (
+    (0x0000, 0x001F), (0x007F, 0x009F), (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C),
+    (0x06DD, 0x06DD), (0x070F, 0x070F), (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E),
+    (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x2064), (0x2066, 0x206F), (0xFEFF, 0xFEFF),
+    (0xFFF9, 0xFFFB), (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0001, 0xE0001), (0xE0020, 0xE007F),
+)  # fmt: skip
+# The same rule as a JSON-schema pattern (the characters themselves, escaped by JSON). Unpaired
+# surrogates are refused too (400), but are left out: a pattern holding them is not valid
+# Unicode, and valid UTF-8 JSON cannot carry them anyway.
+IDENTIFIER_PATTERN = (
+    "^[^"
+    + "".join(
+        chr(low) if low == high else f"{chr(low)}-{chr(high)}" for low, high in INVISIBLE_RANGES
+    )
+    + "]*$"
+)
+
+
+def check_identifier(value: str) -> str:
+    """Identifiers may not hold control or format characters (Unicode Cc/Cf): 422."""
+    value = reject_nul(value)
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Cf"):
+            name = unicodedata.name(char, "a control character")
+            raise PydanticCustomError(
+                "invisible_character",
+                "contains U+{code} ({name}), an invisible or control character",
+                {"code": f"{ord(char):04X}", "name": name},
+            )
+    return value
+
+
+# --------------------------------------------------------------------------------------------
 # Exception handlers
 
 
@@ -231,6 +273,8 @@ def _validation_error(exc: ValidationError) -> ApiError:
     message = first.get("msg", "invalid value")
     if kind in ("nul_byte", "invalid_utf8"):
         return ApiError(400, kind, f"{field or 'A value'} {message}.", field=field)
+    if kind == "invisible_character":
+        return ApiError(422, "invalid_characters", f"{field} {message}.", field=field)
     if kind == "missing":
         return ApiError(422, "missing_field", f"{field} is required.", field=field)
     if kind == "extra_forbidden":

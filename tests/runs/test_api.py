@@ -7,6 +7,7 @@ import io
 import json
 import threading
 import time
+import unicodedata
 from datetime import timedelta
 
 import pytest
@@ -281,6 +282,68 @@ class TestHostileBodies:
         status, data = api.post("/runs", {**start_body(), "input": {"b": ["x" * 1000] * 300}})
         assert status == 413 and data["error"]["code"] == "body_too_large"
         assert Run.objects.count() == 0
+
+
+class TestInvisibleCharacters:
+    """Keys and identifiers are matched exactly and shown to people: a right-to-left override
+    rendered a key reversed in the console, and a zero-width space made a second run."""
+
+    CHARACTERS = ["\u202e", "\u200b", "\u0007", "\ufeff", "\U000e0041", "\u2066", "\u0085"]
+
+    @pytest.mark.parametrize("char", CHARACTERS)
+    @pytest.mark.parametrize("field", ["business_key", "workflow", "session_context_ref"])
+    def test_a_start_with_one_in_an_identifier_is_422(self, api, field, char):
+        body = start_body()
+        body[field] = f"order{char}-1"
+        status, data = api.post("/runs", body)
+        assert status == 422, data
+        assert (data["error"]["code"], data["error"]["field"]) == ("invalid_characters", field)
+        assert f"U+{ord(char):04X}" in data["error"]["message"]
+        assert Run.objects.count() == 0
+
+    def test_a_zero_width_space_does_not_make_a_second_run(self, api):
+        assert api.post("/runs", start_body(key="order-1"))[0] == 201
+        assert api.post("/runs", start_body(key="order\u200b-1"))[0] == 422
+        assert Run.objects.count() == 1
+
+    @pytest.mark.parametrize("field", ["event_id", "event_type", "correlation_key"])
+    def test_event_identifiers_are_checked(self, api, field):
+        body = {"event_id": "e-1", "event_type": "order.paid", "correlation_key": "o-1"}
+        body[field] = "a\u202eb"
+        status, data = api.post("/events", body)
+        assert (status, data["error"]["field"]) == (422, field)
+        assert InboundEvent.objects.count() == 0
+
+    def test_the_acting_user_is_checked(self, api, support_user):
+        run = waiting_run(api)
+        status, data = api.post(f"/runs/{run.pk}/cancel", {"reason": "x", "user": "sam\u200b"})
+        assert (status, data["error"]["field"]) == (422, "user")
+        status, data = api.post("/approvals/1/decision",
+                                {"user": "sam-support\u202e", "decision": "approved"})  # fmt: skip
+        assert (status, data["error"]["field"]) == (422, "user")
+
+    @pytest.mark.parametrize("name", ["business_key", "workflow", "cursor"])
+    def test_query_filters_are_checked(self, api, name):
+        status, data = api.get(f"/runs?{name}=a%E2%80%AEb")
+        assert status == 422, data
+        assert (data["error"]["code"], data["error"]["field"]) == ("invalid_characters", name)
+
+    def test_visible_text_in_any_script_is_accepted(self, api):
+        status, _ = api.post("/runs", start_body(key="退款-订单-1042 ünïcödé עברית"))
+        assert status == 201
+
+    def test_the_schema_pattern_names_exactly_the_control_and_format_characters(self):
+        from runs.api_errors import INVISIBLE_RANGES
+
+        found, start = [], None
+        for code in range(0x110000):
+            hidden = unicodedata.category(chr(code)) in ("Cc", "Cf")
+            if hidden and start is None:
+                start = code
+            elif not hidden and start is not None:
+                found.append((start, code - 1))
+                start = None
+        assert tuple(found) == INVISIBLE_RANGES
 
 
 class TestBodyLimitsAndMediaType:
