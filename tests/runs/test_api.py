@@ -426,6 +426,46 @@ class TestBodyLimitsAndMediaType:
         assert response.status_code == 201, response.content
 
 
+class TestEveryResponseIsTheErrorFormat:
+    """Clients parse one error shape; Django and ninja answer some requests before the API's
+    handlers run, in HTML (under DEBUG, a 404 page listing every URL of the project)."""
+
+    @pytest.mark.parametrize("debug", [False, True])
+    @pytest.mark.parametrize("path", ["/api/v1/nope", "/api/v1/", "/api/v1/runs/x/y/z"])
+    def test_unknown_paths_are_404_json(self, client, settings, debug, path):
+        settings.DEBUG = debug
+        response = client.get(path)
+        assert response.status_code == 404
+        assert response["Content-Type"] == "application/json"
+        assert response.json()["error"]["code"] == "not_found"
+        assert b"urlpatterns" not in response.content and b"console/" not in response.content
+
+    @pytest.mark.parametrize(
+        ("method", "path", "allowed"),
+        [("delete", "/api/v1/runs", "GET, POST"), ("get", "/api/v1/events", "POST"),
+         ("put", "/api/v1/runs/00000000-0000-0000-0000-000000000000/cancel", "POST"),
+         ("patch", "/api/v1/approvals/1/decision", "POST")],
+    )  # fmt: skip
+    def test_wrong_methods_are_405_json_with_allow(self, client, method, path, allowed):
+        response = getattr(client, method)(path)
+        assert response.status_code == 405
+        assert response.json()["error"]["code"] == "method_not_allowed"
+        assert sorted(response["Allow"].split(", ")) == sorted(allowed.split(", "))
+
+    def test_oversized_headers_are_431_json(self, api):
+        status, data = api.get("/runs", headers={"X-Padding": "x" * 20_000})
+        assert status == 431 and data["error"]["code"] == "headers_too_large"
+
+    def test_a_host_that_is_not_allowed_is_400_json(self, client):
+        response = client.get("/api/v1/runs", headers={"Host": "evil.example"})
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "bad_request"
+
+    def test_the_console_keeps_its_html_pages(self, client):
+        response = client.get("/console/nope/")
+        assert response.status_code == 404 and "text/html" in response["Content-Type"]
+
+
 # --------------------------------------------------------------------------------------------
 # Authentication and scopes
 

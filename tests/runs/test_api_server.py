@@ -1,5 +1,6 @@
 """The API behind the real production server (gunicorn, as `make run` and docs/deploy.md start
-it), for what the test client cannot show: chunked request bodies as gunicorn hands them over."""
+it), for what the test client cannot show: chunked request bodies as gunicorn hands them over,
+and the requests gunicorn refuses itself before Django runs."""
 
 from __future__ import annotations
 
@@ -27,8 +28,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def server():
+@pytest.fixture(scope="module")
+def server(django_db_setup):
     """gunicorn on a free port against the test database; yields (host, port)."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
@@ -40,7 +41,7 @@ def server():
     )
     process = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "taskpilots.wsgi", "--bind", f"127.0.0.1:{port}",
-         "--workers", "1", "--no-control-socket"],
+         "--config", "python:taskpilots.gunicorn_conf", "--workers", "1", "--no-control-socket"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip
@@ -102,3 +103,31 @@ def test_an_oversized_chunked_body_is_413_in_the_error_format(server, token):
     status, data = post_chunked(server, "/runs", body, token)
     assert status == 413 and data["error"]["code"] == "body_too_large"
     assert Run.objects.count() == 0
+
+
+def get(server, path: str, headers: dict) -> tuple[int, str, dict]:
+    connection = http.client.HTTPConnection(*server, timeout=20)
+    connection.request("GET", path, headers=headers)
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    return response.status, response.getheader("Content-Type"), json.loads(body)
+
+
+def test_headers_over_gunicorns_limit_are_431_json(server, token):
+    # gunicorn refuses a header line over 8190 bytes before Django sees the request.
+    status, content_type, data = get(server, "/api/v1/runs", {"X-Padding": "x" * 9000})
+    assert (status, content_type) == (431, "application/json")
+    assert data["error"]["code"] == "headers_too_large"
+
+
+def test_a_request_line_over_gunicorns_limit_is_414_json(server):
+    status, content_type, data = get(server, "/api/v1/runs?workflow=" + "x" * 5000, {})
+    assert (status, content_type) == (414, "application/json")
+    assert data["error"]["code"] == "uri_too_long"
+
+
+def test_headers_under_gunicorns_limit_but_over_the_apis_are_431_json(server, token):
+    headers = {f"X-Padding-{i}": "x" * 4000 for i in range(5)}
+    status, content_type, data = get(server, "/api/v1/runs", headers)
+    assert (status, content_type) == (431, "application/json")
