@@ -534,9 +534,12 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
             raise ApiError(422, "missing_field", "edited_params is required for "
                            "approved_with_edits.", field="edited_params")  # fmt: skip
         try:
-            actions.validate_params(approval.tool, body.edited_params)
-        except actions.ActionRefused as exc:
-            raise ApiError(422, "invalid_params", str(exc), field="edited_params") from None
+            actions.validate_params(
+                approval.tool, body.edited_params, proposed=approval.proposed_params
+            )
+        except actions.InvalidParams as exc:
+            field = f"edited_params.{exc.field}" if exc.field else "edited_params"
+            raise ApiError(422, "invalid_params", str(exc), field=field) from None
     try:
         with transaction.atomic():
             TimelineEvent.append(

@@ -185,6 +185,29 @@ def test_an_approval_decided_in_the_console_flows_back_into_the_agent(support_us
     assert told["result"]["amount"] == 15.0
 
 
+def test_an_edit_the_tools_schema_does_not_allow_never_reaches_the_tool_or_the_model(
+    support_user,
+):
+    # The edited arguments go to the tool and, as the decision, to the model's next turn.
+    model = make_agent(script(amount=50.0), approval=True)
+    run = start()
+    approval = ApprovalRequest.objects.get(run=run)
+    turns = len(model.calls)
+    for edited, field in [
+        ({"customer": "ann@example.com", "amount": 15.0, "bogus": 1}, "bogus"),
+        ({"customer": "ann@example.com", "amount": "15"}, "amount"),
+        ({"bogus": 1}, "bogus"),
+    ]:
+        with pytest.raises(actions.InvalidParams) as refused:
+            actions.decide_approval(approval.pk, support_user, "approved_with_edits",
+                                    edited_params=edited)  # fmt: skip
+        assert refused.value.field == field
+    approval.refresh_from_db()
+    assert approval.status == "pending" and CREDITS == {}
+    assert engine.run_until_quiet(run.pk).status == "needs_human"
+    assert len(model.calls) == turns
+
+
 def test_a_call_below_the_approval_threshold_needs_nobody():
     make_agent(script(amount=10.0), approval=True)
     run = start()

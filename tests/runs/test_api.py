@@ -843,6 +843,27 @@ class TestApprovalDecision:
         assert api.post("/approvals/0/decision",
                         {"user": "sam-support", "decision": "approved"})[0] == 422  # fmt: skip
 
+    @pytest.mark.parametrize(
+        ("edited", "field"),
+        [({"payment_id": "pay_2", "amount": 150, "bogus": 1}, "edited_params.bogus"),
+         ({"bogus": 1}, "edited_params.bogus"),
+         ({"payment_id": "pay_2", "amount": "lots"}, "edited_params.amount"),
+         ({"payment_id": 2, "amount": 150}, "edited_params.payment_id"),
+         ({"payment_id": "pay_2"}, "edited_params.amount")],
+    )  # fmt: skip
+    def test_edits_the_tool_does_not_accept_are_422_naming_the_parameter(
+        self, api, approval, support_user, edited, field
+    ):
+        # {"bogus": 1} used to be accepted and handed to the tool.
+        status, data = api.post(f"/approvals/{approval.pk}/decision",
+                                {"user": "sam-support", "decision": "approved_with_edits",
+                                 "edited_params": edited})  # fmt: skip
+        assert status == 422, data
+        assert (data["error"]["code"], data["error"]["field"]) == ("invalid_params", field)
+        assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+        assert not TimelineEvent.objects.filter(run=approval.run_id,
+                                                verb="api.decision_requested").exists()  # fmt: skip
+
     def test_it_needs_the_approvals_scope(self, approval, support_user):
         _, credentials = ApiClient.issue("runner", [ApiScope.RUNS_WRITE])
         status, _ = Api(bearer(credentials.token)).post(
