@@ -38,7 +38,7 @@ from runs.api_errors import (
     install_handlers,
 )
 from runs.api_models import ApiClient, ApiScope
-from runs.models import InboundEvent, Run, RunStatus, TimelineEvent
+from runs.models import InboundEvent, Run, RunStatus, Step, TimelineEvent
 from taskpilots.env import env_bool
 
 EVENTS_STRICT = env_bool("TASKPILOTS_EVENTS_STRICT", False)
@@ -204,6 +204,40 @@ class ApprovalOut(Schema):
     decided_by: str | None
     decided_at: datetime | None
     comment: str
+
+
+class OutcomeIn(StrictIn):
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    happened: bool = Field(..., description="true: it happened (give `proof`); false: it did not")
+    proof: str = Field(
+        "",
+        max_length=2000,
+        description="required when happened: the external reference that proves it (message id, "
+        "record id, transaction id); it becomes the side effect's receipt",
+    )
+    comment: str = Field("", max_length=4000)
+    idempotency_key: Identifier | None = Field(
+        None,
+        max_length=255,
+        description="the key you looked up in the external system; 409 when the run's unknown "
+        "outcome is another one",
+    )
+    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+
+
+class OutcomeOut(Schema):
+    run_id: UUID
+    run_status: RunStatus
+    step: str
+    idempotency_key: str
+    happened: bool
+    side_effect_status: Literal["committed", "not_committed"]
+    result: Any = Field(
+        None,
+        description="what the step now returns to the rest of the run (and, for an agent's tool "
+        "call, to the model): {id, external_id, confirmed_by} when it happened; null when it did "
+        "not (the step is tried again with the same key, and returns the tool's answer)",
+    )
 
 
 def _errors(*codes: int) -> dict:
@@ -501,6 +535,77 @@ def deliver_event(request, body: EventIn):
     )
     client.touch()
     return Status(202, {"status": outcome, "event_id": body.event_id, "run_id": run_id})
+
+
+@api.post(
+    "/runs/{run_id}/outcome",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: OutcomeOut, **_errors(404, 409, 413, 415)},
+    summary="Settle a run's unknown outcome as a named support/admin user",
+    description=(
+        "When a side effect may or may not have happened (the run waits with an unknown "
+        "outcome), a person checks the external system by its idempotency key and says which: "
+        "`happened` with the external reference as `proof` (recorded as the commit proof; the "
+        "run goes on), or not (the step is tried again with the same idempotency key). The "
+        "console's rules apply (role, takeover owner); 409 when the run has no unknown outcome, "
+        "it was settled already, or `idempotency_key` names another call."
+    ),
+    tags=["runs"],
+)
+@decorate_view(json_body)
+def settle_outcome(request, run_id: UUID, body: OutcomeIn):
+    client = _client(request)
+    run = Run.objects.select_related("owner").filter(pk=run_id).first()
+    if run is None:
+        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    user = _acting_user(body.user)
+    _check_may_act(run, user, "settle an outcome of")
+    proof = body.proof.strip()
+    if body.happened and not proof:
+        message = (
+            "proof is required when it happened: give the external reference (message, record "
+            "or transaction id)."
+        )
+        raise ApiError(422, "missing_field", message, field="proof")
+    step = run.steps.filter(status=Step.Status.UNKNOWN_OUTCOME).order_by("position").first()
+    if step is None:
+        raise ApiError(409, "refused", f"Run {run.pk} has no unknown outcome to settle (it is "
+                       f"{run.status}).")  # fmt: skip
+    if body.idempotency_key is not None and body.idempotency_key != step.idempotency_key:
+        raise ApiError(409, "conflict", f"The run's unknown outcome is the call with key "
+                       f"{step.idempotency_key}, not {body.idempotency_key}.",
+                       field="idempotency_key")  # fmt: skip
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run.pk,
+                "api.outcome_requested",
+                {"client": client.name, "user": user.get_username(), "step": step.name,
+                 "key": step.idempotency_key, "happened": body.happened},
+                actor=client.actor,
+            )  # fmt: skip
+            step = actions.confirm_outcome(
+                step.pk,
+                user,
+                happened=body.happened,
+                proof=proof,
+                comment=body.comment,
+                expected_version=body.expected_version,
+            )
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    run.refresh_from_db(fields=["status"])
+    step.refresh_from_db(fields=["status", "result"])
+    return {
+        "run_id": run.pk,
+        "run_status": run.status,
+        "step": step.name,
+        "idempotency_key": step.idempotency_key,
+        "happened": body.happened,
+        "side_effect_status": "committed" if body.happened else "not_committed",
+        "result": step.result if body.happened else None,
+    }
 
 
 # --------------------------------------------------------------------------------------------

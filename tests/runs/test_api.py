@@ -17,11 +17,11 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals import actions
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, HumanDecision
 from runs import engine, workflows
 from runs.api_auth import sign
 from runs.api_models import ApiClient, ApiScope
-from runs.models import InboundEvent, Run, TimelineEvent
+from runs.models import InboundEvent, Run, SideEffect, Step, TimelineEvent
 from runs.workflows import Workflow, compute, wait_event
 from tests.factories import UserFactory
 
@@ -870,6 +870,95 @@ class TestApprovalDecision:
             f"/approvals/{approval.pk}/decision", {"user": "sam-support", "decision": "approved"}
         )
         assert status == 403
+
+
+class TestSettleOutcome:
+    """The console's "it happened / it did not" for an unknown outcome, from another tool."""
+
+    @pytest.fixture
+    def unknown(self, api, sandbox):
+        # The CRM commits the contact, then answers 500: nobody knows whether it happened.
+        sandbox.inject("crm", "commit_then_500", action="create")
+        lead = {"email": "lee@example.com", "name": "Lee"}
+        _, data = api.post("/runs", {"workflow": "test.lead", "business_key": "l", "input": lead})
+        run = engine.run_until_quiet(data["id"])
+        assert run.status == "needs_human"
+        return run
+
+    def url(self, run):
+        return f"/runs/{run.pk}/outcome"
+
+    def test_it_happened_with_proof_and_the_run_goes_on(self, api, unknown, support_user):
+        effect = SideEffect.objects.get(run=unknown)
+        body = {"user": "sam-support", "happened": True, "proof": "crm_123",
+                "idempotency_key": effect.idempotency_key, "comment": "found it"}  # fmt: skip
+        status, data = api.post(self.url(unknown), body)
+        assert status == 200, data
+        assert data == {
+            "run_id": str(unknown.pk), "run_status": "running", "step": "create_contact",
+            "idempotency_key": effect.idempotency_key, "happened": True,
+            "side_effect_status": "committed",
+            "result": {"id": "crm_123", "external_id": "crm_123",
+                       "confirmed_by": "user:sam-support"},
+        }  # fmt: skip
+        effect.refresh_from_db()
+        assert (effect.status, effect.external_id) == ("committed", "crm_123")
+        decision = HumanDecision.objects.get(run=unknown)
+        assert (decision.verb, decision.user, decision.proof) == (
+            "confirm_happened", support_user, "crm_123")  # fmt: skip
+        verbs = dict(TimelineEvent.objects.filter(run=unknown).values_list("verb", "actor"))
+        assert verbs["api.outcome_requested"] == "api:billing-agent"
+        run = engine.run_until_quiet(unknown.pk)
+        assert run.status == "succeeded" and run.result == {"contact": "crm_123"}
+
+    def test_it_did_not_happen_and_the_step_is_tried_again_with_the_same_key(
+        self, api, unknown, support_user
+    ):
+        effect = SideEffect.objects.get(run=unknown)
+        status, data = api.post(self.url(unknown),
+                                {"user": "sam-support", "happened": False})  # fmt: skip
+        assert status == 200, data
+        assert (data["side_effect_status"], data["result"]) == ("not_committed", None)
+        effect.refresh_from_db()
+        assert effect.status == "not_committed"
+        step = Step.objects.get(run=unknown, name="create_contact")
+        assert step.status == "pending" and step.idempotency_key == effect.idempotency_key
+
+    def test_it_happened_needs_the_proof(self, api, unknown, support_user):
+        body = {"user": "sam-support", "happened": True, "proof": "  "}
+        status, data = api.post(self.url(unknown), body)
+        assert (status, data["error"]["field"]) == (422, "proof")
+        assert SideEffect.objects.get(run=unknown).status == "unknown"
+
+    def test_the_consoles_rules_apply(self, api, unknown, support_user, auditor_user, admin_user):
+        body = {"happened": False}
+        status, data = api.post(self.url(unknown), {**body, "user": auditor_user.username})
+        assert (status, data["error"]["code"]) == (403, "user_not_allowed")
+        status, data = api.post(self.url(unknown), {**body, "user": "ghost"})
+        assert (status, data["error"]["code"]) == (422, "unknown_user")
+        actions.take_over(unknown.pk, admin_user)
+        status, data = api.post(self.url(unknown), {**body, "user": support_user.username})
+        assert (status, data["error"]["code"]) == (403, "taken_over")
+        assert SideEffect.objects.get(run=unknown).status == "unknown"
+        assert api.post(self.url(unknown), {**body, "user": admin_user.username})[0] == 200
+
+    def test_another_key_a_settled_outcome_or_none_at_all_is_409(self, api, unknown, support_user):
+        body = {"user": "sam-support", "happened": True, "proof": "crm_1"}
+        status, data = api.post(self.url(unknown), {**body, "idempotency_key": "tp-other"})
+        assert (status, data["error"]["field"]) == (409, "idempotency_key")
+        assert api.post(self.url(unknown), body)[0] == 200
+        status, data = api.post(self.url(unknown), body)
+        assert status == 409 and "no unknown outcome" in data["error"]["message"]
+        waiting = waiting_run(api)
+        assert api.post(self.url(waiting), body)[0] == 409
+        assert api.post("/runs/00000000-0000-0000-0000-000000000000/outcome", body)[0] == 404
+
+    def test_it_needs_the_approvals_scope(self, unknown, support_user):
+        _, credentials = ApiClient.issue("runner", [ApiScope.RUNS_WRITE, ApiScope.RUNS_READ])
+        status, data = Api(bearer(credentials.token)).post(
+            self.url(unknown), {"user": "sam-support", "happened": False}
+        )
+        assert (status, data["error"]["code"]) == (403, "missing_scope")
 
 
 # --------------------------------------------------------------------------------------------
