@@ -137,7 +137,8 @@ def decide_approval(
 ) -> ApprovalRequest:
     """Record a person's decision on an approval and resume (or compensate) the run.
 
-    1. Lock the request; if it is no longer pending, raise DecisionConflict naming who decided.
+    1. Lock the run, its step, then the request (the lock order); if the request is no longer
+       pending, raise DecisionConflict naming who decided.
     2. Validate edited parameters against the tool's schema; store the decision, resolve the
        approval wait, write the HumanDecision bound to what the person saw (proposed parameters,
        latest snapshot) with the edits as a diff.
@@ -148,9 +149,10 @@ def decide_approval(
     if decision not in D.values:
         raise ActionRefused(f"decision must be one of {', '.join(D.values)}")
     actor = _actor(user)
-    run_id = ApprovalRequest.objects.values_list("run_id", flat=True).get(pk=approval_id)
+    run_id, step_id = ApprovalRequest.objects.values_list("run_id", "step_id").get(pk=approval_id)
     with transaction.atomic():
         run = _lock_run(run_id, None, user, action="decide")
+        step = Step.objects.select_for_update().get(pk=step_id)
         approval = (
             ApprovalRequest.objects.select_for_update(of=("self",))
             .select_related("decided_by")
@@ -168,7 +170,6 @@ def decide_approval(
                 f"{who}{when}."
             )
         _check_version(run, expected_version)
-        step = Step.objects.select_for_update().get(pk=approval.step_id)
         params = approval.proposed_params
         if decision == D.APPROVED_WITH_EDITS:
             params = validate_params(

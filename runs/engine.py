@@ -536,6 +536,7 @@ def _held_by_pause(claim: Claim) -> Outcome | None:
 
 def _end_pause_wait(claim: Claim) -> None:
     with transaction.atomic():
+        Run.lock(claim.run.pk)
         for wait in Wait.objects.filter(
             step=claim.step,
             kind=Wait.Kind.TOOL_RECOVERY,
@@ -752,6 +753,7 @@ def _write_intent(
     }
     missing = _missing_fields(values, has_prior=bool(claim.ctx.results))
     with transaction.atomic():
+        Run.lock(run.pk)  # the lock order: the run before its ledger row
         effect = SideEffect.objects.select_for_update().filter(idempotency_key=key).first()
         if effect is not None and effect.params_checksum != checksum:
             raise IdempotencyKeyConflict(
@@ -1081,6 +1083,7 @@ def record_outcome(claim: Claim, outcome: Outcome) -> bool:
     """
     run, step = claim.run, claim.step
     with transaction.atomic():
+        Run.lock(run.pk)  # the lock order: the run before its step and ledger rows
         for effect, target, fields in outcome.effect_updates:
             if effect.status == target:
                 continue
@@ -1545,21 +1548,27 @@ def deliver_event(
         )
         if not created:
             return "duplicate"
-        wait = (
-            Wait.objects.select_for_update(of=("self",))
-            .filter(
-                kind=Wait.Kind.EVENT,
-                status=Wait.Status.PENDING,
-                event_type=event_type,
-                correlation_key=correlation_key,
+        pending = Wait.objects.filter(
+            kind=Wait.Kind.EVENT,
+            status=Wait.Status.PENDING,
+            event_type=event_type,
+            correlation_key=correlation_key,
+        ).order_by("created_at")
+        while True:
+            # The lock order: find the wait without locking it, lock its run, then the wait,
+            # and look again when it was settled meanwhile (a cancel, a timeout).
+            candidate = pending.values_list("pk", "run_id").first()
+            if candidate is None:
+                return "stored"
+            run = Run.objects.select_for_update().get(pk=candidate[1])
+            wait = (
+                pending.select_for_update(of=("self",))
+                .select_related("step")
+                .filter(pk=candidate[0])
+                .first()
             )
-            .select_related("step", "run")
-            .order_by("created_at")
-            .first()
-        )
-        if wait is None:
-            return "stored"
-        run = Run.objects.select_for_update().get(pk=wait.run_id)
+            if wait is not None:
+                break
         _resolve_wait(wait, payload, resolved_by=f"event:{event_id}")
         InboundEvent.objects.filter(pk=event.pk).update(matched_wait=wait)
         wait.step.transition(
@@ -1673,14 +1682,14 @@ def sweep(now: datetime | None = None) -> SweepReport:
 
 def _wake_wait(wait: Wait, now: datetime) -> bool:
     with transaction.atomic():
-        locked = (
-            Wait.objects.select_for_update(skip_locked=True)
-            .filter(pk=wait.pk, status=Wait.Status.PENDING)
-            .first()
-        )
-        if locked is None:
+        # The lock order: the run, then the wait. A run someone is acting on is left for the
+        # next pass rather than waited for.
+        if not Run.lock(wait.run_id, skip_locked=True):
             return False
-        run = Run.objects.select_for_update().get(pk=wait.run_id)
+        locked = Wait.objects.select_for_update().filter(pk=wait.pk, status=Wait.Status.PENDING)
+        if locked.first() is None:
+            return False
+        run = Run.objects.get(pk=wait.run_id)
         step = Step.objects.get(pk=wait.step_id)
         if wait.kind == Wait.Kind.TIMER:
             _resolve_wait(wait, None, resolved_by="timer")
