@@ -8,10 +8,8 @@ run's timeline as `api:<client name>`.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-from datetime import UTC, datetime
+import contextlib
+from datetime import datetime
 from functools import wraps
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -21,11 +19,11 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 from ninja import Field, NinjaAPI, Path, Query, Schema, Status
 from ninja.decorators import decorate_view
-from pydantic import AfterValidator, ConfigDict, field_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict
 
 from approvals import actions
 from approvals.models import ApprovalRequest
-from runs import engine
+from runs import api_schema, engine
 from runs import workflows as workflow_registry
 from runs.api_auth import BearerAuth, SignatureAuth
 from runs.api_docs import ReadableDocs
@@ -38,6 +36,7 @@ from runs.api_errors import (
     install_handlers,
 )
 from runs.api_models import ApiClient, ApiScope
+from runs.api_schema import CURSOR_PATTERN, IsoDateTime, JsonObject, free_text, integral
 from runs.models import InboundEvent, Run, RunStatus, Step, TimelineEvent
 from taskpilots.env import env_bool
 
@@ -45,7 +44,27 @@ EVENTS_STRICT = env_bool("TASKPILOTS_EVENTS_STRICT", False)
 MAX_BIGINT = 2**63 - 1
 MAX_VERSION = 2**31 - 1
 
-api = NinjaAPI(
+
+class TaskPilotsApi(NinjaAPI):
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        return api_schema.refine(schema, workflows=_registered_workflows())
+
+
+def _registered_workflows() -> dict[str, list[int]]:
+    """Every workflow a start may name, with its versions (lazily registered ones included)."""
+    for name in settings.TASKPILOTS.get("LAZY_MODULES", {}):
+        if not name.endswith("."):
+            # Importing may fail where an optional dependency is missing; the schema must not.
+            with contextlib.suppress(Exception):
+                workflow_registry.get(name)
+    found: dict[str, list[int]] = {}
+    for workflow in workflow_registry.all_workflows():
+        found.setdefault(workflow.name, []).append(workflow.version)
+    return found
+
+
+api = TaskPilotsApi(
     title="TaskPilots API",
     version="1",
     description=(
@@ -93,6 +112,17 @@ Identifier = Annotated[
 ]
 
 
+# JSON numbers without a fraction (3.0 too), in range; never strings.
+# (Constraints before the validator, so that the schema states them as minimum/maximum.)
+WorkflowVersion = Annotated[int, Field(ge=1, le=MAX_VERSION), BeforeValidator(integral)]
+RunVersion = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(integral)]
+
+# A cursor is checked like an identifier (422 for invisible characters), then for its form (400).
+Cursor = Annotated[
+    str, AfterValidator(check_identifier), Field(json_schema_extra={"pattern": CURSOR_PATTERN})
+]
+
+
 class StrictIn(Schema):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -110,8 +140,8 @@ class ErrorOut(Schema):
 
 class StartRunIn(StrictIn):
     workflow: Identifier = Field(..., min_length=1, max_length=100)
-    version: int | None = Field(None, ge=1, le=MAX_VERSION)
-    input: dict[str, Any]
+    version: WorkflowVersion | None = None
+    input: JsonObject
     business_key: Identifier = Field(..., min_length=1, max_length=200)
     session_context_ref: Identifier = Field("", max_length=200)
 
@@ -145,31 +175,23 @@ class RunFilters(Schema):
     workflow: Identifier | None = Field(None, max_length=100)
     status: RunStatus | None = None
     business_key: Identifier | None = Field(None, max_length=200)
-    created_after: datetime | None = Field(None, description="inclusive")
-    created_before: datetime | None = Field(None, description="exclusive")
-    cursor: Identifier | None = Field(None, max_length=200)
+    created_after: IsoDateTime | None = Field(
+        None, description="inclusive; ISO 8601 (without an offset: UTC)"
+    )
+    created_before: IsoDateTime | None = Field(
+        None, description="exclusive; ISO 8601 (without an offset: UTC)"
+    )
+    cursor: Cursor | None = Field(
+        None, max_length=200, description="`next_cursor` of the previous page"
+    )
     limit: int = Field(50, ge=1, le=100)
-
-    @field_validator("created_after", "created_before")
-    @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        # A time without a zone is read as UTC (never the server's local time).
-        if value is not None and value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        # Normalise to UTC here: PostgreSQL refuses offsets beyond ±15:59 that Python accepts.
-        if value is not None:
-            try:
-                value = value.astimezone(UTC)
-            except (OverflowError, ValueError):
-                raise ValueError("the date is out of range") from None
-        return value
 
 
 class EventIn(StrictIn):
     event_id: Identifier = Field(..., min_length=1, max_length=200)
     event_type: Identifier = Field(..., min_length=1, max_length=150)
     correlation_key: Identifier = Field(..., min_length=1, max_length=255)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
 
 
 class EventOut(Schema):
@@ -179,20 +201,20 @@ class EventOut(Schema):
 
 
 class CancelIn(StrictIn):
-    reason: str = Field(..., min_length=1, max_length=2000)
+    reason: str = free_text(min_length=1, max_length=2000, blank=False)
     user: Identifier | None = Field(
         None, min_length=1, max_length=150, description="act as this support/admin user"
     )
     compensate: bool = True
-    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    expected_version: RunVersion | None = None
 
 
 class DecisionIn(StrictIn):
     user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
     decision: Literal["approved", "approved_with_edits", "rejected"]
-    edited_params: dict[str, Any] | None = None
-    comment: str = Field("", max_length=4000)
-    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    edited_params: JsonObject | None = None
+    comment: str = free_text("", max_length=4000)
+    expected_version: RunVersion | None = None
 
 
 class ApprovalOut(Schema):
@@ -209,20 +231,20 @@ class ApprovalOut(Schema):
 class OutcomeIn(StrictIn):
     user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
     happened: bool = Field(..., description="true: it happened (give `proof`); false: it did not")
-    proof: str = Field(
+    proof: str = free_text(
         "",
         max_length=2000,
         description="required when happened: the external reference that proves it (message id, "
         "record id, transaction id); it becomes the side effect's receipt",
     )
-    comment: str = Field("", max_length=4000)
+    comment: str = free_text("", max_length=4000)
     idempotency_key: Identifier | None = Field(
         None,
         max_length=255,
         description="the key you looked up in the external system; 409 when the run's unknown "
         "outcome is another one",
     )
-    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    expected_version: RunVersion | None = None
 
 
 class OutcomeOut(Schema):
@@ -240,8 +262,15 @@ class OutcomeOut(Schema):
     )
 
 
+# What every endpoint may answer besides its own codes: bad request, credentials, scope, a method
+# it does not have, validation, oversized headers (runs/api_middleware.py).
+COMMON_ERRORS = (400, 401, 403, 405, 422, 431)
+# And every endpoint with a JSON body: its length, size and media type (runs/api_errors.py).
+BODY_ERRORS = (411, 413, 415)
+
+
 def _errors(*codes: int) -> dict:
-    return dict.fromkeys((400, 401, 403, 422, *codes), ErrorOut)
+    return dict.fromkeys(sorted({*COMMON_ERRORS, *codes}), ErrorOut)
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,21 +306,15 @@ def _run_out(run: Run) -> dict:
 
 
 def _encode_cursor(run: Run) -> str:
-    raw = json.dumps([run.created_at.isoformat(), str(run.pk)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return api_schema.encode_cursor(run.created_at, run.pk)
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, run_id = json.loads(raw)
-        when = datetime.fromisoformat(created_at)
-        if when.tzinfo is None:
-            raise ValueError("naive")
-        return when, UUID(run_id)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+    position = api_schema.decode_cursor(cursor)
+    if position is None:
         raise ApiError(400, "invalid_cursor", "The cursor is not one this API gave out.",
-                       field="cursor") from None  # fmt: skip
+                       field="cursor")  # fmt: skip
+    return position
 
 
 def _acting_user(username: str | None):
@@ -327,7 +350,7 @@ def _action_error(exc: Exception) -> ApiError:
 @api.post(
     "/runs",
     auth=BearerAuth(ApiScope.RUNS_WRITE),
-    response={201: RunOut, 200: RunOut, **_errors(409, 413)},
+    response={201: RunOut, 200: RunOut, **_errors(409, *BODY_ERRORS)},
     summary="Start a run (idempotent by business_key)",
     description=(
         "201 with the new run. The same business_key with the same workflow and input again: "
@@ -428,7 +451,7 @@ def list_runs(request, filters: Query[RunFilters]):
         runs = runs.filter(created_at__gte=filters.created_after)
     if filters.created_before:
         runs = runs.filter(created_at__lt=filters.created_before)
-    if filters.cursor:
+    if filters.cursor is not None:  # an empty cursor is not the first page, but a mistake
         created_at, run_id = _decode_cursor(filters.cursor)
         # (created_at, id) < cursor, with the redundant bound that lets the index do the work.
         runs = runs.filter(created_at__lte=created_at).exclude(
@@ -447,7 +470,7 @@ def list_runs(request, filters: Query[RunFilters]):
 @api.post(
     "/runs/{run_id}/cancel",
     auth=BearerAuth(ApiScope.RUNS_WRITE),
-    response={200: RunOut, **_errors(404, 409, 413)},
+    response={200: RunOut, **_errors(404, 409, *BODY_ERRORS)},
     summary="Cancel a run (committed side effects are compensated unless compensate=false)",
     description=(
         "As a named support/admin `user`, or without one on the client's own account. The "
@@ -493,7 +516,7 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
 @api.post(
     "/events",
     auth=[SignatureAuth(ApiScope.EVENTS_WRITE), BearerAuth(ApiScope.EVENTS_WRITE)],
-    response={202: EventOut, **_errors(404, 413)},
+    response={202: EventOut, **_errors(404, *BODY_ERRORS)},
     summary="Deliver an event (webhook); resumes the run waiting for it",
     description=(
         "Resolves the wait for (event_type, correlation_key) and resumes its run. The same "
@@ -540,7 +563,7 @@ def deliver_event(request, body: EventIn):
 @api.post(
     "/runs/{run_id}/outcome",
     auth=BearerAuth(ApiScope.APPROVALS_WRITE),
-    response={200: OutcomeOut, **_errors(404, 409, 413, 415)},
+    response={200: OutcomeOut, **_errors(404, 409, *BODY_ERRORS)},
     summary="Settle a run's unknown outcome as a named support/admin user",
     description=(
         "When a side effect may or may not have happened (the run waits with an unknown "
@@ -615,7 +638,7 @@ def settle_outcome(request, run_id: UUID, body: OutcomeIn):
 @api.post(
     "/approvals/{approval_id}/decision",
     auth=BearerAuth(ApiScope.APPROVALS_WRITE),
-    response={200: ApprovalOut, **_errors(404, 409, 413)},
+    response={200: ApprovalOut, **_errors(404, 409, *BODY_ERRORS)},
     summary="Decide an approval as a named support/admin user (approving from another tool)",
     description=(
         "The decision is recorded as that user's, with their permissions: they must be in the "

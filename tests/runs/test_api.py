@@ -213,6 +213,13 @@ class TestStartRun:
         }
         assert Run.objects.count() == 0
 
+    def test_a_whole_number_written_with_a_fraction_is_an_integer(self, api):
+        # JSON has one number type and JSON Schema calls 1.0 an integer; strings stay refused.
+        assert api.post("/runs", start_body(version=1.0))[0] == 201
+        for version in (1.5, "1", True):
+            status, data = api.post("/runs", start_body(key="k2", version=version))
+            assert (status, data["error"]["field"]) == (422, "version")
+
     @pytest.mark.parametrize(
         ("body", "field"),
         [
@@ -564,6 +571,41 @@ class TestReadRuns:
         status, data = api.get(f"/runs?{query}")
         assert status in (400, 422) and data["error"]["field"] == field
 
+    @pytest.mark.parametrize(
+        "value",
+        ["0.5", "1714000000", "2026-05-01", "yesterday", "2026-05-01T12:99:00Z",
+         "2026-13-01T00:00:00Z"],
+    )  # fmt: skip
+    def test_time_filters_take_only_iso_date_times(self, api, value):
+        # Pydantic read 0.5 as half a second after 1970: a number is not a date.
+        status, data = api.get(f"/runs?created_before={value}")
+        assert status == 422, data
+        assert data["error"]["field"] == "created_before"
+
+    @pytest.mark.parametrize(
+        "value",
+        ["2026-05-01T12:00:00Z", "2026-05-01T12:00:00", "2026-05-01t12:00z",
+         "2026-05-01 12:00:00.123456%2B02:00", "0001-01-01T00:00:00%2B23:59",
+         "9999-12-31T23:59:59-23:59"],
+    )  # fmt: skip
+    def test_iso_date_times_are_accepted_to_the_edges_of_time(self, api, value):
+        assert api.get(f"/runs?created_before={value}")[0] == 200
+        assert api.get(f"/runs?created_after={value}")[0] == 200
+
+    @pytest.mark.parametrize(
+        "cursor", ["", "abc", "12.xyz", "1." + "0" * 31, "1" * 18 + "." + "0" * 32]
+    )
+    def test_a_cursor_not_of_the_documented_form_is_400(self, api, cursor):
+        status, data = api.get(f"/runs?cursor={cursor}")
+        assert (status, data["error"]["code"]) == (400, "invalid_cursor")
+
+    def test_any_cursor_of_the_documented_form_is_a_position(self, api):
+        api.post("/runs", start_body())
+        assert api.get("/runs?cursor=99999999999999999.ffffffffffffffffffffffffffffffff")[1][
+            "items"
+        ]
+        assert api.get("/runs?cursor=0.00000000000000000000000000000000")[1]["items"] == []
+
     def test_reading_needs_runs_read(self, db):
         _, credentials = ApiClient.issue("writer", [ApiScope.EVENTS_WRITE])
         assert Api(bearer(credentials.token)).get("/runs")[0] == 403
@@ -654,6 +696,15 @@ class TestWebhookSignatures:
         headers = signed_headers(agent, raw)
         del headers["X-TaskPilots-Timestamp"]
         assert Api().post("/events", raw=raw, headers=headers)[0] == 401
+
+    def test_a_signature_header_is_not_rescued_by_a_bearer_token(self, agent):
+        # Any signature header makes it a signed request: a bad one is refused, even when a
+        # valid bearer token rides along (schemathesis: "API accepts invalid authentication").
+        raw = json.dumps(self.BODY).encode()
+        for headers in ({"X-TaskPilots-Signature": ""}, {"X-TaskPilots-Client": "tpc_x"}):
+            status, data = Api(bearer(agent)).post("/events", raw=raw, headers=headers)
+            assert (status, data["error"]["code"]) == (401, "invalid_signature")
+        assert InboundEvent.objects.count() == 0
 
     def test_a_revoked_client_cannot_sign(self, agent):
         agent.revoke()
@@ -1043,6 +1094,33 @@ class TestDocs:
         paths = response.json()["paths"]
         assert {"/api/v1/runs", "/api/v1/events", "/api/v1/runs/{run_id}/cancel",
                 "/api/v1/approvals/{approval_id}/decision"} <= set(paths)  # fmt: skip
+
+    def test_the_schema_states_the_rules_the_server_enforces(self, client):
+        schema = client.get("/api/v1/openapi.json").json()
+        components = schema["components"]["schemas"]
+        start = components["StartRunIn"]
+        assert "test.api_order" in start["properties"]["workflow"]["enum"]
+        branch = next(b for b in start["anyOf"]
+                      if b["properties"]["workflow"]["const"] == "test.api_order")  # fmt: skip
+        assert branch["properties"]["version"]["anyOf"][1] == {"enum": [1]}
+        assert "\u202e" in start["properties"]["business_key"]["pattern"]
+        assert start["properties"]["input"]["$ref"] == "#/components/schemas/JsonObject"
+        assert components["JsonString"]["pattern"] == "^[^\x00]*$"
+        version = components["CancelIn"]["properties"]["expected_version"]["anyOf"][0]
+        assert (version["type"], version["minimum"]) == ("integer", 0)
+        assert components["OutcomeIn"]["then"]["required"] == ["proof"]
+        assert components["DecisionIn"]["then"]["required"] == ["edited_params"]
+        listing = {
+            p["name"]: p["schema"] for p in schema["paths"]["/api/v1/runs"]["get"]["parameters"]
+        }
+        assert listing["created_before"]["anyOf"][0] == {"type": "string", "format": "date-time"}
+        assert listing["cursor"]["anyOf"][0]["pattern"] == "^[0-9]{1,17}\\.[0-9a-f]{32}$"
+        for path, item in schema["paths"].items():
+            for method, operation in item.items():
+                codes = set(operation["responses"])
+                assert {"400", "401", "403", "405", "422", "431"} <= codes, (method, path)
+                if method == "post":
+                    assert {"411", "413", "415"} <= codes, (method, path)
 
     def test_the_docs_page_is_self_contained_under_the_csp(self, client):
         response = client.get("/api/v1/docs")
