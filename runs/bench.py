@@ -337,7 +337,7 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
 
     person, _ = get_user_model().objects.get_or_create(username="bench-operator")
     # Human actions check the acting user's role like the console does.
-    person.groups.add(Group.objects.get(name="support"))
+    person.groups.add(Group.objects.get_or_create(name="support")[0])
     sandbox_process = _ensure_sandbox()
     sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
     pool = Workers(

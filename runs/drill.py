@@ -139,7 +139,7 @@ class Drill:
             username="drill-operator", defaults={"email": "drill@example.com"}
         )
         # Human actions check the acting user's role like the console does.
-        self.person.groups.add(Group.objects.get(name="support"))
+        self.person.groups.add(Group.objects.get_or_create(name="support")[0])
         self._workers = Workers(
             f"tp-{self.tag}",
             {
