@@ -1,6 +1,10 @@
-"""What people do to runs: every action is authorised by the caller (views check roles), made
-under the run's row lock with a compare-and-set on its version, recorded as a HumanDecision and a
-timeline event in the same transaction, and leaves the run where the engine can pick it up.
+"""What people do to runs: every action checks who may take it (approvals/permissions.py, the
+same rule for the console and the API) under the run's row lock, with a compare-and-set on its
+version, is recorded as a HumanDecision and a timeline event in the same transaction, and leaves
+the run where the engine can pick it up.
+
+Lock order (as everywhere, see runs/models.py `Run.lock`): the Run row first, then its Step,
+then SideEffect / Wait / ApprovalRequest rows.
 
 Two people acting at once, a double submit, or acting on a run that moved on: exactly one wins;
 the other gets DecisionConflict saying who did what, and when.
@@ -8,12 +12,14 @@ the other gets DecisionConflict saying who did what, and when.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, HumanDecision, Takeover
+from approvals.permissions import ActionForbidden, check_may_act
 from runs import tools as tool_registry
 from runs.engine import begin_compensation, enqueue
 from runs.models import (
@@ -38,12 +44,24 @@ class ActionRefused(ValueError):
     """The action does not make sense in the run's current state (the message says why)."""
 
 
+__all__ = ["ActionForbidden", "ActionRefused", "DecisionConflict", "InvalidParams",
+           "check_may_act", "validate_params"]  # fmt: skip
+
+
 def _actor(user) -> str:
     return f"user:{user.get_username()}"
 
 
-def _lock_run(run_id, expected_version: int | None) -> Run:
+def _lock_run(run_id, expected_version: int | None, user=None, *, action: str) -> Run:
+    """Lock the run (always the first row a transaction locks), check that it has not moved on
+    since the person loaded it, then that `user` may take `action` on it now."""
     run = Run.objects.select_for_update(of=("self",)).select_related("owner").get(pk=run_id)
+    _check_version(run, expected_version)
+    check_may_act(run, user, action)
+    return run
+
+
+def _check_version(run: Run, expected_version: int | None) -> None:
     if expected_version is not None and run.lock_version != expected_version:
         last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
         who = (
@@ -56,7 +74,6 @@ def _lock_run(run_id, expected_version: int | None) -> Run:
             f"This run changed since you opened it (it is now {run.get_status_display().lower()})"
             f"{who}. Reload to see where it stands."
         )
-    return run
 
 
 def _current_step(run: Run) -> Step | None:
@@ -120,7 +137,8 @@ def decide_approval(
 ) -> ApprovalRequest:
     """Record a person's decision on an approval and resume (or compensate) the run.
 
-    1. Lock the request; if it is no longer pending, raise DecisionConflict naming who decided.
+    1. Lock the run, its step, then the request (the lock order); if the request is no longer
+       pending, raise DecisionConflict naming who decided.
     2. Validate edited parameters against the tool's schema; store the decision, resolve the
        approval wait, write the HumanDecision bound to what the person saw (proposed parameters,
        latest snapshot) with the edits as a diff.
@@ -131,7 +149,10 @@ def decide_approval(
     if decision not in D.values:
         raise ActionRefused(f"decision must be one of {', '.join(D.values)}")
     actor = _actor(user)
+    run_id, step_id = ApprovalRequest.objects.values_list("run_id", "step_id").get(pk=approval_id)
     with transaction.atomic():
+        run = _lock_run(run_id, None, user, action="decide")
+        step = Step.objects.select_for_update().get(pk=step_id)
         approval = (
             ApprovalRequest.objects.select_for_update(of=("self",))
             .select_related("decided_by")
@@ -148,16 +169,12 @@ def decide_approval(
                 f"Already {approval.get_decision_display().lower() or approval.status} by "
                 f"{who}{when}."
             )
-        run = _lock_run(approval.run_id, expected_version)
-        if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk and not _is_admin(user):
-            raise ActionRefused(
-                f"{run.owner.get_username()} has taken this run over; only they or an admin "
-                "can decide."
-            )
-        step = Step.objects.select_for_update().get(pk=approval.step_id)
+        _check_version(run, expected_version)
         params = approval.proposed_params
         if decision == D.APPROVED_WITH_EDITS:
-            params = validate_params(approval.tool, edited_params)
+            params = validate_params(
+                approval.tool, edited_params, proposed=approval.proposed_params
+            )
             if params == approval.proposed_params:
                 decision = D.APPROVED  # nothing was changed
         now = timezone.now()
@@ -231,25 +248,94 @@ def decide_approval(
     return approval
 
 
-def validate_params(tool_name: str, params: Any) -> dict:
-    """Edited parameters are untrusted: a JSON object, the tool's schema, and a size bound."""
+class InvalidParams(ActionRefused):
+    """Edited parameters the tool does not accept; `field` names the parameter at fault."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+def validate_params(tool_name: str, params: Any, *, proposed: Any = None) -> dict:
+    """Edited parameters are untrusted: check them against the tool's input schema.
+
+    The one check for the console's edit forms and the API. In order:
+    1. A JSON object.
+    2. Only parameters the tool declares (its params_schema and, for agent and MCP tools, the
+       properties of its JSON input schema) or that were proposed to the person: an edit may
+       change values, never invent parameters a tool or a model would then receive.
+    3. Every declared parameter present, of its type.
+    4. The tool's own validation (an MCP or agent tool checks its full JSON schema).
+    5. A size bound.
+    """
     if not isinstance(params, dict):
-        raise ActionRefused("The edited parameters must be a JSON object.")
+        raise InvalidParams("The edited parameters must be a JSON object.")
+    tool = None
     if tool_name:
+        with contextlib.suppress(tool_registry.UnknownTool):
+            tool = tool_registry.get(tool_name)
+    declared = dict(tool.params_schema) if tool is not None else {}
+    input_schema = _input_schema(tool) if tool is not None else {}
+    known = set(declared) | set(input_schema.get("properties") or {})
+    known |= set(proposed) if isinstance(proposed, dict) else set()
+    for name in params:
+        if name not in known:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise InvalidParams(
+                f"{name} is not a parameter of {tool_name or 'this step'} (parameters: {allowed}).",
+                field=name,
+            )
+    for name, kind in declared.items():
+        if name not in params:
+            raise InvalidParams(f"{name} is required.", field=name)
+        value = params[name]
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if not ok:
+            raise InvalidParams(
+                f"{name} must be {_TYPE_NAMES.get(kind, kind.__name__)}, "
+                f"not {_TYPE_NAMES.get(type(value), type(value).__name__)}.",
+                field=name,
+            )
+    if tool is not None:
         try:
-            tool_registry.get(tool_name).validate(params)
+            tool.validate(params)
         except ToolError as exc:
-            raise ActionRefused(f"The edited parameters are not valid: {exc.message}") from None
-        except tool_registry.UnknownTool:
-            pass
+            raise InvalidParams(f"The edited parameters are not valid: {exc.message}") from None
+        if input_schema and not hasattr(tool, "input_schema"):  # McpTool checked it already
+            _check_json_schema(input_schema, params)
     value = to_json_value(params)
     if len(str(value)) > 256 * 1024:
-        raise ActionRefused("The edited parameters are too large (256 KiB at most).")
+        raise InvalidParams("The edited parameters are too large (256 KiB at most).")
     return value
 
 
-def _is_admin(user) -> bool:
-    return user.is_superuser or user.groups.filter(name="admin").exists()
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               dict: "an object", list: "a list", type(None): "null"}  # fmt: skip
+
+
+def _input_schema(tool) -> dict:
+    """The JSON schema a model sees for an agent or MCP tool (empty for plain tools)."""
+    schema = getattr(tool, "input_schema", None)
+    if not schema:
+        from runs.agents import tool_info
+
+        schema = tool_info(tool.name).input_schema
+    return schema if isinstance(schema, dict) else {}
+
+
+def _check_json_schema(schema: dict, params: dict) -> None:
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.path))
+    if errors:
+        path = [str(part) for part in errors[0].path]
+        raise InvalidParams(
+            f"{'.'.join(path) or 'The parameters'}: {errors[0].message}",
+            field=".".join(path) or None,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,10 +354,10 @@ def confirm_outcome(
     """A person settles an unknown outcome: it happened (the external reference is the proof)
     or it did not (the step is retried with the same idempotency key)."""
     actor = _actor(user)
+    run_id = Step.objects.values_list("run_id", flat=True).get(pk=step_id)
     with transaction.atomic():
+        run = _lock_run(run_id, expected_version, user, action="settle an outcome of")
         step = Step.objects.select_for_update().get(pk=step_id)
-        run = _lock_run(step.run_id, expected_version)
-        step.refresh_from_db()
         if step.status != Step.Status.UNKNOWN_OUTCOME:
             raise DecisionConflict(
                 f"Step {step.name} is {step.get_status_display().lower()}, not an unknown "
@@ -333,7 +419,7 @@ def confirm_outcome(
 def retry_step(run_id, user, *, comment: str = "", expected_version=None) -> Step:
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="retry a step of")
         step = _current_step(run)
         _refuse_unknown(step)
         if step is None:
@@ -367,7 +453,7 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
     """
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="edit a step of")
         step = _current_step(run)
         _refuse_unknown(step)
         if (
@@ -378,8 +464,8 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
             raise ActionRefused(
                 "Only a read or side-effect step waiting for a person can be edited and retried."
             )
-        params = validate_params(step.tool, params)
         before = _last_params(step)
+        params = validate_params(step.tool, params, proposed=before)
         spec = {**step.spec, "params_override": params}
         fields = {"spec": spec}
         if step.kind == "side_effect":
@@ -432,7 +518,7 @@ def skip_step(run_id, user, *, reason: str, expected_version=None) -> Step:
     if not reason.strip():
         raise ActionRefused("Say why the step is skipped.")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="skip a step of")
         step = _current_step(run)
         if step is None:
             raise ActionRefused("There is no unfinished step to skip.")
@@ -461,7 +547,7 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
     """The person did the step's work outside TaskPilots; record its result and go on."""
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="complete a step of")
         step = _current_step(run)
         if step is None:
             raise ActionRefused("There is no unfinished step to complete.")
@@ -502,7 +588,7 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
 def take_over(run_id, user, *, comment: str = "", expected_version=None) -> Run:
     """Claim the run: automation stops touching it until it is released."""
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="take over")
         if run.status == Run.Status.TAKEN_OVER:
             raise DecisionConflict(f"Already taken over by {run.owner.get_username()}.")
         if run.is_terminal:
@@ -517,13 +603,9 @@ def release(run_id, user, *, comment: str = "", expected_version=None) -> Run:
     """Give the run back: to the engine if its step can go on, otherwise to the inbox."""
     actor = _actor(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="release")
         if run.status != Run.Status.TAKEN_OVER:
             raise DecisionConflict("The run is not taken over.")
-        if run.owner_id != user.pk and not _is_admin(user):
-            raise ActionRefused(
-                "Only the person who took the run over, or an admin, can release it."
-            )
         _end_takeover(run, user, comment or "released")
         step = _current_step(run)
         parked = step is not None and step.status in (
@@ -548,14 +630,24 @@ def _end_takeover(run: Run, user, resolution: str) -> None:
 
 
 def cancel_run(
-    run_id, user=None, *, reason: str, compensate: bool = True, expected_version=None
+    run_id,
+    user=None,
+    *,
+    reason: str,
+    compensate: bool = True,
+    expected_version=None,
+    actor: str = "system",
 ) -> Run:
-    """Stop the run; committed side effects are compensated (newest first) unless told not to."""
-    actor = _actor(user) if user else "system"
+    """Stop the run; committed side effects are compensated (newest first) unless told not to.
+
+    Without a `user` the caller acts on its own account (`actor`, e.g. an API client), which
+    is refused on a taken-over run: only its owner or an admin decides about it.
+    """
+    actor = _actor(user) if user else actor
     if not reason.strip():
         raise ActionRefused("Say why the run is cancelled.")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version)
+        run = _lock_run(run_id, expected_version, user, action="cancel")
         if run.is_terminal:
             raise DecisionConflict(f"The run is already {run.get_status_display().lower()}.")
         if run.status == Run.Status.COMPENSATING:

@@ -23,6 +23,16 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from approvals import untrusted, viewer_time
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
+from approvals.permissions import (  # noqa: F401  (re-exported: views and tags read roles here)
+    ADMIN,
+    AUDITOR,
+    SUPPORT,
+    can_act,
+    can_read,
+    is_admin,
+    may_act,
+    roles_of,
+)
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.models import (
@@ -37,7 +47,6 @@ from runs.models import (
 
 logger = logging.getLogger("taskpilots.console")
 
-SUPPORT, AUDITOR, ADMIN = "support", "auditor", "admin"
 PAGE_SIZE = 25
 # JSON longer than this (characters, pretty-printed) or deeper than this is shown truncated,
 # with a link to the raw document.
@@ -141,44 +150,9 @@ def sentences(*parts: Any) -> SafeString:
 
 
 # --------------------------------------------------------------------------------------------
-# Roles (Django groups created by approvals/migrations/0002)
+# Roles: one rule for the console and the API (approvals/permissions.py).
 
-
-def roles_of(user) -> frozenset[str]:
-    """The user's console roles, read once per request and kept on the user object."""
-    cached = getattr(user, "_console_roles", None)
-    if cached is not None:
-        return cached
-    if not user.is_authenticated or not user.is_active:
-        found: frozenset[str] = frozenset()
-    else:
-        names = set(user.groups.values_list("name", flat=True))
-        if user.is_superuser:
-            names.add(ADMIN)
-        found = frozenset(names & {SUPPORT, AUDITOR, ADMIN})
-    user._console_roles = found
-    return found
-
-
-def can_read(user) -> bool:
-    return bool(roles_of(user))
-
-
-def can_act(user) -> bool:
-    return bool(roles_of(user) & {SUPPORT, ADMIN})
-
-
-def is_admin(user) -> bool:
-    return ADMIN in roles_of(user)
-
-
-def may_act_on(user, run: Run) -> bool:
-    """Support and admins act; on a taken-over run only its owner or an admin."""
-    if not can_act(user):
-        return False
-    if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk:
-        return is_admin(user)
-    return True
+may_act_on = may_act
 
 
 # --------------------------------------------------------------------------------------------

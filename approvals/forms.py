@@ -12,6 +12,7 @@ from typing import Any
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
+from approvals.actions import InvalidParams, validate_params
 from approvals.console import REASON_LABELS, RUN_STATUS_LABELS
 from runs import tools as tool_registry
 from runs.invisible import neutralise
@@ -169,6 +170,7 @@ class EditParamsForm(ActionForm):
 
     def __init__(self, *args, tool: str = "", params: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.tool = tool
         self.original = dict(params or {}) if isinstance(params, dict) else {}
         try:
             self.schema = dict(tool_registry.get(tool).params_schema) if tool else {}
@@ -198,14 +200,23 @@ class EditParamsForm(ActionForm):
             params = data.get("params_json")
             if params is not None and not isinstance(params, dict):
                 self.add_error("params_json", _("Give a JSON object."))
-            data["params"] = params
-            return data
-        params = dict(self.original)
-        for name in self.schema:
-            key = f"param__{name}"
-            if key in data:
-                params[name] = data[key]
-        if len(json.dumps(params, default=str)) > MAX_JSON_CHARS:
-            raise forms.ValidationError(_("The parameters are too large (256 KiB at most)."))
+                return data
+        else:
+            params = dict(self.original)
+            for name in self.schema:
+                key = f"param__{name}"
+                if key in data:
+                    params[name] = data[key]
+            if len(json.dumps(params, default=str)) > MAX_JSON_CHARS:
+                raise forms.ValidationError(_("The parameters are too large (256 KiB at most)."))
+        if params is not None and not self.errors:
+            # The same check as the API and the action itself (approvals/actions.py).
+            try:
+                params = validate_params(self.tool, params, proposed=self.original)
+            except InvalidParams as exc:
+                field = f"param__{exc.field}"
+                if field not in self.fields:
+                    field = "params_json" if "params_json" in self.fields else None
+                self.add_error(field, str(exc))
         data["params"] = params
         return data

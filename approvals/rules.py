@@ -22,7 +22,7 @@ from approvals.viewer_time import format_timestamp
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.invisible import neutralise
-from runs.models import FailureClass, Risk, Step, TimelineEvent, Wait
+from runs.models import FailureClass, Risk, Run, Step, TimelineEvent, Wait
 
 A = EscalationRule.Action
 
@@ -541,6 +541,9 @@ def resume_tool(tool: str, user) -> tuple[ToolPause | None, int]:
                 correlation_key=f"pause:{pause.pk}",
             ).values_list("run_id", "step_id")
         )
+        # The lock order: the runs (in one order, so two resumes cannot cross) before steps.
+        for run_id in sorted({run_id for run_id, _step_id in held}):
+            Run.lock(run_id)
         Step.objects.filter(
             pk__in=[step_id for _run_id, step_id in held], status=Step.Status.WAITING
         ).update(next_attempt_at=now)

@@ -398,6 +398,9 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
         return _answer(request, run, status=409, error=console.conflict_message(_fresh(run)))
     except actions.ActionRefused as exc:
         return _answer(request, run, status=422, error=str(exc), bound={action: form})
+    except actions.ActionForbidden as exc:
+        # The run was taken over between loading the page and pressing the button.
+        return _forbidden(request, str(exc))
     logger.info("console action %s on run %s by %s", action, run.pk, request.user.get_username())
     run = _fresh(run)
     if spec.says_what_next:

@@ -8,10 +8,9 @@ run's timeline as `api:<client name>`.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-from datetime import UTC, datetime
+import contextlib
+from datetime import datetime
+from functools import wraps
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -19,25 +18,53 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from ninja import Field, NinjaAPI, Path, Query, Schema, Status
-from pydantic import AfterValidator, ConfigDict, field_validator
+from ninja.decorators import decorate_view
+from pydantic import AfterValidator, BeforeValidator, ConfigDict
 
 from approvals import actions
 from approvals.models import ApprovalRequest
-from runs import engine
+from runs import api_schema, engine
 from runs import workflows as workflow_registry
 from runs.api_auth import BearerAuth, SignatureAuth
 from runs.api_docs import ReadableDocs
-from runs.api_errors import ApiError, GuardedParser, install_handlers, reject_nul
+from runs.api_errors import (
+    IDENTIFIER_PATTERN,
+    ApiError,
+    GuardedParser,
+    check_identifier,
+    guard_json_body,
+    install_handlers,
+)
 from runs.api_models import ApiClient, ApiScope
-from runs.models import InboundEvent, Run, RunStatus, TimelineEvent
+from runs.api_schema import CURSOR_PATTERN, IsoDateTime, JsonObject, free_text, integral
+from runs.models import InboundEvent, Run, RunStatus, Step, TimelineEvent
 from taskpilots.env import env_bool
 
 EVENTS_STRICT = env_bool("TASKPILOTS_EVENTS_STRICT", False)
 MAX_BIGINT = 2**63 - 1
 MAX_VERSION = 2**31 - 1
-ACTING_GROUPS = ("support", "admin")
 
-api = NinjaAPI(
+
+class TaskPilotsApi(NinjaAPI):
+    def get_openapi_schema(self, *, path_prefix=None, path_params=None):
+        schema = super().get_openapi_schema(path_prefix=path_prefix, path_params=path_params)
+        return api_schema.refine(schema, workflows=_registered_workflows())
+
+
+def _registered_workflows() -> dict[str, list[int]]:
+    """Every workflow a start may name, with its versions (lazily registered ones included)."""
+    for name in settings.TASKPILOTS.get("LAZY_MODULES", {}):
+        if not name.endswith("."):
+            # Importing may fail where an optional dependency is missing; the schema must not.
+            with contextlib.suppress(Exception):
+                workflow_registry.get(name)
+    found: dict[str, list[int]] = {}
+    for workflow in workflow_registry.all_workflows():
+        found.setdefault(workflow.name, []).append(workflow.version)
+    return found
+
+
+api = TaskPilotsApi(
     title="TaskPilots API",
     version="1",
     description=(
@@ -55,6 +82,21 @@ api = NinjaAPI(
 install_handlers(api)
 
 
+def json_body(run_operation):
+    """Wrap an operation with a JSON body: size and media type are refused (413/415) before
+    authentication (a signed webhook's check reads the body) and before ninja reads the body."""
+
+    @wraps(run_operation)
+    def guarded(request, *args, **kwargs):
+        try:
+            guard_json_body(request)
+        except ApiError as error:
+            return api.create_response(request, error.body(), status=error.status)
+        return run_operation(request, *args, **kwargs)
+
+    return guarded
+
+
 def _events_strict() -> bool:
     return bool(getattr(settings, "TASKPILOTS", {}).get("EVENTS_STRICT", EVENTS_STRICT))
 
@@ -62,7 +104,23 @@ def _events_strict() -> bool:
 # --------------------------------------------------------------------------------------------
 # Schemas
 
-SafeStr = Annotated[str, AfterValidator(reject_nul)]
+# Keys, names and references: no NUL (400), no control or format characters (422).
+Identifier = Annotated[
+    str,
+    AfterValidator(check_identifier),
+    Field(json_schema_extra={"pattern": IDENTIFIER_PATTERN}),
+]
+
+
+# JSON numbers without a fraction (3.0 too), in range; never strings.
+# (Constraints before the validator, so that the schema states them as minimum/maximum.)
+WorkflowVersion = Annotated[int, Field(ge=1, le=MAX_VERSION), BeforeValidator(integral)]
+RunVersion = Annotated[int, Field(ge=0, le=MAX_VERSION), BeforeValidator(integral)]
+
+# A cursor is checked like an identifier (422 for invisible characters), then for its form (400).
+Cursor = Annotated[
+    str, AfterValidator(check_identifier), Field(json_schema_extra={"pattern": CURSOR_PATTERN})
+]
 
 
 class StrictIn(Schema):
@@ -81,11 +139,11 @@ class ErrorOut(Schema):
 
 
 class StartRunIn(StrictIn):
-    workflow: str = Field(..., min_length=1, max_length=100)
-    version: int | None = Field(None, ge=1, le=MAX_VERSION)
-    input: dict[str, Any]
-    business_key: str = Field(..., min_length=1, max_length=200)
-    session_context_ref: str = Field("", max_length=200)
+    workflow: Identifier = Field(..., min_length=1, max_length=100)
+    version: WorkflowVersion | None = None
+    input: JsonObject
+    business_key: Identifier = Field(..., min_length=1, max_length=200)
+    session_context_ref: Identifier = Field("", max_length=200)
 
 
 class RunSummary(Schema):
@@ -114,34 +172,26 @@ class RunPage(Schema):
 
 
 class RunFilters(Schema):
-    workflow: SafeStr | None = Field(None, max_length=100)
+    workflow: Identifier | None = Field(None, max_length=100)
     status: RunStatus | None = None
-    business_key: SafeStr | None = Field(None, max_length=200)
-    created_after: datetime | None = Field(None, description="inclusive")
-    created_before: datetime | None = Field(None, description="exclusive")
-    cursor: SafeStr | None = Field(None, max_length=200)
+    business_key: Identifier | None = Field(None, max_length=200)
+    created_after: IsoDateTime | None = Field(
+        None, description="inclusive; ISO 8601 (without an offset: UTC)"
+    )
+    created_before: IsoDateTime | None = Field(
+        None, description="exclusive; ISO 8601 (without an offset: UTC)"
+    )
+    cursor: Cursor | None = Field(
+        None, max_length=200, description="`next_cursor` of the previous page"
+    )
     limit: int = Field(50, ge=1, le=100)
-
-    @field_validator("created_after", "created_before")
-    @classmethod
-    def _aware(cls, value: datetime | None) -> datetime | None:
-        # A time without a zone is read as UTC (never the server's local time).
-        if value is not None and value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        # Normalise to UTC here: PostgreSQL refuses offsets beyond ±15:59 that Python accepts.
-        if value is not None:
-            try:
-                value = value.astimezone(UTC)
-            except (OverflowError, ValueError):
-                raise ValueError("the date is out of range") from None
-        return value
 
 
 class EventIn(StrictIn):
-    event_id: str = Field(..., min_length=1, max_length=200)
-    event_type: str = Field(..., min_length=1, max_length=150)
-    correlation_key: str = Field(..., min_length=1, max_length=255)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    event_id: Identifier = Field(..., min_length=1, max_length=200)
+    event_type: Identifier = Field(..., min_length=1, max_length=150)
+    correlation_key: Identifier = Field(..., min_length=1, max_length=255)
+    payload: JsonObject = Field(default_factory=dict)
 
 
 class EventOut(Schema):
@@ -151,20 +201,20 @@ class EventOut(Schema):
 
 
 class CancelIn(StrictIn):
-    reason: str = Field(..., min_length=1, max_length=2000)
-    user: str | None = Field(
+    reason: str = free_text(min_length=1, max_length=2000, blank=False)
+    user: Identifier | None = Field(
         None, min_length=1, max_length=150, description="act as this support/admin user"
     )
     compensate: bool = True
-    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    expected_version: RunVersion | None = None
 
 
 class DecisionIn(StrictIn):
-    user: str = Field(..., min_length=1, max_length=150, description="support or admin user")
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
     decision: Literal["approved", "approved_with_edits", "rejected"]
-    edited_params: dict[str, Any] | None = None
-    comment: str = Field("", max_length=4000)
-    expected_version: int | None = Field(None, ge=0, le=MAX_VERSION)
+    edited_params: JsonObject | None = None
+    comment: str = free_text("", max_length=4000)
+    expected_version: RunVersion | None = None
 
 
 class ApprovalOut(Schema):
@@ -178,8 +228,49 @@ class ApprovalOut(Schema):
     comment: str
 
 
+class OutcomeIn(StrictIn):
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    happened: bool = Field(..., description="true: it happened (give `proof`); false: it did not")
+    proof: str = free_text(
+        "",
+        max_length=2000,
+        description="required when happened: the external reference that proves it (message id, "
+        "record id, transaction id); it becomes the side effect's receipt",
+    )
+    comment: str = free_text("", max_length=4000)
+    idempotency_key: Identifier | None = Field(
+        None,
+        max_length=255,
+        description="the key you looked up in the external system; 409 when the run's unknown "
+        "outcome is another one",
+    )
+    expected_version: RunVersion | None = None
+
+
+class OutcomeOut(Schema):
+    run_id: UUID
+    run_status: RunStatus
+    step: str
+    idempotency_key: str
+    happened: bool
+    side_effect_status: Literal["committed", "not_committed"]
+    result: Any = Field(
+        None,
+        description="what the step now returns to the rest of the run (and, for an agent's tool "
+        "call, to the model): {id, external_id, confirmed_by} when it happened; null when it did "
+        "not (the step is tried again with the same key, and returns the tool's answer)",
+    )
+
+
+# What every endpoint may answer besides its own codes: bad request, credentials, scope, a method
+# it does not have, validation, oversized headers (runs/api_middleware.py).
+COMMON_ERRORS = (400, 401, 403, 405, 422, 431)
+# And every endpoint with a JSON body: its length, size and media type (runs/api_errors.py).
+BODY_ERRORS = (411, 413, 415)
+
+
 def _errors(*codes: int) -> dict:
-    return dict.fromkeys((400, 401, 403, 422, *codes), ErrorOut)
+    return dict.fromkeys(sorted({*COMMON_ERRORS, *codes}), ErrorOut)
 
 
 # --------------------------------------------------------------------------------------------
@@ -215,39 +306,39 @@ def _run_out(run: Run) -> dict:
 
 
 def _encode_cursor(run: Run) -> str:
-    raw = json.dumps([run.created_at.isoformat(), str(run.pk)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return api_schema.encode_cursor(run.created_at, run.pk)
 
 
 def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        created_at, run_id = json.loads(raw)
-        when = datetime.fromisoformat(created_at)
-        if when.tzinfo is None:
-            raise ValueError("naive")
-        return when, UUID(run_id)
-    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+    position = api_schema.decode_cursor(cursor)
+    if position is None:
         raise ApiError(400, "invalid_cursor", "The cursor is not one this API gave out.",
-                       field="cursor") from None  # fmt: skip
+                       field="cursor")  # fmt: skip
+    return position
 
 
-def _acting_user(username: str):
-    """The named user an action is taken as: must exist, be active and be support or admin."""
+def _acting_user(username: str | None):
+    """The named user an action is taken as (None: the client on its own account)."""
+    if username is None:
+        return None
     user = get_user_model().objects.filter(username=username, is_active=True).first()
     if user is None:
         raise ApiError(422, "unknown_user", f"No active user {username!r}.", field="user")
-    if not (user.is_superuser or user.groups.filter(name__in=ACTING_GROUPS).exists()):
-        message = f"{username} is not in the support or admin group."
-        raise ApiError(403, "user_not_allowed", message, field="user")
     return user
 
 
-def _is_admin(user) -> bool:
-    return user.is_superuser or user.groups.filter(name="admin").exists()
+def _check_may_act(run: Run, user, action: str) -> None:
+    """The console's rule (approvals/permissions.py), checked first so that a user who may not
+    act hears that before anything about the body; the action checks it again under the lock."""
+    try:
+        actions.check_may_act(run, user, action)
+    except actions.ActionForbidden as exc:
+        raise _action_error(exc) from None
 
 
 def _action_error(exc: Exception) -> ApiError:
+    if isinstance(exc, actions.ActionForbidden):
+        return ApiError(403, exc.code, str(exc), field="user")
     code = "conflict" if isinstance(exc, actions.DecisionConflict) else "refused"
     return ApiError(409, code, str(exc))
 
@@ -259,14 +350,17 @@ def _action_error(exc: Exception) -> ApiError:
 @api.post(
     "/runs",
     auth=BearerAuth(ApiScope.RUNS_WRITE),
-    response={201: RunOut, 200: RunOut, **_errors(409, 413)},
+    response={201: RunOut, 200: RunOut, **_errors(409, *BODY_ERRORS)},
     summary="Start a run (idempotent by business_key)",
     description=(
-        "201 with the new run. The same business_key with the same input again: 200 with the "
-        "existing run (safe to retry, also concurrently). The same key with other input: 409."
+        "201 with the new run. The same business_key with the same workflow and input again: "
+        "200 with the existing run (safe to retry, also concurrently). The same key with another "
+        "workflow or other input: 409. A client without runs:read gets 409 instead of a run "
+        "another client started; `run_id` is only given for runs the client may read."
     ),
     tags=["runs"],
 )
+@decorate_view(json_body)
 def start_run(request, body: StartRunIn):
     client = _client(request)
     try:
@@ -289,18 +383,38 @@ def start_run(request, body: StartRunIn):
             actor=client.actor,
         )
     except engine.BusinessKeyConflict as exc:
-        raise ApiError(
-            409,
-            "business_key_conflict",
-            f"business_key {body.business_key!r} already started run {exc.run.pk} with "
-            "different input; use a new business_key for a different request.",
-            field="business_key",
-            run_id=str(exc.run.pk),
-        ) from None
+        raise _key_conflict(client, body.business_key, exc.run, exc.why) from None
     except engine.StartError as exc:
         raise ApiError(422, "invalid_input", str(exc), field="input") from None
+    if not created and not _may_read(client, run):
+        # Resending someone else's key and input must not hand their run to a client that
+        # cannot read runs.
+        raise _key_conflict(client, body.business_key, run, "taken")
     client.touch()
     return Status(201 if created else 200, _run_out(run))
+
+
+def _may_read(client: ApiClient, run: Run) -> bool:
+    """A client reads every run with runs:read, and otherwise only the runs it started."""
+    return client.has_scope(ApiScope.RUNS_READ) or run.principal == client.actor
+
+
+def _key_conflict(client: ApiClient, key: str, run: Run, why: str) -> ApiError:
+    what = {
+        "workflow": "for another workflow",
+        "input": "with different input",
+        "taken": "by another client",
+    }[why]
+    extra = {"run_id": str(run.pk)} if _may_read(client, run) else {}
+    shown = f" (run {run.pk})" if extra else ""
+    return ApiError(
+        409,
+        "business_key_conflict",
+        f"business_key {key!r} was already used {what}{shown}; use a new business_key for a "
+        "different request.",
+        field="business_key",
+        **extra,
+    )
 
 
 @api.get(
@@ -337,7 +451,7 @@ def list_runs(request, filters: Query[RunFilters]):
         runs = runs.filter(created_at__gte=filters.created_after)
     if filters.created_before:
         runs = runs.filter(created_at__lt=filters.created_before)
-    if filters.cursor:
+    if filters.cursor is not None:  # an empty cursor is not the first page, but a mistake
         created_at, run_id = _decode_cursor(filters.cursor)
         # (created_at, id) < cursor, with the redundant bound that lets the index do the work.
         runs = runs.filter(created_at__lte=created_at).exclude(
@@ -356,16 +470,23 @@ def list_runs(request, filters: Query[RunFilters]):
 @api.post(
     "/runs/{run_id}/cancel",
     auth=BearerAuth(ApiScope.RUNS_WRITE),
-    response={200: RunOut, **_errors(404, 409, 413)},
+    response={200: RunOut, **_errors(404, 409, *BODY_ERRORS)},
     summary="Cancel a run (committed side effects are compensated unless compensate=false)",
-    description="Optionally as a named support/admin `user`; takeover rules apply.",
+    description=(
+        "As a named support/admin `user`, or without one on the client's own account. The "
+        "console's rules apply: a taken-over run is cancelled only by its owner or an admin "
+        "(403 `taken_over`, also when no `user` is named)."
+    ),
     tags=["runs"],
 )
+@decorate_view(json_body)
 def cancel_run(request, run_id: UUID, body: CancelIn):
     client = _client(request)
-    user = _acting_user(body.user) if body.user else None
-    if not Run.objects.filter(pk=run_id).exists():
+    run = Run.objects.select_related("owner").filter(pk=run_id).first()
+    if run is None:
         raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    user = _acting_user(body.user)
+    _check_may_act(run, user, "cancel")
     try:
         with transaction.atomic():
             TimelineEvent.append(
@@ -380,8 +501,9 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
                 reason=body.reason,
                 compensate=body.compensate,
                 expected_version=body.expected_version,
+                actor=client.actor,
             )
-    except (actions.DecisionConflict, actions.ActionRefused) as exc:
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
         raise _action_error(exc) from None
     client.touch()
     return _run_out(run)
@@ -394,7 +516,7 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
 @api.post(
     "/events",
     auth=[SignatureAuth(ApiScope.EVENTS_WRITE), BearerAuth(ApiScope.EVENTS_WRITE)],
-    response={202: EventOut, **_errors(404, 413)},
+    response={202: EventOut, **_errors(404, *BODY_ERRORS)},
     summary="Deliver an event (webhook); resumes the run waiting for it",
     description=(
         "Resolves the wait for (event_type, correlation_key) and resumes its run. The same "
@@ -404,6 +526,7 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
     ),
     tags=["events"],
 )
+@decorate_view(json_body)
 def deliver_event(request, body: EventIn):
     client = _client(request)
 
@@ -437,6 +560,77 @@ def deliver_event(request, body: EventIn):
     return Status(202, {"status": outcome, "event_id": body.event_id, "run_id": run_id})
 
 
+@api.post(
+    "/runs/{run_id}/outcome",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: OutcomeOut, **_errors(404, 409, *BODY_ERRORS)},
+    summary="Settle a run's unknown outcome as a named support/admin user",
+    description=(
+        "When a side effect may or may not have happened (the run waits with an unknown "
+        "outcome), a person checks the external system by its idempotency key and says which: "
+        "`happened` with the external reference as `proof` (recorded as the commit proof; the "
+        "run goes on), or not (the step is tried again with the same idempotency key). The "
+        "console's rules apply (role, takeover owner); 409 when the run has no unknown outcome, "
+        "it was settled already, or `idempotency_key` names another call."
+    ),
+    tags=["runs"],
+)
+@decorate_view(json_body)
+def settle_outcome(request, run_id: UUID, body: OutcomeIn):
+    client = _client(request)
+    run = Run.objects.select_related("owner").filter(pk=run_id).first()
+    if run is None:
+        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    user = _acting_user(body.user)
+    _check_may_act(run, user, "settle an outcome of")
+    proof = body.proof.strip()
+    if body.happened and not proof:
+        message = (
+            "proof is required when it happened: give the external reference (message, record "
+            "or transaction id)."
+        )
+        raise ApiError(422, "missing_field", message, field="proof")
+    step = run.steps.filter(status=Step.Status.UNKNOWN_OUTCOME).order_by("position").first()
+    if step is None:
+        raise ApiError(409, "refused", f"Run {run.pk} has no unknown outcome to settle (it is "
+                       f"{run.status}).")  # fmt: skip
+    if body.idempotency_key is not None and body.idempotency_key != step.idempotency_key:
+        raise ApiError(409, "conflict", f"The run's unknown outcome is the call with key "
+                       f"{step.idempotency_key}, not {body.idempotency_key}.",
+                       field="idempotency_key")  # fmt: skip
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run.pk,
+                "api.outcome_requested",
+                {"client": client.name, "user": user.get_username(), "step": step.name,
+                 "key": step.idempotency_key, "happened": body.happened},
+                actor=client.actor,
+            )  # fmt: skip
+            step = actions.confirm_outcome(
+                step.pk,
+                user,
+                happened=body.happened,
+                proof=proof,
+                comment=body.comment,
+                expected_version=body.expected_version,
+            )
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    run.refresh_from_db(fields=["status"])
+    step.refresh_from_db(fields=["status", "result"])
+    return {
+        "run_id": run.pk,
+        "run_status": run.status,
+        "step": step.name,
+        "idempotency_key": step.idempotency_key,
+        "happened": body.happened,
+        "side_effect_status": "committed" if body.happened else "not_committed",
+        "result": step.result if body.happened else None,
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Approvals
 
@@ -444,7 +638,7 @@ def deliver_event(request, body: EventIn):
 @api.post(
     "/approvals/{approval_id}/decision",
     auth=BearerAuth(ApiScope.APPROVALS_WRITE),
-    response={200: ApprovalOut, **_errors(404, 409, 413)},
+    response={200: ApprovalOut, **_errors(404, 409, *BODY_ERRORS)},
     summary="Decide an approval as a named support/admin user (approving from another tool)",
     description=(
         "The decision is recorded as that user's, with their permissions: they must be in the "
@@ -453,24 +647,27 @@ def deliver_event(request, body: EventIn):
     ),
     tags=["approvals"],
 )
+@decorate_view(json_body)
 def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1, le=MAX_BIGINT)):
     client = _client(request)
-    approval = ApprovalRequest.objects.select_related("run").filter(pk=approval_id).first()
+    approvals = ApprovalRequest.objects.select_related("run", "run__owner")
+    approval = approvals.filter(pk=approval_id).first()
     if approval is None:
         raise ApiError(404, "not_found", f"No approval {approval_id}.", field="approval_id")
     user = _acting_user(body.user)
     run = approval.run
-    if run.status == Run.Status.TAKEN_OVER and run.owner_id != user.pk and not _is_admin(user):
-        raise ApiError(403, "taken_over", "The run is taken over; only its owner or an admin "
-                       "can decide.", field="user")  # fmt: skip
+    _check_may_act(run, user, "decide")
     if body.decision == "approved_with_edits":
         if body.edited_params is None:
             raise ApiError(422, "missing_field", "edited_params is required for "
                            "approved_with_edits.", field="edited_params")  # fmt: skip
         try:
-            actions.validate_params(approval.tool, body.edited_params)
-        except actions.ActionRefused as exc:
-            raise ApiError(422, "invalid_params", str(exc), field="edited_params") from None
+            actions.validate_params(
+                approval.tool, body.edited_params, proposed=approval.proposed_params
+            )
+        except actions.InvalidParams as exc:
+            field = f"edited_params.{exc.field}" if exc.field else "edited_params"
+            raise ApiError(422, "invalid_params", str(exc), field=field) from None
     try:
         with transaction.atomic():
             TimelineEvent.append(
@@ -488,7 +685,7 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
                 comment=body.comment,
                 expected_version=body.expected_version,
             )
-    except (actions.DecisionConflict, actions.ActionRefused) as exc:
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
         raise _action_error(exc) from None
     client.touch()
     run.refresh_from_db(fields=["status"])

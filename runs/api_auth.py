@@ -88,8 +88,11 @@ class SignatureAuth(AuthBase):
         client_id = request.headers.get(CLIENT_HEADER, "")
         timestamp = request.headers.get(TIMESTAMP_HEADER, "")
         signature = request.headers.get(SIGNATURE_HEADER, "")
-        if not (client_id or timestamp or signature):
+        if not any(name in request.headers for name in (CLIENT_HEADER, TIMESTAMP_HEADER,
+                                                          SIGNATURE_HEADER)):  # fmt: skip
             return None  # not a signed request: let bearer authentication try
+        # A request that sends any signature header (even empty) is a signed request: a bad
+        # signature is refused, never rescued by a bearer token sent alongside.
         if not (client_id and timestamp and signature):
             return self._fail(request, "incomplete signature headers", client_id)
         try:

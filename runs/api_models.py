@@ -28,7 +28,7 @@ class ApiScope(models.TextChoices):
     RUNS_READ = "runs:read", "Read runs"
     RUNS_WRITE = "runs:write", "Start and cancel runs"
     EVENTS_WRITE = "events:write", "Deliver events"
-    APPROVALS_WRITE = "approvals:write", "Decide approvals as a named user"
+    APPROVALS_WRITE = "approvals:write", "Act as a named user: decide approvals, settle outcomes"
 
 
 def _hash_secret(secret: str) -> str:

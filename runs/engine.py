@@ -107,10 +107,15 @@ class StartError(ValueError):
 
 
 class BusinessKeyConflict(StartError):
-    def __init__(self, run: Run):
+    """The business key already started a run for another request: `why` is "workflow" (another
+    workflow or version) or "input" (the same workflow with other input)."""
+
+    def __init__(self, run: Run, why: str = "input"):
         self.run = run
+        self.why = why
+        what = "another workflow" if why == "workflow" else "other input"
         super().__init__(
-            f"business key {run.business_key!r} already started run {run.pk} with other input"
+            f"business key {run.business_key!r} already started run {run.pk} with {what}"
         )
 
 
@@ -127,7 +132,8 @@ def start_run(
 ) -> tuple[Run, bool]:
     """Create a run (or return the existing one for the same business key and input).
 
-    Returns (run, created). The same business key with different input raises
+    Returns (run, created). A business key names one request to one workflow: the same key
+    with another workflow (or another explicit version), or with different input, raises
     BusinessKeyConflict; nothing is written for a rejected start.
     """
     try:
@@ -146,7 +152,7 @@ def start_run(
     if business_key is not None:
         existing = Run.objects.filter(business_key=business_key).first()
         if existing is not None:
-            return _same_start(existing, input_digest)
+            return _same_start(existing, definition, version, input_digest)
     try:
         with transaction.atomic():
             run = Run.objects.create(
@@ -176,11 +182,18 @@ def start_run(
         existing = Run.objects.filter(business_key=business_key).first()
         if business_key is None or existing is None:
             raise
-        return _same_start(existing, input_digest)
+        return _same_start(existing, definition, version, input_digest)
     return run, True
 
 
-def _same_start(existing: Run, input_digest: str) -> tuple[Run, bool]:
+def _same_start(
+    existing: Run, definition: Workflow, version: int | None, input_digest: str
+) -> tuple[Run, bool]:
+    # Without an explicit version a retry may resolve to a newer one: still the same request.
+    if existing.workflow != definition.name or (
+        version is not None and existing.workflow_version != version
+    ):
+        raise BusinessKeyConflict(existing, why="workflow")
     if existing.input_digest != input_digest:
         raise BusinessKeyConflict(existing)
     return existing, False
@@ -523,6 +536,7 @@ def _held_by_pause(claim: Claim) -> Outcome | None:
 
 def _end_pause_wait(claim: Claim) -> None:
     with transaction.atomic():
+        Run.lock(claim.run.pk)
         for wait in Wait.objects.filter(
             step=claim.step,
             kind=Wait.Kind.TOOL_RECOVERY,
@@ -739,6 +753,7 @@ def _write_intent(
     }
     missing = _missing_fields(values, has_prior=bool(claim.ctx.results))
     with transaction.atomic():
+        Run.lock(run.pk)  # the lock order: the run before its ledger row
         effect = SideEffect.objects.select_for_update().filter(idempotency_key=key).first()
         if effect is not None and effect.params_checksum != checksum:
             raise IdempotencyKeyConflict(
@@ -1068,6 +1083,7 @@ def record_outcome(claim: Claim, outcome: Outcome) -> bool:
     """
     run, step = claim.run, claim.step
     with transaction.atomic():
+        Run.lock(run.pk)  # the lock order: the run before its step and ledger rows
         for effect, target, fields in outcome.effect_updates:
             if effect.status == target:
                 continue
@@ -1532,21 +1548,27 @@ def deliver_event(
         )
         if not created:
             return "duplicate"
-        wait = (
-            Wait.objects.select_for_update(of=("self",))
-            .filter(
-                kind=Wait.Kind.EVENT,
-                status=Wait.Status.PENDING,
-                event_type=event_type,
-                correlation_key=correlation_key,
+        pending = Wait.objects.filter(
+            kind=Wait.Kind.EVENT,
+            status=Wait.Status.PENDING,
+            event_type=event_type,
+            correlation_key=correlation_key,
+        ).order_by("created_at")
+        while True:
+            # The lock order: find the wait without locking it, lock its run, then the wait,
+            # and look again when it was settled meanwhile (a cancel, a timeout).
+            candidate = pending.values_list("pk", "run_id").first()
+            if candidate is None:
+                return "stored"
+            run = Run.objects.select_for_update().get(pk=candidate[1])
+            wait = (
+                pending.select_for_update(of=("self",))
+                .select_related("step")
+                .filter(pk=candidate[0])
+                .first()
             )
-            .select_related("step", "run")
-            .order_by("created_at")
-            .first()
-        )
-        if wait is None:
-            return "stored"
-        run = Run.objects.select_for_update().get(pk=wait.run_id)
+            if wait is not None:
+                break
         _resolve_wait(wait, payload, resolved_by=f"event:{event_id}")
         InboundEvent.objects.filter(pk=event.pk).update(matched_wait=wait)
         wait.step.transition(
@@ -1660,14 +1682,14 @@ def sweep(now: datetime | None = None) -> SweepReport:
 
 def _wake_wait(wait: Wait, now: datetime) -> bool:
     with transaction.atomic():
-        locked = (
-            Wait.objects.select_for_update(skip_locked=True)
-            .filter(pk=wait.pk, status=Wait.Status.PENDING)
-            .first()
-        )
-        if locked is None:
+        # The lock order: the run, then the wait. A run someone is acting on is left for the
+        # next pass rather than waited for.
+        if not Run.lock(wait.run_id, skip_locked=True):
             return False
-        run = Run.objects.select_for_update().get(pk=wait.run_id)
+        locked = Wait.objects.select_for_update().filter(pk=wait.pk, status=Wait.Status.PENDING)
+        if locked.first() is None:
+            return False
+        run = Run.objects.get(pk=wait.run_id)
         step = Step.objects.get(pk=wait.step_id)
         if wait.kind == Wait.Kind.TIMER:
             _resolve_wait(wait, None, resolved_by="timer")

@@ -239,6 +239,23 @@ class Run(models.Model):
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
 
+    # -- locking ---------------------------------------------------------------------------
+    @staticmethod
+    def lock(run_id, *, skip_locked: bool = False) -> bool:
+        """Lock the run's row until the end of the current transaction.
+
+        The lock order, everywhere: a transaction that changes a run locks its Run row first,
+        then its Step rows, then SideEffect, Wait, ApprovalRequest and InboundEvent rows. Every
+        transaction touching one run is then serialised on the Run row and none can hold a step
+        while waiting for the run (the deadlock between an API cancel and a worker recording an
+        outcome). `TimelineEvent.append` locks the run row too, so appending the event first
+        also takes the lock in order. With `skip_locked`, returns False instead of waiting.
+        """
+        sql = "SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE"
+        with connection.cursor() as cursor:
+            cursor.execute(sql + (" SKIP LOCKED" if skip_locked else ""), [run_id])
+            return cursor.fetchone() is not None
+
     # -- timeline --------------------------------------------------------------------------
     def record(self, verb: str, data: dict | None = None, *, actor: str = "system"):
         return TimelineEvent.append(self.pk, verb, data or {}, actor=actor)
@@ -520,7 +537,10 @@ class Step(models.Model):
         }
         if held_by is not None:
             filters["lease_owner"] = held_by
+        own_transaction = not connection.in_atomic_block
         with transaction.atomic(savepoint=False):
+            if own_transaction:
+                Run.lock(self.run_id)  # the lock order; a caller's transaction took it already
             count = Step.objects.filter(**filters).update(**updates)
             if count:
                 event = {"step": self.name, "iteration": self.iteration, "from": self.status}
@@ -683,7 +703,10 @@ class SideEffect(models.Model):
             updates.setdefault("committed_at", now)
         if target == self.Status.INTENDED:
             updates.setdefault("attempted_at", now)
+        own_transaction = not connection.in_atomic_block
         with transaction.atomic(savepoint=False):
+            if own_transaction:
+                Run.lock(self.run_id)  # the lock order; a caller's transaction took it already
             count = SideEffect.objects.filter(
                 pk=self.pk, status__in=_sources(self.TRANSITIONS, target)
             ).update(**updates)

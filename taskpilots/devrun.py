@@ -229,6 +229,8 @@ class Launcher:
             "web",
             [
                 *[sys.executable, "-m", "gunicorn", "taskpilots.wsgi"],
+                # Errors gunicorn answers itself in the API's JSON shape.
+                *["--config", "python:taskpilots.gunicorn_conf"],
                 *["--bind", f"127.0.0.1:{port}", "--workers", "2"],
                 *["--graceful-timeout", "5", "--access-logfile", "-"],
                 # Its default control socket is one per user (~/.gunicorn/); a second instance

@@ -310,11 +310,14 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
     """Time from a worker SIGKILL to the run continuing on another worker (bounded by the lease
     and the sweep interval), and from an approval decision or event delivery to the next step."""
     from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
 
     from approvals import actions
     from taskpilots.sandbox.client import SandboxClient
 
     person, _ = get_user_model().objects.get_or_create(username="bench-operator")
+    # Human actions check the acting user's role like the console does.
+    person.groups.add(Group.objects.get_or_create(name="support")[0])
     sandbox_process = _ensure_sandbox()
     sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
     pool = Workers(

@@ -29,6 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 
@@ -144,6 +145,8 @@ class Drill:
         self.person, _ = get_user_model().objects.get_or_create(
             username="drill-operator", defaults={"email": "drill@example.com"}
         )
+        # Human actions check the acting user's role like the console does.
+        self.person.groups.add(Group.objects.get_or_create(name="support")[0])
         self._workers = Workers(
             f"tp-{self.tag}",
             {

@@ -32,6 +32,8 @@ class Crash(BaseException):
 
 
 CRASH_AFTER_COMMIT = {"armed": False}
+# The credit system commits, then the connection drops: the caller cannot tell.
+FAIL_AFTER_COMMIT = {"armed": False}
 
 
 @function_tool
@@ -48,6 +50,9 @@ def issue_credit(ctx: RunContextWrapper, customer: str, amount: float) -> dict:
     if CRASH_AFTER_COMMIT["armed"]:
         CRASH_AFTER_COMMIT["armed"] = False
         raise Crash
+    if FAIL_AFTER_COMMIT["armed"]:
+        FAIL_AFTER_COMMIT["armed"] = False
+        raise ConnectionResetError("connection reset after the request was sent")
     return CREDITS[key]
 
 
@@ -69,6 +74,7 @@ POLICIES = {
 def clean():
     CREDITS.clear()
     CRASH_AFTER_COMMIT["armed"] = False
+    FAIL_AFTER_COMMIT["armed"] = False
 
 
 def make_agent(steps, *, approval=False, name="test.sdk_agent"):
@@ -183,6 +189,63 @@ def test_an_approval_decided_in_the_console_flows_back_into_the_agent(support_us
                                 "arguments": {"customer": "ann@example.com", "amount": 15.0},
                                 "comment": "policy caps goodwill credit"}  # fmt: skip
     assert told["result"]["amount"] == 15.0
+
+
+def test_an_edit_the_tools_schema_does_not_allow_never_reaches_the_tool_or_the_model(
+    support_user,
+):
+    # The edited arguments go to the tool and, as the decision, to the model's next turn.
+    model = make_agent(script(amount=50.0), approval=True)
+    run = start()
+    approval = ApprovalRequest.objects.get(run=run)
+    turns = len(model.calls)
+    for edited, field in [
+        ({"customer": "ann@example.com", "amount": 15.0, "bogus": 1}, "bogus"),
+        ({"customer": "ann@example.com", "amount": "15"}, "amount"),
+        ({"bogus": 1}, "bogus"),
+    ]:
+        with pytest.raises(actions.InvalidParams) as refused:
+            actions.decide_approval(approval.pk, support_user, "approved_with_edits",
+                                    edited_params=edited)  # fmt: skip
+        assert refused.value.field == field
+    approval.refresh_from_db()
+    assert approval.status == "pending" and CREDITS == {}
+    assert engine.run_until_quiet(run.pk).status == "needs_human"
+    assert len(model.calls) == turns
+
+
+def test_an_unknown_outcome_settled_over_the_api_is_what_the_model_is_told(support_user):
+    # docs/api.md documents this output: the settled call's result, as the model reads it.
+    from django.test import Client
+
+    from runs.api_models import ApiClient, ApiScope
+
+    model = ScriptedModel(script(amount=10.0))
+    agent = Agent(name="credit-bot", instructions="Help the customer.", model=model,
+                  tools=[lookup_order, issue_credit])  # fmt: skip
+    # No lookup by key and no dedupe: only a person can say whether the credit was issued.
+    blind = ToolPolicy(target=lambda params: f"customer:{params['customer']}")
+    register_agent("test.sdk_agent", agent, tools={**POLICIES, "issue_credit": blind})
+    FAIL_AFTER_COMMIT["armed"] = True
+    run = start()
+    assert run.status == "needs_human"
+    effect = SideEffect.objects.get(run=run, status="unknown")
+    _, credentials = ApiClient.issue("helpdesk", [ApiScope.APPROVALS_WRITE])
+    response = Client().post(
+        f"/api/v1/runs/{run.pk}/outcome",
+        {"user": "sam-support", "happened": True, "proof": "cr-1",
+         "idempotency_key": effect.idempotency_key},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {credentials.token}"},
+    )  # fmt: skip
+    assert response.status_code == 200, response.content
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    output = next(i for i in model.calls[2].input if i.get("call_id") == "c-credit"
+                  and i.get("type") == "function_call_output")  # fmt: skip
+    assert json.loads(output["output"]) == {
+        "id": "cr-1", "external_id": "cr-1", "confirmed_by": "user:sam-support"}  # fmt: skip
+    assert len(CREDITS) == 1  # never sent twice
 
 
 def test_a_call_below_the_approval_threshold_needs_nobody():

@@ -11,7 +11,9 @@ from django.urls import reverse
 
 from approvals import actions
 from approvals.models import ApprovalRequest, HumanDecision
+from runs import engine, workflows
 from runs.models import Run, Step, TimelineEvent
+from runs.workflows import Workflow, approval, compute
 from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is autouse)
     approval_run,
     fast_passwords,
@@ -132,6 +134,29 @@ def test_edits_are_validated_against_the_tool_schema(client, paused, support_use
     assert response.status_code == 422
     assert "Enter a number." in response.content.decode()
     assert not HumanDecision.objects.filter(run=run).exists()
+
+
+def test_edits_name_no_parameter_the_tool_does_not_take(client, support_user):
+    # A tool without a declared schema gets a JSON field: it may change values, not add names
+    # the tool (or a model reading the decision) would then receive.
+    workflows.register(
+        Workflow("test.console_search", 1, [
+            approval("approve", tool="kb.search", params=lambda ctx: {"q": ctx.input["q"]}),
+            compute("done", lambda ctx: ctx.results["approve"]["params"]),
+        ]),
+        replace=True,
+    )  # fmt: skip
+    run, _ = engine.start_run("test.console_search", {"q": "refunds"})
+    run = engine.run_until_quiet(run.pk)
+    client.force_login(support_user)
+    data = {**_approval(run), "params_json": json.dumps({"q": "returns", "bogus": 1})}
+    response = post(client, run, "approve_edits", data, **HTMX)
+    assert response.status_code == 422
+    assert "bogus is not a parameter of kb.search" in response.content.decode()
+    assert ApprovalRequest.objects.get(run=run).status == "pending"
+    data = {**_approval(run), "params_json": json.dumps({"q": "returns"})}
+    assert post(client, run, "approve_edits", data, **HTMX).status_code == 200
+    assert engine.run_until_quiet(run.pk).result == {"q": "returns"}
 
 
 @pytest.mark.parametrize(

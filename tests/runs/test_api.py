@@ -3,9 +3,11 @@ tools, and refusal of bad input with nothing written."""
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import time
+import unicodedata
 from datetime import timedelta
 
 import pytest
@@ -15,11 +17,11 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals import actions
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, HumanDecision
 from runs import engine, workflows
 from runs.api_auth import sign
 from runs.api_models import ApiClient, ApiScope
-from runs.models import InboundEvent, Run, TimelineEvent
+from runs.models import InboundEvent, Run, SideEffect, Step, TimelineEvent
 from runs.workflows import Workflow, compute, wait_event
 from tests.factories import UserFactory
 
@@ -148,6 +150,52 @@ class TestStartRun:
         assert data["error"]["run_id"] == first["id"]
         assert Run.objects.count() == 1
 
+    def test_the_same_key_with_another_workflow_is_a_conflict(self, api):
+        # A key names one request to one workflow; it must never answer with a run of another.
+        _, first = api.post("/runs", start_body())
+        status, data = api.post("/runs", {**start_body(), "workflow": "test.kb"})
+        assert status == 409, data
+        assert data["error"]["code"] == "business_key_conflict"
+        assert data["error"]["run_id"] == first["id"]
+        assert "another workflow" in data["error"]["message"]
+        assert Run.objects.count() == 1
+
+    def test_another_version_named_explicitly_is_a_conflict(self, api):
+        for version in (1, 2):
+            workflows.register(
+                Workflow("test.api_versioned", version, [compute("a", lambda ctx: 1)]),
+                replace=True,
+            )
+        try:
+            body = {"workflow": "test.api_versioned", "input": {}, "business_key": "v"}
+            assert api.post("/runs", {**body, "version": 1})[0] == 201
+            assert api.post("/runs", {**body, "version": 1})[0] == 200
+            assert api.post("/runs", {**body, "version": 2})[0] == 409
+        finally:
+            workflows.unregister("test.api_versioned", 1)
+            workflows.unregister("test.api_versioned", 2)
+
+    def test_a_client_without_read_scope_does_not_get_another_clients_run(self, api):
+        _, first = api.post("/runs", start_body())
+        _, credentials = ApiClient.issue("writer", [ApiScope.RUNS_WRITE])
+        writer = Api(bearer(credentials.token))
+        status, data = writer.post("/runs", start_body())
+        assert status == 409, data
+        assert data["error"]["code"] == "business_key_conflict"
+        assert "run_id" not in data["error"]
+        assert first["id"] not in json.dumps(data)
+        assert Run.objects.count() == 1
+
+    def test_a_client_without_read_scope_gets_its_own_run_again(self, db):
+        _, credentials = ApiClient.issue("writer", [ApiScope.RUNS_WRITE])
+        writer = Api(bearer(credentials.token))
+        status, first = writer.post("/runs", start_body())
+        assert status == 201
+        status, again = writer.post("/runs", start_body())
+        assert status == 200 and again["id"] == first["id"]
+        status, data = writer.post("/runs", start_body(order="o-2"))
+        assert status == 409 and data["error"]["run_id"] == first["id"]
+
     def test_an_unknown_workflow_or_version_is_refused_naming_the_field(self, api):
         status, data = api.post("/runs", {**start_body(), "workflow": "nope"})
         assert status == 422 and data["error"]["field"] == "workflow"
@@ -164,6 +212,13 @@ class TestStartRun:
             "field": "input",
         }
         assert Run.objects.count() == 0
+
+    def test_a_whole_number_written_with_a_fraction_is_an_integer(self, api):
+        # JSON has one number type and JSON Schema calls 1.0 an integer; strings stay refused.
+        assert api.post("/runs", start_body(version=1.0))[0] == 201
+        for version in (1.5, "1", True):
+            status, data = api.post("/runs", start_body(key="k2", version=version))
+            assert (status, data["error"]["field"]) == (422, "version")
 
     @pytest.mark.parametrize(
         ("body", "field"),
@@ -234,6 +289,188 @@ class TestHostileBodies:
         status, data = api.post("/runs", {**start_body(), "input": {"b": ["x" * 1000] * 300}})
         assert status == 413 and data["error"]["code"] == "body_too_large"
         assert Run.objects.count() == 0
+
+
+class TestInvisibleCharacters:
+    """Keys and identifiers are matched exactly and shown to people: a right-to-left override
+    rendered a key reversed in the console, and a zero-width space made a second run."""
+
+    CHARACTERS = ["\u202e", "\u200b", "\u0007", "\ufeff", "\U000e0041", "\u2066", "\u0085"]
+
+    @pytest.mark.parametrize("char", CHARACTERS)
+    @pytest.mark.parametrize("field", ["business_key", "workflow", "session_context_ref"])
+    def test_a_start_with_one_in_an_identifier_is_422(self, api, field, char):
+        body = start_body()
+        body[field] = f"order{char}-1"
+        status, data = api.post("/runs", body)
+        assert status == 422, data
+        assert (data["error"]["code"], data["error"]["field"]) == ("invalid_characters", field)
+        assert f"U+{ord(char):04X}" in data["error"]["message"]
+        assert Run.objects.count() == 0
+
+    def test_a_zero_width_space_does_not_make_a_second_run(self, api):
+        assert api.post("/runs", start_body(key="order-1"))[0] == 201
+        assert api.post("/runs", start_body(key="order\u200b-1"))[0] == 422
+        assert Run.objects.count() == 1
+
+    @pytest.mark.parametrize("field", ["event_id", "event_type", "correlation_key"])
+    def test_event_identifiers_are_checked(self, api, field):
+        body = {"event_id": "e-1", "event_type": "order.paid", "correlation_key": "o-1"}
+        body[field] = "a\u202eb"
+        status, data = api.post("/events", body)
+        assert (status, data["error"]["field"]) == (422, field)
+        assert InboundEvent.objects.count() == 0
+
+    def test_the_acting_user_is_checked(self, api, support_user):
+        run = waiting_run(api)
+        status, data = api.post(f"/runs/{run.pk}/cancel", {"reason": "x", "user": "sam\u200b"})
+        assert (status, data["error"]["field"]) == (422, "user")
+        status, data = api.post("/approvals/1/decision",
+                                {"user": "sam-support\u202e", "decision": "approved"})  # fmt: skip
+        assert (status, data["error"]["field"]) == (422, "user")
+
+    @pytest.mark.parametrize("name", ["business_key", "workflow", "cursor"])
+    def test_query_filters_are_checked(self, api, name):
+        status, data = api.get(f"/runs?{name}=a%E2%80%AEb")
+        assert status == 422, data
+        assert (data["error"]["code"], data["error"]["field"]) == ("invalid_characters", name)
+
+    def test_visible_text_in_any_script_is_accepted(self, api):
+        status, _ = api.post("/runs", start_body(key="退款-订单-1042 ünïcödé עברית"))
+        assert status == 201
+
+    def test_the_schema_pattern_names_exactly_the_control_and_format_characters(self):
+        from runs.api_errors import INVISIBLE_RANGES
+
+        found, start = [], None
+        for code in range(0x110000):
+            hidden = unicodedata.category(chr(code)) in ("Cc", "Cf")
+            if hidden and start is None:
+                start = code
+            elif not hidden and start is not None:
+                found.append((start, code - 1))
+                start = None
+        assert tuple(found) == INVISIBLE_RANGES
+
+
+class TestBodyLimitsAndMediaType:
+    """What reaches the parser: at most TASKPILOTS_API_MAX_BODY_BYTES of application/json."""
+
+    ENDPOINTS = [
+        "/runs",
+        "/runs/00000000-0000-0000-0000-000000000000/cancel",
+        "/events",
+        "/approvals/1/decision",
+    ]
+
+    def raw_post(self, path, stream, *, headers=None, **environ):
+        return Client().generic(
+            "POST", f"/api/v1{path}", data=b"x", content_type="application/json",
+            headers=headers, **{"wsgi.input": stream, **environ},
+        )  # fmt: skip
+
+    @pytest.mark.parametrize("path", ENDPOINTS)
+    def test_a_body_over_a_mebibyte_is_413_before_it_is_read(self, agent, path, caplog):
+        # Django refuses to read more than DATA_UPLOAD_MAX_MEMORY_SIZE (1 MiB): that used to
+        # surface as a 500 with a traceback, because ninja reads the body before the parser.
+        size = 2 * 1024 * 1024
+        stream = io.BytesIO(b"{" + b" " * (size - 2) + b"}")
+        response = self.raw_post(path, stream, CONTENT_LENGTH=str(size), headers=bearer(agent))
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "body_too_large"
+        assert stream.tell() == 0  # not a byte read
+        assert "Traceback" not in caplog.text and Run.objects.count() == 0
+
+    @pytest.mark.parametrize("path", ENDPOINTS)
+    def test_an_oversized_chunked_body_is_413(self, agent, path):
+        # Under WSGI a chunked body has no Content-Length; gunicorn de-chunks it and says the
+        # stream ends (wsgi.input_terminated). It used to be read as empty (422 "required").
+        stream = io.BytesIO(json.dumps({"input": {"b": ["x" * 1000] * 2000}}).encode())
+        response = self.raw_post(
+            path, stream, CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+            headers=bearer(agent), **{"wsgi.input_terminated": True},
+        )  # fmt: skip
+        assert response.status_code == 413, response.content
+        assert stream.tell() <= 256 * 1024 + 1  # read no further than the limit
+
+    def test_a_chunked_body_within_the_limit_starts_a_run(self, agent):
+        stream = io.BytesIO(json.dumps(start_body()).encode())
+        response = self.raw_post(
+            "/runs", stream, CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+            headers=bearer(agent), **{"wsgi.input_terminated": True},
+        )  # fmt: skip
+        assert response.status_code == 201, response.content
+        assert Run.objects.get().business_key == "order-1"
+
+    def test_a_chunked_body_a_server_cannot_end_is_411(self, agent):
+        stream = io.BytesIO(json.dumps(start_body()).encode())
+        response = self.raw_post(
+            "/runs", stream, CONTENT_LENGTH="", HTTP_TRANSFER_ENCODING="chunked",
+            headers=bearer(agent),
+        )  # fmt: skip
+        assert response.status_code == 411
+        assert response.json()["error"]["code"] == "length_required"
+
+    @pytest.mark.parametrize(
+        "content_type",
+        ["text/plain", "application/x-www-form-urlencoded", "", "application/json; charset=latin-1",
+         "application/jsonx", "multipart/form-data; boundary=x"],
+    )  # fmt: skip
+    @pytest.mark.parametrize("path", ENDPOINTS)
+    def test_anything_but_json_is_415(self, api, path, content_type):
+        raw = json.dumps(start_body()).encode()
+        response = api.http.generic("POST", f"/api/v1{path}", data=raw,
+                                    content_type=content_type, headers=api.headers)  # fmt: skip
+        assert response.status_code == 415, response.content
+        assert response.json()["error"]["code"] == "unsupported_media_type"
+        assert Run.objects.count() == 0
+
+    def test_json_with_a_utf8_charset_is_accepted(self, api):
+        raw = json.dumps(start_body()).encode()
+        response = api.http.generic("POST", "/api/v1/runs", data=raw,
+                                    content_type="Application/JSON; charset=UTF-8",
+                                    headers=api.headers)  # fmt: skip
+        assert response.status_code == 201, response.content
+
+
+class TestEveryResponseIsTheErrorFormat:
+    """Clients parse one error shape; Django and ninja answer some requests before the API's
+    handlers run, in HTML (under DEBUG, a 404 page listing every URL of the project)."""
+
+    @pytest.mark.parametrize("debug", [False, True])
+    @pytest.mark.parametrize("path", ["/api/v1/nope", "/api/v1/", "/api/v1/runs/x/y/z"])
+    def test_unknown_paths_are_404_json(self, client, settings, debug, path):
+        settings.DEBUG = debug
+        response = client.get(path)
+        assert response.status_code == 404
+        assert response["Content-Type"] == "application/json"
+        assert response.json()["error"]["code"] == "not_found"
+        assert b"urlpatterns" not in response.content and b"console/" not in response.content
+
+    @pytest.mark.parametrize(
+        ("method", "path", "allowed"),
+        [("delete", "/api/v1/runs", "GET, POST"), ("get", "/api/v1/events", "POST"),
+         ("put", "/api/v1/runs/00000000-0000-0000-0000-000000000000/cancel", "POST"),
+         ("patch", "/api/v1/approvals/1/decision", "POST")],
+    )  # fmt: skip
+    def test_wrong_methods_are_405_json_with_allow(self, client, method, path, allowed):
+        response = getattr(client, method)(path)
+        assert response.status_code == 405
+        assert response.json()["error"]["code"] == "method_not_allowed"
+        assert sorted(response["Allow"].split(", ")) == sorted(allowed.split(", "))
+
+    def test_oversized_headers_are_431_json(self, api):
+        status, data = api.get("/runs", headers={"X-Padding": "x" * 20_000})
+        assert status == 431 and data["error"]["code"] == "headers_too_large"
+
+    def test_a_host_that_is_not_allowed_is_400_json(self, client):
+        response = client.get("/api/v1/runs", headers={"Host": "evil.example"})
+        assert response.status_code == 400
+        assert response.json()["error"]["code"] == "bad_request"
+
+    def test_the_console_keeps_its_html_pages(self, client):
+        response = client.get("/console/nope/")
+        assert response.status_code == 404 and "text/html" in response["Content-Type"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,6 +571,41 @@ class TestReadRuns:
         status, data = api.get(f"/runs?{query}")
         assert status in (400, 422) and data["error"]["field"] == field
 
+    @pytest.mark.parametrize(
+        "value",
+        ["0.5", "1714000000", "2026-05-01", "yesterday", "2026-05-01T12:99:00Z",
+         "2026-13-01T00:00:00Z"],
+    )  # fmt: skip
+    def test_time_filters_take_only_iso_date_times(self, api, value):
+        # Pydantic read 0.5 as half a second after 1970: a number is not a date.
+        status, data = api.get(f"/runs?created_before={value}")
+        assert status == 422, data
+        assert data["error"]["field"] == "created_before"
+
+    @pytest.mark.parametrize(
+        "value",
+        ["2026-05-01T12:00:00Z", "2026-05-01T12:00:00", "2026-05-01t12:00z",
+         "2026-05-01 12:00:00.123456%2B02:00", "0001-01-01T00:00:00%2B23:59",
+         "9999-12-31T23:59:59-23:59"],
+    )  # fmt: skip
+    def test_iso_date_times_are_accepted_to_the_edges_of_time(self, api, value):
+        assert api.get(f"/runs?created_before={value}")[0] == 200
+        assert api.get(f"/runs?created_after={value}")[0] == 200
+
+    @pytest.mark.parametrize(
+        "cursor", ["", "abc", "12.xyz", "1." + "0" * 31, "1" * 18 + "." + "0" * 32]
+    )
+    def test_a_cursor_not_of_the_documented_form_is_400(self, api, cursor):
+        status, data = api.get(f"/runs?cursor={cursor}")
+        assert (status, data["error"]["code"]) == (400, "invalid_cursor")
+
+    def test_any_cursor_of_the_documented_form_is_a_position(self, api):
+        api.post("/runs", start_body())
+        assert api.get("/runs?cursor=99999999999999999.ffffffffffffffffffffffffffffffff")[1][
+            "items"
+        ]
+        assert api.get("/runs?cursor=0.00000000000000000000000000000000")[1]["items"] == []
+
     def test_reading_needs_runs_read(self, db):
         _, credentials = ApiClient.issue("writer", [ApiScope.EVENTS_WRITE])
         assert Api(bearer(credentials.token)).get("/runs")[0] == 403
@@ -425,6 +697,15 @@ class TestWebhookSignatures:
         del headers["X-TaskPilots-Timestamp"]
         assert Api().post("/events", raw=raw, headers=headers)[0] == 401
 
+    def test_a_signature_header_is_not_rescued_by_a_bearer_token(self, agent):
+        # Any signature header makes it a signed request: a bad one is refused, even when a
+        # valid bearer token rides along (schemathesis: "API accepts invalid authentication").
+        raw = json.dumps(self.BODY).encode()
+        for headers in ({"X-TaskPilots-Signature": ""}, {"X-TaskPilots-Client": "tpc_x"}):
+            status, data = Api(bearer(agent)).post("/events", raw=raw, headers=headers)
+            assert (status, data["error"]["code"]) == (401, "invalid_signature")
+        assert InboundEvent.objects.count() == 0
+
     def test_a_revoked_client_cannot_sign(self, agent):
         agent.revoke()
         assert post_signed(agent, self.BODY)[0] == 401
@@ -489,6 +770,72 @@ class TestCancel:
         missing = "/runs/00000000-0000-0000-0000-000000000000/cancel"
         assert api.post(missing, {"reason": "x"})[0] == 404
 
+    def test_a_run_an_admin_took_over_is_not_cancelled_for_support(
+        self, api, support_user, admin_user
+    ):
+        # The console refuses this (403); the API named the same user and cancelled the run.
+        run = waiting_run(api)
+        actions.take_over(run.pk, admin_user)
+        status, data = api.post(f"/runs/{run.pk}/cancel",
+                                {"reason": "x", "user": support_user.username})  # fmt: skip
+        assert status == 403 and data["error"]["code"] == "taken_over"
+        assert data["error"]["field"] == "user"
+        assert Run.objects.get(pk=run.pk).status == "taken_over"
+        assert not TimelineEvent.objects.filter(run=run, verb="api.cancel_requested").exists()
+
+    def test_a_taken_over_run_is_not_cancelled_without_a_named_user(self, api, admin_user):
+        # A takeover means a person handles the run: the client must say who cancels it.
+        run = waiting_run(api)
+        actions.take_over(run.pk, admin_user)
+        status, data = api.post(f"/runs/{run.pk}/cancel", {"reason": "x"})
+        assert status == 403 and data["error"]["code"] == "taken_over"
+        assert "alex-admin" in data["error"]["message"]
+        assert Run.objects.get(pk=run.pk).status == "taken_over"
+
+    def test_the_owner_or_an_admin_cancels_a_taken_over_run(self, api, support_user, admin_user):
+        run = waiting_run(api)
+        actions.take_over(run.pk, support_user)
+        status, _ = api.post(f"/runs/{run.pk}/cancel",
+                             {"reason": "x", "user": support_user.username})  # fmt: skip
+        assert status == 200
+        other = waiting_run(api, order="o-2")
+        actions.take_over(other.pk, support_user)
+        status, _ = api.post(f"/runs/{other.pk}/cancel",
+                             {"reason": "x", "user": admin_user.username})  # fmt: skip
+        assert status == 200
+
+    def test_a_cancel_without_a_user_is_recorded_as_the_client(self, api):
+        run = waiting_run(api)
+        assert api.post(f"/runs/{run.pk}/cancel", {"reason": "withdrawn"})[0] == 200
+        cancelled = TimelineEvent.objects.get(run=run, verb="run.cancelled")
+        assert cancelled.actor == "api:billing-agent"
+
+    @pytest.mark.parametrize("persona", ["owner", "other-support", "admin", "auditor", "outsider"])
+    def test_the_console_and_the_api_give_the_same_answer(self, api, client, persona):
+        owner = UserFactory(username="owner", groups=["support"])
+        users = {
+            "owner": owner,
+            "other-support": UserFactory(username="other-support", groups=["support"]),
+            "admin": UserFactory(username="admin-2", groups=["admin"]),
+            "auditor": UserFactory(username="auditor-2", groups=["auditor"]),
+            "outsider": UserFactory(username="outsider-2"),
+        }
+        user = users[persona]
+        by_api, by_console = waiting_run(api, order="o-a"), waiting_run(api, order="o-c")
+        for run in (by_api, by_console):
+            actions.take_over(run.pk, owner)
+        api_status, _ = api.post(f"/runs/{by_api.pk}/cancel",
+                                 {"reason": "x", "user": user.username})  # fmt: skip
+        client.force_login(user)
+        version = Run.objects.get(pk=by_console.pk).lock_version
+        console_status = client.post(
+            f"/console/runs/{by_console.pk}/actions/cancel/",
+            {"comment": "x", "expected_version": version},
+        ).status_code
+        allowed = persona in ("owner", "admin")
+        assert (api_status == 200, console_status in (200, 302)) == (allowed, allowed)
+        assert Run.objects.get(pk=by_api.pk).status == Run.objects.get(pk=by_console.pk).status
+
     def test_wrong_method_is_405(self, client):
         assert client.get("/api/v1/events").status_code == 405
         assert client.delete("/api/v1/runs").status_code == 405
@@ -547,12 +894,122 @@ class TestApprovalDecision:
         assert api.post("/approvals/0/decision",
                         {"user": "sam-support", "decision": "approved"})[0] == 422  # fmt: skip
 
+    @pytest.mark.parametrize(
+        ("edited", "field"),
+        [({"payment_id": "pay_2", "amount": 150, "bogus": 1}, "edited_params.bogus"),
+         ({"bogus": 1}, "edited_params.bogus"),
+         ({"payment_id": "pay_2", "amount": "lots"}, "edited_params.amount"),
+         ({"payment_id": 2, "amount": 150}, "edited_params.payment_id"),
+         ({"payment_id": "pay_2"}, "edited_params.amount")],
+    )  # fmt: skip
+    def test_edits_the_tool_does_not_accept_are_422_naming_the_parameter(
+        self, api, approval, support_user, edited, field
+    ):
+        # {"bogus": 1} used to be accepted and handed to the tool.
+        status, data = api.post(f"/approvals/{approval.pk}/decision",
+                                {"user": "sam-support", "decision": "approved_with_edits",
+                                 "edited_params": edited})  # fmt: skip
+        assert status == 422, data
+        assert (data["error"]["code"], data["error"]["field"]) == ("invalid_params", field)
+        assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+        assert not TimelineEvent.objects.filter(run=approval.run_id,
+                                                verb="api.decision_requested").exists()  # fmt: skip
+
     def test_it_needs_the_approvals_scope(self, approval, support_user):
         _, credentials = ApiClient.issue("runner", [ApiScope.RUNS_WRITE])
         status, _ = Api(bearer(credentials.token)).post(
             f"/approvals/{approval.pk}/decision", {"user": "sam-support", "decision": "approved"}
         )
         assert status == 403
+
+
+class TestSettleOutcome:
+    """The console's "it happened / it did not" for an unknown outcome, from another tool."""
+
+    @pytest.fixture
+    def unknown(self, api, sandbox):
+        # The CRM commits the contact, then answers 500: nobody knows whether it happened.
+        sandbox.inject("crm", "commit_then_500", action="create")
+        lead = {"email": "lee@example.com", "name": "Lee"}
+        _, data = api.post("/runs", {"workflow": "test.lead", "business_key": "l", "input": lead})
+        run = engine.run_until_quiet(data["id"])
+        assert run.status == "needs_human"
+        return run
+
+    def url(self, run):
+        return f"/runs/{run.pk}/outcome"
+
+    def test_it_happened_with_proof_and_the_run_goes_on(self, api, unknown, support_user):
+        effect = SideEffect.objects.get(run=unknown)
+        body = {"user": "sam-support", "happened": True, "proof": "crm_123",
+                "idempotency_key": effect.idempotency_key, "comment": "found it"}  # fmt: skip
+        status, data = api.post(self.url(unknown), body)
+        assert status == 200, data
+        assert data == {
+            "run_id": str(unknown.pk), "run_status": "running", "step": "create_contact",
+            "idempotency_key": effect.idempotency_key, "happened": True,
+            "side_effect_status": "committed",
+            "result": {"id": "crm_123", "external_id": "crm_123",
+                       "confirmed_by": "user:sam-support"},
+        }  # fmt: skip
+        effect.refresh_from_db()
+        assert (effect.status, effect.external_id) == ("committed", "crm_123")
+        decision = HumanDecision.objects.get(run=unknown)
+        assert (decision.verb, decision.user, decision.proof) == (
+            "confirm_happened", support_user, "crm_123")  # fmt: skip
+        verbs = dict(TimelineEvent.objects.filter(run=unknown).values_list("verb", "actor"))
+        assert verbs["api.outcome_requested"] == "api:billing-agent"
+        run = engine.run_until_quiet(unknown.pk)
+        assert run.status == "succeeded" and run.result == {"contact": "crm_123"}
+
+    def test_it_did_not_happen_and_the_step_is_tried_again_with_the_same_key(
+        self, api, unknown, support_user
+    ):
+        effect = SideEffect.objects.get(run=unknown)
+        status, data = api.post(self.url(unknown),
+                                {"user": "sam-support", "happened": False})  # fmt: skip
+        assert status == 200, data
+        assert (data["side_effect_status"], data["result"]) == ("not_committed", None)
+        effect.refresh_from_db()
+        assert effect.status == "not_committed"
+        step = Step.objects.get(run=unknown, name="create_contact")
+        assert step.status == "pending" and step.idempotency_key == effect.idempotency_key
+
+    def test_it_happened_needs_the_proof(self, api, unknown, support_user):
+        body = {"user": "sam-support", "happened": True, "proof": "  "}
+        status, data = api.post(self.url(unknown), body)
+        assert (status, data["error"]["field"]) == (422, "proof")
+        assert SideEffect.objects.get(run=unknown).status == "unknown"
+
+    def test_the_consoles_rules_apply(self, api, unknown, support_user, auditor_user, admin_user):
+        body = {"happened": False}
+        status, data = api.post(self.url(unknown), {**body, "user": auditor_user.username})
+        assert (status, data["error"]["code"]) == (403, "user_not_allowed")
+        status, data = api.post(self.url(unknown), {**body, "user": "ghost"})
+        assert (status, data["error"]["code"]) == (422, "unknown_user")
+        actions.take_over(unknown.pk, admin_user)
+        status, data = api.post(self.url(unknown), {**body, "user": support_user.username})
+        assert (status, data["error"]["code"]) == (403, "taken_over")
+        assert SideEffect.objects.get(run=unknown).status == "unknown"
+        assert api.post(self.url(unknown), {**body, "user": admin_user.username})[0] == 200
+
+    def test_another_key_a_settled_outcome_or_none_at_all_is_409(self, api, unknown, support_user):
+        body = {"user": "sam-support", "happened": True, "proof": "crm_1"}
+        status, data = api.post(self.url(unknown), {**body, "idempotency_key": "tp-other"})
+        assert (status, data["error"]["field"]) == (409, "idempotency_key")
+        assert api.post(self.url(unknown), body)[0] == 200
+        status, data = api.post(self.url(unknown), body)
+        assert status == 409 and "no unknown outcome" in data["error"]["message"]
+        waiting = waiting_run(api)
+        assert api.post(self.url(waiting), body)[0] == 409
+        assert api.post("/runs/00000000-0000-0000-0000-000000000000/outcome", body)[0] == 404
+
+    def test_it_needs_the_approvals_scope(self, unknown, support_user):
+        _, credentials = ApiClient.issue("runner", [ApiScope.RUNS_WRITE, ApiScope.RUNS_READ])
+        status, data = Api(bearer(credentials.token)).post(
+            self.url(unknown), {"user": "sam-support", "happened": False}
+        )
+        assert (status, data["error"]["code"]) == (403, "missing_scope")
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,6 +1094,33 @@ class TestDocs:
         paths = response.json()["paths"]
         assert {"/api/v1/runs", "/api/v1/events", "/api/v1/runs/{run_id}/cancel",
                 "/api/v1/approvals/{approval_id}/decision"} <= set(paths)  # fmt: skip
+
+    def test_the_schema_states_the_rules_the_server_enforces(self, client):
+        schema = client.get("/api/v1/openapi.json").json()
+        components = schema["components"]["schemas"]
+        start = components["StartRunIn"]
+        assert "test.api_order" in start["properties"]["workflow"]["enum"]
+        branch = next(b for b in start["anyOf"]
+                      if b["properties"]["workflow"]["const"] == "test.api_order")  # fmt: skip
+        assert branch["properties"]["version"]["anyOf"][1] == {"enum": [1]}
+        assert "\u202e" in start["properties"]["business_key"]["pattern"]
+        assert start["properties"]["input"]["$ref"] == "#/components/schemas/JsonObject"
+        assert components["JsonString"]["pattern"] == "^[^\x00]*$"
+        version = components["CancelIn"]["properties"]["expected_version"]["anyOf"][0]
+        assert (version["type"], version["minimum"]) == ("integer", 0)
+        assert components["OutcomeIn"]["then"]["required"] == ["proof"]
+        assert components["DecisionIn"]["then"]["required"] == ["edited_params"]
+        listing = {
+            p["name"]: p["schema"] for p in schema["paths"]["/api/v1/runs"]["get"]["parameters"]
+        }
+        assert listing["created_before"]["anyOf"][0] == {"type": "string", "format": "date-time"}
+        assert listing["cursor"]["anyOf"][0]["pattern"] == "^[0-9]{1,17}\\.[0-9a-f]{32}$"
+        for path, item in schema["paths"].items():
+            for method, operation in item.items():
+                codes = set(operation["responses"])
+                assert {"400", "401", "403", "405", "422", "431"} <= codes, (method, path)
+                if method == "post":
+                    assert {"411", "413", "415"} <= codes, (method, path)
 
     def test_the_docs_page_is_self_contained_under_the_csp(self, client):
         response = client.get("/api/v1/docs")

@@ -1,0 +1,177 @@
+"""What the API's OpenAPI schema states beyond the field types: every rule the server enforces
+that a schema can express, so a client (or a fuzzer) that follows the schema is never refused.
+
+- Identifiers: no control or format characters (the pattern of runs/api_errors.py).
+- Free text and every string inside free JSON (`input`, `payload`, `edited_params`): no NUL,
+  at most 32 768 characters (keys: 200), as the body guard refuses.
+- Integers: a JSON number with no fraction (`1.0`) is an integer, as JSON Schema says.
+- Date-times: ISO 8601 strings only (`created_before=0.5` is not a date).
+- Cursors: their exact format.
+- Workflows: the registered names and, per name, the registered versions.
+- Errors: every status the server may answer (411, 413, 415, 405, 431…), in one shape.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+from uuid import UUID
+
+from pydantic import BeforeValidator, Field, WithJsonSchema
+from pydantic_core import PydanticCustomError
+
+from runs.api_errors import MAX_KEY_CHARS, MAX_STRING_CHARS
+
+# --------------------------------------------------------------------------------------------
+# Free text and free JSON
+
+NO_NUL = "^[^\x00]*$"
+# Blank text is refused by the actions (`reason`: "Say why").
+NOT_BLANK = "^[^\x00]*[^\x00\\s][^\x00]*$"
+
+
+def free_text(default: Any = ..., *, max_length: int, blank: bool = True, **extra: Any) -> Any:
+    """A str field whose schema says what the body guard refuses (NUL) and what the actions do
+    (a blank `reason`)."""
+    pattern = NO_NUL if blank else NOT_BLANK
+    return Field(default, max_length=max_length, json_schema_extra={"pattern": pattern}, **extra)
+
+
+JSON_COMPONENTS = {
+    "JsonString": {"type": "string", "maxLength": MAX_STRING_CHARS, "pattern": NO_NUL},
+    "JsonValue": {
+        "anyOf": [
+            {"type": "null"},
+            {"type": "boolean"},
+            {"type": "number"},
+            {"$ref": "#/components/schemas/JsonString"},
+            {"type": "array", "items": {"$ref": "#/components/schemas/JsonValue"}},
+            {"$ref": "#/components/schemas/JsonObject"},
+        ],
+        "description": "Any JSON value; strings without NUL, nested at most 20 levels.",
+    },
+    "JsonObject": {
+        "type": "object",
+        "propertyNames": {"maxLength": MAX_KEY_CHARS, "pattern": NO_NUL},
+        "additionalProperties": {"$ref": "#/components/schemas/JsonValue"},
+    },
+}
+# Pydantic cannot point at a component it does not know: `refine` swaps this marker for the ref.
+_JSON_OBJECT_MARKER = "x-taskpilots-json-object"
+JsonObject = Annotated[
+    dict[str, Any], WithJsonSchema({"type": "object", _JSON_OBJECT_MARKER: True})
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Numbers and date-times
+
+
+def integral(value: Any) -> Any:
+    # JSON has one number type: 3.0 is the integer 3 (JSON Schema agrees); 3.5 stays a float
+    # and is refused by the strict int that follows, as is "3".
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+ISO_DATE_TIME = re.compile(
+    r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?([Zz]|[+-]\d{2}:?\d{2})?"
+)
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+_LATEST = datetime.max.replace(tzinfo=UTC)
+
+
+def _iso_date_time(value: Any) -> Any:
+    """Only ISO 8601 date-times: a number is not a date (pydantic would read 0.5 as 1970)."""
+    if not isinstance(value, str) or not ISO_DATE_TIME.fullmatch(value):
+        raise PydanticCustomError(
+            "date_time_format",
+            "must be an ISO 8601 date-time such as 2026-05-01T12:00:00Z (without an offset: UTC)",
+        )
+    try:
+        parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
+    except ValueError as exc:
+        raise PydanticCustomError("date_time_format", "is not a valid date-time: {error}",
+                                  {"error": str(exc)}) from None  # fmt: skip
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)  # a time without a zone is UTC, never server time
+    try:
+        # UTC here: PostgreSQL refuses offsets beyond ±15:59 that Python accepts.
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        # 0001-01-01T00:00+01:00 is before the first representable instant: the filter means
+        # "from the beginning" (or "until the end" at the other edge), not an error.
+        return _EARLIEST if parsed.year == 1 else _LATEST
+
+
+IsoDateTime = Annotated[
+    datetime,
+    BeforeValidator(_iso_date_time),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Cursors: `<microseconds since 1970 UTC>.<run id, 32 hex digits>`; every string of this form
+# is a valid position (the API only ever gives out ones it has seen, but any is meaningful).
+
+CURSOR_PATTERN = "^[0-9]{1,17}\\.[0-9a-f]{32}$"
+_CURSOR = re.compile(CURSOR_PATTERN)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def encode_cursor(created_at: datetime, run_id: UUID) -> str:
+    micros = (created_at - _EPOCH) // timedelta(microseconds=1)
+    return f"{micros}.{run_id.hex}"
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID] | None:
+    if not _CURSOR.fullmatch(cursor):
+        return None
+    micros, run_hex = cursor.split(".")
+    return _EPOCH + timedelta(microseconds=int(micros)), UUID(hex=run_hex)
+
+
+# --------------------------------------------------------------------------------------------
+# The schema document
+
+
+def refine(schema: dict, *, workflows: dict[str, list[int]]) -> dict:
+    """Add what the models cannot say: the JSON components, the registered workflows (and their
+    versions), and conditional requirements."""
+    schema = _point_at_json_object(schema)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(JSON_COMPONENTS)
+    start = components.get("StartRunIn")
+    if start is not None and workflows:
+        start["properties"]["workflow"]["enum"] = sorted(workflows)
+        # Each workflow with its own versions: another version is refused (422 on `version`).
+        start["anyOf"] = [
+            {"properties": {"workflow": {"const": name},
+                            "version": {"anyOf": [{"type": "null"}, {"enum": versions}]}}}
+            for name, versions in sorted(workflows.items())
+        ]  # fmt: skip
+    decision = components.get("DecisionIn")
+    if decision is not None:
+        decision["if"] = {"properties": {"decision": {"const": "approved_with_edits"}},
+                          "required": ["decision"]}  # fmt: skip
+        edits = {"$ref": "#/components/schemas/JsonObject"}
+        decision["then"] = {"required": ["edited_params"], "properties": {"edited_params": edits}}
+    outcome = components.get("OutcomeIn")
+    if outcome is not None:
+        outcome["if"] = {"properties": {"happened": {"const": True}}, "required": ["happened"]}
+        outcome["then"] = {"required": ["proof"], "properties": {"proof": {"pattern": NOT_BLANK}}}
+    return schema
+
+
+def _point_at_json_object(node: Any) -> Any:
+    if isinstance(node, dict):
+        if node.get(_JSON_OBJECT_MARKER):
+            rest = {k: v for k, v in node.items() if k not in (_JSON_OBJECT_MARKER, "type")}
+            return {"$ref": "#/components/schemas/JsonObject", **rest}
+        return {key: _point_at_json_object(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_point_at_json_object(item) for item in node]
+    return node
