@@ -18,22 +18,19 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, HumanDecision, Takeover
+from approvals.models import ApprovalRequest, HumanDecision, Takeover, params_diff, shown
 from approvals.permissions import ActionForbidden, check_may_act
 from runs import tools as tool_registry
 from runs.engine import begin_compensation, enqueue
-from runs.models import (
-    Run,
-    SideEffect,
-    Snapshot,
-    Step,
-    TimelineEvent,
-    Wait,
-    to_json_value,
-)
+from runs.models import Receipt, Run, SideEffect, Snapshot, Step, Wait, to_json_value
 from runs.tools import ToolError
 
 D = ApprovalRequest.Decision
+DECISION_VERBS = {
+    D.APPROVED: "approve",
+    D.APPROVED_WITH_EDITS: "approve_with_edits",
+    D.REJECTED: "reject",
+}
 
 
 class DecisionConflict(Exception):
@@ -86,13 +83,22 @@ def _current_step(run: Run) -> Step | None:
 
 
 def _decision(
-    run, user, verb, *, step=None, approval=None, before=None, after=None, proof="", comment=""
+    run,
+    user,
+    verb,
+    *,
+    step=None,
+    approval=None,
+    snapshot=None,
+    shown=None,
+    before=None,
+    after=None,
+    proof="",
+    comment="",
 ) -> HumanDecision:
-    snapshot = None
-    if step is not None:
-        snapshot = Snapshot.objects.filter(step=step).order_by("-id").first()
-    if snapshot is None:
-        snapshot = Snapshot.objects.filter(run=run).order_by("-id").first()
+    """The structured record of a person's action, bound to what they were shown: the approval
+    (tool, target, parameters and their digest), the snapshot of the call they settled, or the
+    parameters they edited. Nothing else is guessed onto it."""
     return HumanDecision.objects.create(
         run=run,
         step=step,
@@ -100,11 +106,29 @@ def _decision(
         user=user,
         verb=verb,
         snapshot=snapshot,
+        shown=to_json_value(shown or (snapshot_shown(snapshot) if snapshot else {})),
         before=to_json_value(before),
         after=to_json_value(after),
         proof=proof[:2000],
         comment=comment[:4000],
     )
+
+
+def snapshot_shown(snapshot: Snapshot) -> dict:
+    return shown(snapshot.tool, snapshot.params)
+
+
+def _cancel_waiting(*, run=None, step=None, actor: str, reason: str, waits: bool = True) -> None:
+    """Nobody waits any more for the step (or the run): its pending waits and approval
+    requests are cancelled, each with its event."""
+    scope = {"step": step} if step is not None else {"run": run}
+    if waits:
+        for wait in Wait.objects.filter(status=Wait.Status.PENDING, **scope):
+            wait.cancel(by=actor, actor=actor)
+    for approval in ApprovalRequest.objects.filter(
+        status=ApprovalRequest.Status.PENDING, **scope
+    ).select_related("step"):
+        approval.cancel(actor=actor, reason=reason)
 
 
 def _resume(run: Run, user, reason: str) -> None:
@@ -113,13 +137,6 @@ def _resume(run: Run, user, reason: str) -> None:
         run.resume(actor=_actor(user), reason=reason)
     if run.status in Run.RUNNABLE:
         enqueue(run.pk)
-
-
-def params_diff(before: Any, after: Any) -> dict:
-    if not isinstance(before, dict) or not isinstance(after, dict):
-        return {"before": before, "after": after}
-    keys = sorted(set(before) | set(after))
-    return {k: [before.get(k), after.get(k)] for k in keys if before.get(k) != after.get(k)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,71 +194,40 @@ def decide_approval(
             )
             if params == approval.proposed_params:
                 decision = D.APPROVED  # nothing was changed
-        now = timezone.now()
-        ApprovalRequest.objects.filter(pk=approval.pk).update(
-            status=ApprovalRequest.Status.DECIDED,
-            decision=decision,
-            edited_params=params if decision == D.APPROVED_WITH_EDITS else None,
-            decided_by=user,
-            decided_at=now,
-            comment=comment,
-        )
-        Wait.objects.filter(step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING).update(
-            status=Wait.Status.RESOLVED,
-            resolved_by=actor,
-            resolved_at=now,
-            payload={"decision": decision},
-        )
-        verb = {
-            D.APPROVED: "approve",
-            D.APPROVED_WITH_EDITS: "approve_with_edits",
-            D.REJECTED: "reject",
-        }[decision]
-        _decision(
+        approval.decide(user, decision, params=params, comment=comment)
+        for wait in Wait.objects.filter(
+            step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING
+        ):
+            wait.resolve({"decision": decision}, by=actor, actor=actor)
+        record = _decision(
             run,
             user,
-            verb,
+            DECISION_VERBS[decision],
             step=step,
             approval=approval,
+            shown=approval.shown(),
             before=approval.proposed_params,
             after={"params": params, "diff": params_diff(approval.proposed_params, params)}
             if decision == D.APPROVED_WITH_EDITS
             else params,
             comment=comment,
         )
-        TimelineEvent.append(
-            run.pk,
-            f"approval.{decision}",
-            {
-                "approval": approval.pk,
-                "step": step.name,
-                "comment": comment,
-                "proposed": approval.proposed_params,
-                "params": params,
-                "diff": params_diff(approval.proposed_params, params),
-            },
-            actor=actor,
-        )
         if decision == D.REJECTED:
-            step.transition(
-                Step.Status.FAILED,
-                verb="step.failed",
-                actor=actor,
-                last_error=f"rejected by {user.get_username()}: {comment}",
-            )
-            _end_takeover(run, user, "rejected")
+            step.fail(error=f"rejected by {user.get_username()}: {comment}", actor=actor)
+            Takeover.end(run, user, "rejected")
             begin_compensation(run, f"rejected by {user.get_username()}", actor=actor)
         else:
-            step.transition(
-                Step.Status.SUCCEEDED,
-                verb="step.succeeded",
-                actor=actor,
-                result={
+            # What the side effect after this step executes, and the decision it names in its
+            # snapshot (runs.engine.ledger reads `decision`).
+            step.succeed(
+                {
                     "decision": decision,
                     "params": params,
                     "by": user.get_username(),
                     "comment": comment,
+                    "human_decision": record.reference(),
                 },
+                actor=actor,
             )
             _resume(run, user, f"approval {decision}")
     approval.refresh_from_db()
@@ -373,36 +359,21 @@ def confirm_outcome(
                     "To confirm it happened, give the external reference (e.g. the message or "
                     "record id) as proof."
                 )
-            effect.transition(
-                SideEffect.Status.COMMITTED,
-                verb="side_effect.committed",
-                actor=actor,
-                external_id=proof[:255],
-                confirmed_by=actor,
-                receipt={"external_id": proof, "confirmed_by": actor, "comment": comment},
-                data={"confirmed_by": actor, "external_id": proof},
-            )
             # Shaped like a tool response, so later steps read it the same way.
-            step.transition(
-                Step.Status.SUCCEEDED,
-                verb="step.succeeded",
-                actor=actor,
-                result={"id": proof, "external_id": proof, "confirmed_by": actor},
+            answer = {"id": proof, "external_id": proof, "confirmed_by": actor}
+            effect.commit(
+                Receipt(proof, {**answer, "comment": comment}), confirmed_by=actor, actor=actor
             )
+            step.succeed(answer, actor=actor)
         else:
-            effect.transition(
-                SideEffect.Status.NOT_COMMITTED,
-                verb="side_effect.not_committed",
-                actor=actor,
-                confirmed_by=actor,
-                data={"confirmed_by": actor},
-            )
-            step.transition(Step.Status.PENDING, verb="step.retry_requested", actor=actor)
+            effect.mark_not_committed(confirmed_by=actor, actor=actor)
+            step.request_retry(actor=actor)
         _decision(
             run,
             user,
             "confirm_happened" if happened else "confirm_not_happened",
             step=step,
+            snapshot=effect.snapshot,
             before={"status": "unknown"},
             after={"status": effect.status},
             proof=proof,
@@ -428,14 +399,13 @@ def retry_step(run_id, user, *, comment: str = "", expected_version=None) -> Ste
             if step.kind == "approval":
                 raise ActionRefused("This step is an approval: approve or reject it instead.")
             if step.status == Step.Status.NEEDS_HUMAN:
-                step.transition(Step.Status.PENDING, verb="step.retry_requested", actor=actor)
+                step.request_retry(actor=actor)
         elif step.status in (Step.Status.RETRY_SCHEDULED, Step.Status.WAITING):
             if Wait.objects.filter(
                 step=step, status=Wait.Status.PENDING, kind__in=[Wait.Kind.EVENT, Wait.Kind.TIMER]
             ).exists():
                 raise ActionRefused("This step waits for an event or a timer, not for a retry.")
-            Step.objects.filter(pk=step.pk).update(next_attempt_at=timezone.now())
-            TimelineEvent.append(run.pk, "step.retry_requested", {"step": step.name}, actor=actor)
+            step.retry_now(actor=actor)
             if run.status == Run.Status.WAITING:
                 run.resume(actor=actor, reason="retry now")
         else:
@@ -476,24 +446,25 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
                 generation = SideEffect.objects.filter(step=step).count() + 1
                 base = effect.idempotency_key.split("~r")[0]
                 fields["idempotency_key"] = f"{base}~r{generation}"
-        Step.objects.filter(pk=step.pk).update(**fields)
-        step.transition(
-            Step.Status.PENDING,
-            verb="step.retry_requested",
+        record = _decision(
+            run,
+            user,
+            "approve_with_edits",
+            step=step,
+            shown=shown(step.tool, before),
+            before=before,
+            after={"params": params, "diff": params_diff(before, params)},
+            comment=comment,
+        )
+        # The new attempt's snapshot names the decision it executes (runs.engine.ledger).
+        fields["spec"]["human_decision"] = record.reference()
+        step.request_retry(
             actor=actor,
             data={
                 "edited": params_diff(before, params),
                 "new_key": fields.get("idempotency_key", ""),
             },
-        )
-        _decision(
-            run,
-            user,
-            "approve_with_edits",
-            step=step,
-            before=before,
-            after={"params": params, "diff": params_diff(before, params)},
-            comment=comment,
+            **fields,
         )
         _resume(run, user, "retry with edited parameters")
     return step
@@ -523,19 +494,8 @@ def skip_step(run_id, user, *, reason: str, expected_version=None) -> Step:
         if step is None:
             raise ActionRefused("There is no unfinished step to skip.")
         _refuse_unknown(step)
-        Wait.objects.filter(step=step, status=Wait.Status.PENDING).update(
-            status=Wait.Status.CANCELLED, resolved_by=actor, resolved_at=timezone.now()
-        )
-        ApprovalRequest.objects.filter(step=step, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED
-        )
-        step.transition(
-            Step.Status.SKIPPED,
-            verb="step.skipped",
-            actor=actor,
-            last_error=reason,
-            data={"reason": reason},
-        )
+        _cancel_waiting(step=step, actor=actor, reason="step skipped")
+        step.skip(reason=reason, actor=actor)
         _decision(run, user, "skip", step=step, comment=reason)
         if run.status == Run.Status.WAITING:
             run.resume(actor=actor, reason="step skipped")
@@ -556,24 +516,12 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
         effect = SideEffect.objects.filter(step=step).order_by("-id").first()
         if effect is not None and effect.status == SideEffect.Status.INTENDED:
             raise ActionRefused("A worker is calling the tool right now; wait for it.")
-        Wait.objects.filter(step=step, status=Wait.Status.PENDING).update(
-            status=Wait.Status.RESOLVED, resolved_by=actor, resolved_at=timezone.now()
-        )
-        ApprovalRequest.objects.filter(step=step, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED
-        )
-        if step.status != Step.Status.NEEDS_HUMAN and step.status in (
-            Step.Status.RETRY_SCHEDULED,
-            Step.Status.PENDING,
-        ):
-            step.transition(Step.Status.NEEDS_HUMAN, verb="step.escalated", actor=actor)
-        step.transition(
-            Step.Status.SUCCEEDED,
-            verb="step.done_by_hand",
-            actor=actor,
-            result=result,
-            data={"result": result},
-        )
+        for wait in Wait.objects.filter(step=step, status=Wait.Status.PENDING):
+            wait.resolve(None, by=actor, actor=actor)
+        _cancel_waiting(step=step, actor=actor, reason="step done by hand", waits=False)
+        if step.status in (Step.Status.RETRY_SCHEDULED, Step.Status.PENDING):
+            step.escalate(failure_class="", error="", routing={}, actor=actor)
+        step.complete_by_hand(result, actor=actor)
         _decision(run, user, "complete_by_hand", step=step, after=result, comment=comment)
         if run.status == Run.Status.WAITING:
             run.resume(actor=actor, reason="step done by hand")
@@ -593,20 +541,18 @@ def take_over(run_id, user, *, comment: str = "", expected_version=None) -> Run:
             raise DecisionConflict(f"Already taken over by {run.owner.get_username()}.")
         if run.is_terminal:
             raise ActionRefused(f"The run is {run.status}; there is nothing to take over.")
-        run.take_over(user)
-        Takeover.objects.create(run=run, user=user)
+        Takeover.begin(run, user)
         _decision(run, user, "take_over", comment=comment)
     return run
 
 
 def release(run_id, user, *, comment: str = "", expected_version=None) -> Run:
     """Give the run back: to the engine if its step can go on, otherwise to the inbox."""
-    actor = _actor(user)
     with transaction.atomic():
         run = _lock_run(run_id, expected_version, user, action="release")
         if run.status != Run.Status.TAKEN_OVER:
             raise DecisionConflict("The run is not taken over.")
-        _end_takeover(run, user, comment or "released")
+        Takeover.end(run, user, comment or "released")
         step = _current_step(run)
         parked = step is not None and step.status in (
             Step.Status.NEEDS_HUMAN,
@@ -616,17 +562,11 @@ def release(run_id, user, *, comment: str = "", expected_version=None) -> Run:
         if parked:
             run.release(user)
         elif step is not None and step.status == Step.Status.WAITING:
-            run.transition(Run.Status.WAITING, verb="run.released", actor=actor, owner=None)
+            run.release(user, to=Run.Status.WAITING)
         else:
-            run.transition(Run.Status.RUNNING, verb="run.released", actor=actor, owner=None)
+            run.release(user, to=Run.Status.RUNNING)
             enqueue(run.pk)
     return run
-
-
-def _end_takeover(run: Run, user, resolution: str) -> None:
-    Takeover.objects.filter(run=run, ended_at__isnull=True).update(
-        ended_at=timezone.now(), resolution=resolution[:2000]
-    )
 
 
 def cancel_run(
@@ -664,15 +604,10 @@ def cancel_run(
                 "or try again in a moment."
             )
         _refuse_unknown(step)
-        Wait.objects.filter(run=run, status=Wait.Status.PENDING).update(
-            status=Wait.Status.CANCELLED, resolved_at=timezone.now(), resolved_by=actor
-        )
-        ApprovalRequest.objects.filter(run=run, status=ApprovalRequest.Status.PENDING).update(
-            status=ApprovalRequest.Status.CANCELLED
-        )
+        _cancel_waiting(run=run, actor=actor, reason=f"run cancelled: {reason}")
         if user is not None:
             _decision(run, user, "cancel", comment=reason)
-            _end_takeover(run, user, f"cancelled: {reason}")
+            Takeover.end(run, user, f"cancelled: {reason}")
         committed = SideEffect.objects.filter(run=run, status=SideEffect.Status.COMMITTED)
         if compensate and committed.exists():
             begin_compensation(run, f"cancelled: {reason}", actor=actor)

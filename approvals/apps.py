@@ -6,3 +6,10 @@ from django.apps import AppConfig
 class ApprovalsConfig(AppConfig):
     name = "approvals"
     verbose_name = "Approvals and escalation"
+
+    def ready(self) -> None:
+        # The engine reaches people only through runs.people: this is where they answer.
+        from approvals.people import People
+        from runs import people
+
+        people.register(People())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 from datetime import timedelta
 from typing import Any
@@ -9,11 +10,24 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from runs.models import FailureClass, Risk, Run, Step, _choices_check
+from runs import tools as tool_registry
+from runs.models import (
+    FailureClass,
+    InvalidTransition,
+    Risk,
+    RouteAction,
+    Run,
+    Step,
+    TimelineEvent,
+    _choices_check,
+    digest,
+)
+from runs.people import Approval
+from runs.verbs import Verb
 
 
 class ApprovalStatus(models.TextChoices):
@@ -54,28 +68,144 @@ class ApprovalRequest(models.Model):
         constraints = [
             _choices_check("status", ApprovalStatus, "approval_status_valid"),
             models.CheckConstraint(
-                condition=Q(decision="") | Q(decision__in=["approved", "approved_with_edits",
-                                                           "rejected"]),
+                condition=Q(decision="")
+                | Q(decision__in=["approved", "approved_with_edits", "rejected"]),
                 name="approval_decision_valid",
             ),
             # A decided request names its decision, an undecided one has none.
             models.CheckConstraint(
-                condition=(Q(status="decided") & ~Q(decision="")) | (~Q(status="decided")
-                                                                      & Q(decision="")),
+                condition=(Q(status="decided") & ~Q(decision=""))
+                | (~Q(status="decided") & Q(decision="")),
                 name="approval_decision_matches_status",
             ),
             models.UniqueConstraint(
                 fields=["step"], condition=Q(status="pending"), name="approval_one_pending"
             ),
-        ]  # fmt: skip
+        ]
         indexes = [
             models.Index(
                 fields=["queue", "due_at"], name="approval_queue_idx", condition=Q(status="pending")
             )
         ]
 
+    S = Status
+    TRANSITIONS: dict[str, set[str]] = {
+        S.PENDING: {S.DECIDED, S.EXPIRED, S.CANCELLED},
+        S.DECIDED: set(),
+        S.EXPIRED: set(),
+        S.CANCELLED: set(),
+    }
+    DECISION_VERBS = {
+        Decision.APPROVED: Verb.APPROVAL_APPROVED,
+        Decision.APPROVED_WITH_EDITS: Verb.APPROVAL_APPROVED_WITH_EDITS,
+        Decision.REJECTED: Verb.APPROVAL_REJECTED,
+    }
+
     def __str__(self) -> str:
         return f"approval {self.pk} for {self.run_id} ({self.status})"
+
+    @classmethod
+    def open(cls, run: Run, step: Step, asked: Approval) -> ApprovalRequest:
+        """Ask a person (the engine's approval step, in its transaction; the step's
+        `approval.requested` event names this request)."""
+        return cls.objects.create(
+            run=run,
+            step=step,
+            queue=asked.queue,
+            reason=asked.reason,
+            risk=asked.risk,
+            tool=asked.tool,
+            proposed_params=asked.proposed_params,
+            due_at=asked.due_at,
+        )
+
+    def shown(self) -> dict[str, Any]:
+        """Exactly what the approver is shown: the tool, its target and the parameters, with
+        their digest (a decision records it; the side effect that executes it names it)."""
+        return shown(self.tool, self.proposed_params)
+
+    def _move(
+        self, target: str, verb: Verb, *, actor: str = "system", data=None, **fields: Any
+    ) -> None:
+        """Compare-and-set from the request's current status, with its event, in one
+        transaction (the verbs below). Raises InvalidTransition when someone else got there
+        first."""
+        with transaction.atomic(savepoint=False):
+            count = ApprovalRequest.objects.filter(
+                pk=self.pk, status__in=[s for s, t in self.TRANSITIONS.items() if target in t]
+            ).update(status=target, **fields)
+            if count:
+                event = {
+                    "approval": self.pk,
+                    "step": self.step.name,
+                    "from": self.status,
+                    "to": target,
+                    **(data or {}),
+                }
+                TimelineEvent.append(self.run_id, verb, event, actor=actor)
+        if not count:
+            current = ApprovalRequest.objects.values_list("status", flat=True).get(pk=self.pk)
+            raise InvalidTransition("approval", self.pk, current, target)
+        self.status = target
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+    def decide(self, user, decision: str, *, params: dict, comment: str = "") -> None:
+        """Record a person's decision on exactly what they were shown."""
+        D = self.Decision
+        self._move(
+            self.Status.DECIDED,
+            self.DECISION_VERBS[decision],
+            actor=f"user:{user.get_username()}",
+            decision=decision,
+            edited_params=params if decision == D.APPROVED_WITH_EDITS else None,
+            decided_by=user,
+            decided_at=timezone.now(),
+            comment=comment,
+            data={
+                "comment": comment,
+                "proposed": self.proposed_params,
+                "params": params,
+                "diff": params_diff(self.proposed_params, params),
+                "shown_digest": self.shown()["digest"],
+            },
+        )
+
+    def expire(self, *, by: str = "sla") -> None:
+        """Nobody decided before the deadline and the rule ends the step."""
+        self._move(self.Status.EXPIRED, Verb.APPROVAL_EXPIRED, data={"by": by})
+
+    def cancel(self, *, actor: str = "system", reason: str = "") -> None:
+        """Nobody needs the decision any more (step skipped, done by hand, run cancelled)."""
+        self._move(
+            self.Status.CANCELLED,
+            Verb.APPROVAL_CANCELLED,
+            actor=actor,
+            data={"reason": reason[:500]},
+        )
+
+    def requeue(self, queue: str, due_at) -> None:
+        """An SLA breach moved the run to another queue with a new deadline (not a state
+        change: the run's `run.sla_breached` event records it)."""
+        ApprovalRequest.objects.filter(pk=self.pk).update(queue=queue, due_at=due_at)
+        self.queue, self.due_at = queue, due_at
+
+
+def shown(tool: str, params: Any) -> dict[str, Any]:
+    """What a person is shown about a call: tool, target and parameters, with their digest."""
+    target = ""
+    if tool:
+        with contextlib.suppress(tool_registry.UnknownTool, Exception):
+            target = tool_registry.get(tool).target_of(params)
+    seen = {"tool": tool, "target": target, "params": params}
+    return {**seen, "digest": digest(seen)}
+
+
+def params_diff(before: Any, after: Any) -> dict:
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return {"before": before, "after": after}
+    keys = sorted(set(before) | set(after))
+    return {k: [before.get(k), after.get(k)] for k in keys if before.get(k) != after.get(k)}
 
 
 class Takeover(models.Model):
@@ -91,6 +221,42 @@ class Takeover(models.Model):
                 fields=["run"], condition=Q(ended_at__isnull=True), name="takeover_one_open"
             )
         ]
+
+    @classmethod
+    def begin(cls, run: Run, user, *, expected_version: int | None = None) -> Takeover:
+        """A person claims the run: automation stops touching it until they release it.
+
+        1. The run moves to `taken_over` with its owner (`run.taken_over`).
+        2. The takeover row opens (at most one open per run), with `takeover.started`.
+        """
+        run.take_over(user, expected_version=expected_version)
+        takeover = cls.objects.create(run=run, user=user)
+        TimelineEvent.append(
+            run.pk,
+            Verb.TAKEOVER_STARTED,
+            {"takeover": takeover.pk, "user": user.get_username(), "from": "", "to": "open"},
+            actor=f"user:{user.get_username()}",
+        )
+        return takeover
+
+    @classmethod
+    def end(cls, run: Run, user, resolution: str) -> None:
+        """Close the run's open takeover, if any, with what the person concluded."""
+        for takeover in cls.objects.filter(run=run, ended_at__isnull=True):
+            cls.objects.filter(pk=takeover.pk).update(
+                ended_at=timezone.now(), resolution=resolution[:2000]
+            )
+            TimelineEvent.append(
+                run.pk,
+                Verb.TAKEOVER_ENDED,
+                {
+                    "takeover": takeover.pk,
+                    "resolution": resolution[:500],
+                    "from": "open",
+                    "to": "ended",
+                },
+                actor=f"user:{user.get_username()}",
+            )
 
 
 class DecisionVerb(models.TextChoices):
@@ -108,7 +274,7 @@ class DecisionVerb(models.TextChoices):
 
 
 class HumanDecision(models.Model):
-    """Every human action on a run, bound to the snapshot the person saw."""
+    """Every human action on a run, bound to exactly what the person saw (`shown`)."""
 
     Verb = DecisionVerb
 
@@ -124,6 +290,9 @@ class HumanDecision(models.Model):
     )
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     verb = models.CharField(max_length=30, choices=Verb.choices)
+    # Exactly what the person was shown: tool, target, parameters and their digest (approvals
+    # and edits; for a settled outcome, the snapshot's call). Empty for actions on a whole run.
+    shown = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
     before = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
     after = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
     proof = models.TextField(blank=True, default="")
@@ -134,14 +303,19 @@ class HumanDecision(models.Model):
         constraints = [_choices_check("verb", DecisionVerb, "decision_verb_valid")]
         indexes = [models.Index(fields=["user", "-created_at"], name="decision_user_idx")]
 
+    def reference(self) -> dict[str, Any]:
+        """How the side effect that executes this decision names it in its snapshot."""
+        return {
+            "id": self.pk,
+            "verb": self.verb,
+            "by": self.user.get_username(),
+            "tool": self.shown.get("tool", ""),
+            "shown_digest": self.shown.get("digest", ""),
+        }
 
-class RuleAction(models.TextChoices):
-    RETRY = "retry", "Retry with backoff"
-    WAIT = "wait", "Wait for the outage"
-    DEGRADE = "degrade", "Degrade to the fallback tool"
-    COMPENSATE = "compensate", "Compensate committed side effects"
-    ESCALATE = "escalate", "Escalate to a person"
-    FAIL = "fail", "Fail the run"
+
+# The router's vocabulary is the engine's (runs.models.RouteAction); rules store its values.
+RuleAction = RouteAction
 
 
 class EscalationRule(models.Model):
@@ -231,15 +405,34 @@ class EscalationRule(models.Model):
         return timedelta(seconds=raw * jitter)
 
     def describe(self) -> dict[str, Any]:
-        return {"rule_id": self.pk, "rule": self.name, "version": self.version,
-                "action": self.action, "queue": self.queue}  # fmt: skip
+        return {
+            "rule_id": self.pk,
+            "rule": self.name,
+            "version": self.version,
+            "action": self.action,
+            "queue": self.queue,
+        }
 
     VERSIONED_FIELDS = (
-        "position", "name", "enabled", "workflow", "step", "tool", "failure_class", "risk",
-        "action", "queue", "max_attempts", "backoff_base_seconds", "backoff_cap_seconds",
-        "wait_window_seconds", "probe_interval_seconds", "approval_sla_seconds", "escalate_to",
+        "position",
+        "name",
+        "enabled",
+        "workflow",
+        "step",
+        "tool",
+        "failure_class",
+        "risk",
+        "action",
+        "queue",
+        "max_attempts",
+        "backoff_base_seconds",
+        "backoff_cap_seconds",
+        "wait_window_seconds",
+        "probe_interval_seconds",
+        "approval_sla_seconds",
+        "escalate_to",
         "escalate_after_seconds",
-    )  # fmt: skip
+    )
 
     def data(self) -> dict[str, Any]:
         """The rule's settings as one JSON object (what RuleVersion keeps)."""

@@ -11,6 +11,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,8 @@ from django.db import connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from runs.verbs import Verb
 
 
 class TransitionError(Exception):
@@ -61,6 +64,12 @@ def _choices_check(field: str, choices: type[models.TextChoices], name: str):
 
 def _sources(table: dict[str, set[str]], target: str) -> list[str]:
     return [source for source, targets in table.items() if target in targets]
+
+
+def _empty(value: Any, name: str) -> bool:
+    if name == "permissions":
+        value = value and value.get("actor")
+    return value in (None, "", [], {})
 
 
 class ImmutableQuerySet(models.QuerySet):
@@ -107,6 +116,17 @@ class Risk(models.TextChoices):
     LOW = "low", _("Low")
     MEDIUM = "medium", _("Medium")
     HIGH = "high", _("High")
+
+
+class RouteAction(models.TextChoices):
+    """What an escalation rule does with a failure (the router's vocabulary)."""
+
+    RETRY = "retry", "Retry with backoff"
+    WAIT = "wait", "Wait for the outage"
+    DEGRADE = "degrade", "Degrade to the fallback tool"
+    COMPENSATE = "compensate", "Compensate committed side effects"
+    ESCALATE = "escalate", "Escalate to a person"
+    FAIL = "fail", "Fail the run"
 
 
 class StepKind(models.TextChoices):
@@ -261,17 +281,17 @@ class Run(models.Model):
         return TimelineEvent.append(self.pk, verb, data or {}, actor=actor)
 
     # -- transitions -----------------------------------------------------------------------
-    def transition(
+    def _move(
         self,
         target: str,
+        verb: Verb,
         *,
-        verb: str,
         data: dict | None = None,
         actor: str = "system",
         expected_version: int | None = None,
         **fields: Any,
     ) -> None:
-        """Move the run to `target`.
+        """Move the run to `target` (every verb below comes through here).
 
         1. Conditional UPDATE: only from a status that may go to `target` (and, when given, only
            at `expected_version`, so a console user acting on a stale page loses cleanly).
@@ -308,15 +328,15 @@ class Run(models.Model):
         ) + 1
 
     def start(self) -> None:
-        self.transition(self.Status.RUNNING, verb="run.started")
+        self._move(self.Status.RUNNING, Verb.RUN_STARTED)
 
     def wait(self, reason: str) -> None:
-        self.transition(self.Status.WAITING, verb="run.waiting", data={"reason": reason})
+        self._move(self.Status.WAITING, Verb.RUN_WAITING, data={"reason": reason})
 
     def resume(self, *, actor: str = "system", reason: str = "") -> None:
-        self.transition(
+        self._move(
             self.Status.RUNNING,
-            verb="run.resumed",
+            Verb.RUN_RESUMED,
             data={"reason": reason},
             actor=actor,
             attention_reason="",
@@ -326,9 +346,9 @@ class Run(models.Model):
     def ask_human(
         self, reason: str, *, queue: str, due_at=None, failure_class: str = "", actor="system"
     ) -> None:
-        self.transition(
+        self._move(
             self.Status.NEEDS_HUMAN,
-            verb="run.needs_human",
+            Verb.RUN_NEEDS_HUMAN,
             data={"reason": reason, "queue": queue, "failure_class": failure_class},
             actor=actor,
             attention_reason=reason,
@@ -337,44 +357,72 @@ class Run(models.Model):
         )
 
     def take_over(self, user, *, expected_version: int | None = None) -> None:
-        self.transition(
+        self._move(
             self.Status.TAKEN_OVER,
-            verb="run.taken_over",
+            Verb.RUN_TAKEN_OVER,
             actor=f"user:{user.get_username()}",
             expected_version=expected_version,
             owner=user,
         )
 
-    def release(self, user, *, expected_version: int | None = None) -> None:
-        self.transition(
-            self.Status.NEEDS_HUMAN,
-            verb="run.released",
+    def release(self, user, *, to: str = RunStatus.NEEDS_HUMAN, expected_version=None) -> None:
+        """Give a taken-over run back: to the inbox (`needs_human`), or straight to the engine
+        (`running`) or to its wait (`waiting`) when its step can go on without a person."""
+        self._move(
+            to,
+            Verb.RUN_RELEASED,
             actor=f"user:{user.get_username()}",
             expected_version=expected_version,
             owner=None,
         )
 
+    def breach_sla(self, *, queue: str, due_at, data: dict) -> TimelineEvent:
+        """A person's SLA ran out: one escalation level up, maybe another queue and deadline,
+        with `run.sla_breached` (no status change: the run stays with a person)."""
+        Run.objects.filter(pk=self.pk).update(
+            escalation_level=F("escalation_level") + 1,
+            queue=queue,
+            attention_due_at=due_at,
+            updated_at=timezone.now(),
+        )
+        self.escalation_level += 1
+        self.queue, self.attention_due_at = queue, due_at
+        return self.record(Verb.RUN_SLA_BREACHED, data)
+
+    def enter_stage(self, stage: str) -> None:
+        """The run's current stage label (a step's `stage`); not a state change."""
+        Run.objects.filter(pk=self.pk).update(stage=stage)
+        self.stage = stage
+
+    def count_failure(self, *, escalate: bool = False) -> None:
+        """One more failed attempt (and, when it went to a person, one more escalation): the
+        counters rehydration and the metrics read. Not a state change: no event of its own."""
+        updates = {"failure_count": F("failure_count") + 1}
+        if escalate:
+            updates["escalation_level"] = F("escalation_level") + 1
+        Run.objects.filter(pk=self.pk).update(**updates)
+
     def begin_compensation(self, reason: str, *, actor: str = "system") -> None:
-        self.transition(
+        self._move(
             self.Status.COMPENSATING,
-            verb="run.compensating",
+            Verb.RUN_COMPENSATING,
             data={"reason": reason},
             actor=actor,
         )
 
     def succeed(self, result: Any = None) -> None:
-        self.transition(
+        self._move(
             self.Status.SUCCEEDED,
-            verb="run.succeeded",
+            Verb.RUN_SUCCEEDED,
             result=to_json_value(result),
             attention_reason="",
             attention_due_at=None,
         )
 
     def fail(self, reason: str, *, actor: str = "system") -> None:
-        self.transition(
+        self._move(
             self.Status.FAILED,
-            verb="run.failed",
+            Verb.RUN_FAILED,
             data={"reason": reason},
             actor=actor,
             attention_reason=reason,
@@ -382,9 +430,9 @@ class Run(models.Model):
         )
 
     def cancel(self, reason: str, *, actor: str = "system", expected_version=None) -> None:
-        self.transition(
+        self._move(
             self.Status.CANCELLED,
-            verb="run.cancelled",
+            Verb.RUN_CANCELLED,
             data={"reason": reason},
             actor=actor,
             expected_version=expected_version,
@@ -393,9 +441,9 @@ class Run(models.Model):
         )
 
     def mark_compensated(self) -> None:
-        self.transition(
+        self._move(
             self.Status.COMPENSATED,
-            verb="run.compensated",
+            Verb.RUN_COMPENSATED,
             attention_reason="",
             attention_due_at=None,
         )
@@ -511,11 +559,11 @@ class Step(models.Model):
     def is_done(self) -> bool:
         return self.status in self.DONE
 
-    def transition(
+    def _move(
         self,
         target: str,
+        verb: Verb,
         *,
-        verb: str,
         data: dict | None = None,
         actor: str = "system",
         held_by: str | None = None,
@@ -523,7 +571,7 @@ class Step(models.Model):
     ) -> None:
         """Move the step to `target` with a compare-and-set on its status (and, for a worker
         finishing its own attempt, on its lease: `held_by`), and record the event on the run's
-        timeline."""
+        timeline in the same transaction. Every verb below comes through here."""
         now = timezone.now()
         updates: dict[str, Any] = {"status": target, **fields}
         if target in self.FINISHED:
@@ -555,6 +603,266 @@ class Step(models.Model):
             raise InvalidTransition("step", self.pk, row, target)
         for name, value in updates.items():
             setattr(self, name, value)
+
+    # -- the engine's verbs: a worker claims the step, then records what its attempt produced.
+    # `held_by` is the claiming worker: its outcome lands only while it still holds the lease.
+
+    def start(self, *, worker: str, lease_until, attempt: int, started_at) -> None:
+        """Claim a pending (or due) step for a new attempt."""
+        self._move(
+            self.Status.RUNNING,
+            Verb.STEP_STARTED,
+            data={"attempt": attempt, "kind": self.kind},
+            attempts=attempt,
+            lease_owner=worker,
+            lease_expires_at=lease_until,
+            next_attempt_at=None,
+            started_at=started_at,
+        )
+
+    def reclaim(self, *, worker: str, lease_until, attempt: int) -> bool:
+        """Take back a running step whose lease ran out (its worker died or hung).
+
+        A compare-and-set on the previous owner: of two claimers only one wins (False for the
+        other). The status stays `running`; the event names the worker that lost the step.
+        """
+        previous = self.lease_owner
+        fields = {
+            "attempts": attempt,
+            "lease_owner": worker,
+            "lease_expires_at": lease_until,
+            "next_attempt_at": None,
+        }
+        with transaction.atomic(savepoint=False):
+            count = Step.objects.filter(
+                pk=self.pk, status=self.Status.RUNNING, lease_owner=previous
+            ).update(**fields)
+            if count:
+                TimelineEvent.append(
+                    self.run_id,
+                    Verb.STEP_LEASE_RECLAIMED,
+                    {
+                        "step": self.name,
+                        "iteration": self.iteration,
+                        "previous_worker": previous,
+                        "attempt": attempt,
+                        "kind": self.kind,
+                    },
+                )
+        if count:
+            for name, value in fields.items():
+                setattr(self, name, value)
+        return bool(count)
+
+    def succeed(self, result: Any, *, held_by=None, actor="system", data=None, **fields) -> None:
+        self._move(
+            self.Status.SUCCEEDED,
+            Verb.STEP_SUCCEEDED,
+            held_by=held_by,
+            actor=actor,
+            data=data,
+            result=result,
+            **fields,
+        )
+
+    def degrade(self, result: Any, *, held_by: str, failure_class: str, error: str) -> None:
+        """Succeeded through the tool's fallback (a read whose rule says degrade)."""
+        self._move(
+            self.Status.DEGRADED,
+            Verb.STEP_DEGRADED,
+            held_by=held_by,
+            result=result,
+            error_class=failure_class,
+            last_error=error,
+            data={"attempt": self.attempts},
+        )
+
+    def complete_by_hand(self, result: Any, *, actor: str) -> None:
+        """A person did the step's work outside TaskPilots."""
+        self._move(
+            self.Status.SUCCEEDED,
+            Verb.STEP_DONE_BY_HAND,
+            actor=actor,
+            result=result,
+            data={"result": result},
+        )
+
+    def schedule_retry(
+        self, at, *, held_by: str, failure_class: str, error: str, routing: dict
+    ) -> None:
+        """The attempt failed; the router says try again at `at` (backoff with jitter)."""
+        self._move(
+            self.Status.RETRY_SCHEDULED,
+            Verb.STEP_RETRY_SCHEDULED,
+            held_by=held_by,
+            error_class=failure_class,
+            last_error=error,
+            next_attempt_at=at,
+            routing=routing,
+            data={
+                "routing": routing,
+                "attempt": self.attempts,
+                "error": error[:500],
+                "retry_in_s": round((at - timezone.now()).total_seconds(), 3),
+            },
+        )
+
+    def schedule_recheck(self, at, *, held_by: str, error: str) -> None:
+        """The outcome is unknown and the system has no record yet: ask again at `at`, before
+        anything is resent (the first request may still land)."""
+        self._move(
+            self.Status.RETRY_SCHEDULED,
+            Verb.SIDE_EFFECT_RECHECK_SCHEDULED,
+            held_by=held_by,
+            error_class="unknown_outcome",
+            last_error=error,
+            next_attempt_at=at,
+            data={"recheck_at": at, "attempt": self.attempts},
+        )
+
+    def wait_for_tool(
+        self, probe_at, *, window_ends, held_by: str, failure_class: str, error: str, routing: dict
+    ) -> None:
+        """The tool is out: probe it at `probe_at` until its wait window closes."""
+        self._move(
+            self.Status.WAITING,
+            Verb.STEP_WAITING_FOR_TOOL,
+            held_by=held_by,
+            error_class=failure_class,
+            last_error=error,
+            next_attempt_at=probe_at,
+            routing=routing,
+            data={
+                "routing": routing,
+                "probe_at": probe_at,
+                "window_ends": window_ends,
+                "error": error[:500],
+            },
+        )
+
+    def hold_for_pause(self, *, held_by: str, recheck_at, pause: dict) -> None:
+        """An admin paused the tool: park without calling it, give the attempt back."""
+        routing = {
+            "rule": "(tool paused by an admin)",
+            "action": "wait",
+            "paused_tool": pause["tool"],
+            "pause": pause["pause"],
+        }
+        self._move(
+            self.Status.WAITING,
+            Verb.STEP_TOOL_PAUSED,
+            held_by=held_by,
+            attempts=max(self.attempts - 1, 0),
+            next_attempt_at=recheck_at,
+            routing=routing,
+            data={"tool": pause["tool"], "pause": pause["pause"], "reason": pause["reason"]},
+        )
+
+    def wait(self, wait: Wait, *, held_by: str) -> None:
+        """Parked on an event or a timer (the Wait row says which)."""
+        self._move(
+            self.Status.WAITING,
+            Verb.STEP_WAITING,
+            held_by=held_by,
+            data={
+                "wait": wait.kind,
+                "event_type": wait.event_type,
+                "correlation_key": wait.correlation_key,
+                "due_at": wait.due_at,
+            },
+        )
+
+    def request_approval(
+        self, *, held_by: str, approval: int, queue: str, reason: str, tool: str
+    ) -> None:
+        """A person is asked to approve the step's call (ApprovalRequest `approval`)."""
+        self._move(
+            self.Status.NEEDS_HUMAN,
+            Verb.APPROVAL_REQUESTED,
+            held_by=held_by,
+            data={"approval": approval, "queue": queue, "reason": reason, "tool": tool},
+        )
+
+    def escalate(
+        self, *, failure_class: str, error: str, routing: dict, held_by=None, actor: str = "system"
+    ) -> None:
+        """Hand the step to a person (the router's escalate, or a person taking it on)."""
+        self._move(
+            self.Status.NEEDS_HUMAN,
+            Verb.STEP_ESCALATED,
+            held_by=held_by,
+            actor=actor,
+            error_class=failure_class,
+            last_error=error[:4000],
+            routing=routing,
+            data={"routing": routing, "error": error[:500]} if routing else None,
+        )
+
+    def mark_unknown_outcome(self, *, held_by: str, error: str, routing: dict) -> None:
+        """The call may or may not have landed, and nothing can tell: a person decides."""
+        self._move(
+            self.Status.UNKNOWN_OUTCOME,
+            Verb.STEP_UNKNOWN_OUTCOME,
+            held_by=held_by,
+            error_class="unknown_outcome",
+            last_error=error,
+            routing=routing,
+        )
+
+    def fail(
+        self,
+        *,
+        failure_class: str = "",
+        error: str,
+        routing: dict | None = None,
+        held_by=None,
+        actor: str = "system",
+    ) -> None:
+        self._move(
+            self.Status.FAILED,
+            Verb.STEP_FAILED,
+            held_by=held_by,
+            actor=actor,
+            error_class=failure_class,
+            last_error=error,
+            routing=routing or {},
+            data={"routing": routing} if routing else None,
+        )
+
+    def skip(self, *, reason: str, actor: str = "system") -> None:
+        self._move(
+            self.Status.SKIPPED,
+            Verb.STEP_SKIPPED,
+            actor=actor,
+            last_error=reason,
+            data={"reason": reason},
+        )
+
+    def mark_compensated(self) -> None:
+        """Its side effect was undone by a compensating step."""
+        self._move(self.Status.COMPENSATED, Verb.STEP_COMPENSATED)
+
+    def request_retry(self, *, actor: str, data: dict | None = None, **fields) -> None:
+        """A person sends the step back to the engine (retry now, retry with edits, not done)."""
+        self._move(self.Status.PENDING, Verb.STEP_RETRY_REQUESTED, actor=actor, data=data, **fields)
+
+    def retry_now(self, *, actor: str) -> None:
+        """A person cuts a scheduled retry or probe short: the step is due now (no state change:
+        the next claim picks it up)."""
+        Step.objects.filter(pk=self.pk).update(next_attempt_at=timezone.now())
+        TimelineEvent.append(
+            self.run_id, Verb.STEP_RETRY_REQUESTED, {"step": self.name}, actor=actor
+        )
+
+    def end_pause_hold(self) -> None:
+        """The paused tool is back: the step forgets the pause (the claim goes on)."""
+        Step.objects.filter(pk=self.pk).update(routing={})
+        self.routing = {}
+
+    def remember_key(self, key: str) -> None:
+        if self.idempotency_key != key:
+            Step.objects.filter(pk=self.pk).update(idempotency_key=key)
+            self.idempotency_key = key
 
 
 # --------------------------------------------------------------------------------------------
@@ -588,6 +896,9 @@ class Snapshot(ImmutableModel):
     session_context_ref = models.CharField(max_length=200, blank=True, default="")
     idempotency_key = models.CharField(max_length=255)
     missing_fields = models.JSONField(default=list)
+    # The person's decision this call executes (an approval, or edited parameters): id, verb,
+    # who, and the digest of what they were shown. Empty when no person decided.
+    human_decision = models.JSONField(default=dict, blank=True)
     checksum = models.CharField(max_length=64)
     # Retention dropped the payload (params, prior results); the checksum stays as its proof.
     pruned = models.BooleanField(default=False)
@@ -614,6 +925,9 @@ class Snapshot(ImmutableModel):
             "session_context_ref": self.session_context_ref,
             "idempotency_key": self.idempotency_key,
             "missing_fields": self.missing_fields,
+            # Only when present: snapshots written before decisions were named keep their
+            # checksums.
+            **({"human_decision": self.human_decision} if self.human_decision else {}),
         }
 
     def compute_checksum(self) -> str:
@@ -624,6 +938,39 @@ class Snapshot(ImmutableModel):
         self.prior_results_summary = to_json_value(self.prior_results_summary)
         self.checksum = self.compute_checksum()
         super().save(*args, **kwargs)
+
+    @classmethod
+    def write(cls, step: Step, **fields: Any) -> Snapshot:
+        """Write the snapshot of the call `step` is about to make, with its event (the
+        protocol's step 2, in the transaction that also writes the ledger row)."""
+        snapshot = cls(run_id=step.run_id, step=step, attempt=step.attempts, **fields)
+        snapshot.missing_fields = snapshot.missing()
+        snapshot.save()
+        TimelineEvent.append(
+            step.run_id,
+            Verb.SNAPSHOT_WRITTEN,
+            {
+                "step": step.name,
+                "snapshot": snapshot.pk,
+                "key": snapshot.idempotency_key,
+                "tool": snapshot.tool,
+                "target": snapshot.target_resource,
+                "checksum": snapshot.checksum,
+                "missing_fields": snapshot.missing_fields,
+            },
+        )
+        return snapshot
+
+    def missing(self) -> list[str]:
+        """The snapshot fields (SNAPSHOT_FIELDS) it could not fill: the missing-field rate."""
+        values = {**self.content(), "run_id": str(self.run_id)}
+        has_prior = bool(self.prior_results_summary)
+        return [
+            name
+            for name in SNAPSHOT_FIELDS
+            if not (name == "prior_results_summary" and not has_prior)
+            and _empty(values.get(name), name)
+        ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -688,15 +1035,11 @@ class SideEffect(models.Model):
     def __str__(self) -> str:
         return f"{self.tool} {self.idempotency_key} ({self.status})"
 
-    def transition(
-        self,
-        target: str,
-        *,
-        verb: str,
-        data: dict | None = None,
-        actor: str = "system",
-        **fields: Any,
+    def _move(
+        self, target: str, verb: Verb, *, data=None, actor: str = "system", **fields: Any
     ) -> None:
+        """Move the ledger row to `target` (compare-and-set on its status) with its event, in
+        one transaction. Every verb below comes through here."""
         now = timezone.now()
         updates: dict[str, Any] = {"status": target, "updated_at": now, **fields}
         if target == self.Status.COMMITTED:
@@ -719,6 +1062,101 @@ class SideEffect(models.Model):
             raise InvalidTransition("side effect", self.pk, row.first() or "?", target)
         for name, value in updates.items():
             setattr(self, name, value)
+
+    @classmethod
+    def intend(cls, snapshot: Snapshot, *, params_checksum: str) -> SideEffect:
+        """The ledger row of a call about to be made, under the snapshot's idempotency key
+        (committed with the snapshot, before the call: the protocol's step 2)."""
+        effect = cls.objects.create(
+            idempotency_key=snapshot.idempotency_key,
+            run_id=snapshot.run_id,
+            step_id=snapshot.step_id,
+            snapshot=snapshot,
+            tool=snapshot.tool,
+            target=snapshot.target_resource,
+            params_checksum=params_checksum,
+        )
+        TimelineEvent.append(
+            snapshot.run_id,
+            Verb.SIDE_EFFECT_INTENDED,
+            {
+                "step": snapshot.step.name,
+                "key": effect.idempotency_key,
+                "tool": effect.tool,
+                "target": effect.target,
+                "from": "",
+                "to": cls.Status.INTENDED,
+            },
+        )
+        return effect
+
+    def intend_again(self, snapshot: Snapshot) -> None:
+        """A new attempt under the same key, once the previous one is known not to have landed."""
+        self._move(
+            self.Status.INTENDED,
+            Verb.SIDE_EFFECT_INTENDED,
+            snapshot=snapshot,
+            data={"step": snapshot.step.name, "attempt": snapshot.attempt},
+        )
+
+    def commit(
+        self,
+        receipt: Receipt,
+        *,
+        confirmed_by: str,
+        actor: str = "system",
+        data: dict | None = None,
+    ) -> None:
+        """The call landed: store its receipt (the commit proof). `confirmed_by` says who
+        proved it: the tool's answer, a lookup by key ("reconcile") or a named person."""
+        self._move(
+            self.Status.COMMITTED,
+            Verb.SIDE_EFFECT_COMMITTED,
+            actor=actor,
+            external_id=receipt.external_id[:255],
+            receipt=receipt.as_json(),
+            confirmed_by=confirmed_by,
+            data={"external_id": receipt.external_id, "confirmed_by": confirmed_by, **(data or {})},
+        )
+
+    def mark_unknown(self, why: str) -> None:
+        """The call may have landed: reconcile by key, resend if it dedupes, or ask a person."""
+        self._move(self.Status.UNKNOWN, Verb.SIDE_EFFECT_UNKNOWN, data={"reason": why[:500]})
+
+    def mark_not_committed(self, *, confirmed_by: str = "", actor: str = "system") -> None:
+        """Known not to have landed (the tool refused it, a lookup found nothing once the settle
+        window passed, or a person says so): a new attempt may use the same key."""
+        self._move(
+            self.Status.NOT_COMMITTED,
+            Verb.SIDE_EFFECT_NOT_COMMITTED,
+            actor=actor,
+            confirmed_by=confirmed_by,
+            data={"confirmed_by": confirmed_by} if confirmed_by else None,
+        )
+
+    def mark_compensated(self, compensation_key: str) -> None:
+        self._move(
+            self.Status.COMPENSATED,
+            Verb.SIDE_EFFECT_COMPENSATED,
+            compensation_key=compensation_key,
+        )
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What proves a side effect happened: the other system's id for it and its answer."""
+
+    external_id: str
+    response: Any
+
+    def as_json(self) -> dict:
+        return to_json_value(
+            {
+                "external_id": self.external_id,
+                "response": self.response,
+                "response_digest": digest(self.response),
+            }
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -774,8 +1212,94 @@ class Wait(models.Model):
             ),
         ]
 
+    S = Status
+    TRANSITIONS: dict[str, set[str]] = {
+        S.PENDING: {S.RESOLVED, S.EXPIRED, S.CANCELLED},
+        S.RESOLVED: set(),
+        S.EXPIRED: set(),
+        S.CANCELLED: set(),
+    }
+
     def __str__(self) -> str:
         return f"{self.kind} wait {self.pk} ({self.status})"
+
+    @classmethod
+    def open(
+        cls, step: Step, kind: str, *, event_type: str = "", correlation_key: str = "", due_at=None
+    ) -> Wait:
+        """Park `step` on a wait (one pending wait per step, a database constraint)."""
+        wait = cls.objects.create(
+            run_id=step.run_id,
+            step=step,
+            kind=kind,
+            event_type=event_type,
+            correlation_key=correlation_key,
+            due_at=due_at,
+        )
+        TimelineEvent.append(
+            step.run_id,
+            Verb.WAIT_OPENED,
+            {
+                "wait": wait.pk,
+                "kind": kind,
+                "step": step.name,
+                "event_type": event_type,
+                "correlation_key": correlation_key,
+                "due_at": due_at,
+                "from": "",
+                "to": cls.Status.PENDING,
+            },
+        )
+        return wait
+
+    def _move(
+        self, target: str, verb: Verb, *, actor: str = "system", data=None, **fields: Any
+    ) -> bool:
+        """Settle the wait (compare-and-set from pending) with its event. Returns False when it
+        was settled already (a timer and a cancel racing): the first one wins, quietly."""
+        fields = {"status": target, "resolved_at": timezone.now(), **fields}
+        with transaction.atomic(savepoint=False):
+            count = Wait.objects.filter(
+                pk=self.pk, status__in=_sources(self.TRANSITIONS, target)
+            ).update(**fields)
+            if count:
+                event = {"wait": self.pk, "kind": self.kind, "from": self.status, "to": target}
+                TimelineEvent.append(self.run_id, verb, {**event, **(data or {})}, actor=actor)
+        if count:
+            for name, value in fields.items():
+                setattr(self, name, value)
+        return bool(count)
+
+    def resolve(self, payload: Any = None, *, by: str, actor: str = "system") -> bool:
+        """What the run waited for arrived: the event (its payload), the timer, the decision,
+        the tool back. `by` says which (event:<id>, timer, user:<name>, probe…)."""
+        return self._move(
+            self.Status.RESOLVED,
+            Verb.WAIT_RESOLVED,
+            actor=actor,
+            data={"by": by},
+            payload=to_json_value(payload),
+            resolved_by=by,
+        )
+
+    def expire(self) -> bool:
+        """Its deadline passed with nothing resolving it (the router decides what next)."""
+        return self._move(self.Status.EXPIRED, Verb.WAIT_EXPIRED, data={"due_at": self.due_at})
+
+    def cancel(self, *, by: str, actor: str = "system") -> bool:
+        """Nobody waits any more: the step was skipped, done by hand, or the run cancelled."""
+        return self._move(
+            self.Status.CANCELLED,
+            Verb.WAIT_CANCELLED,
+            actor=actor,
+            resolved_by=by,
+            data={"by": by},
+        )
+
+    def rekey(self, correlation_key: str) -> None:
+        """Point a pause wait at another pause (not a state change)."""
+        Wait.objects.filter(pk=self.pk).update(correlation_key=correlation_key)
+        self.correlation_key = correlation_key
 
 
 # --------------------------------------------------------------------------------------------
@@ -801,6 +1325,11 @@ class InboundEvent(models.Model):
                 condition=Q(matched_wait__isnull=True),
             )
         ]
+
+    def match(self, wait: Wait) -> None:
+        """The wait this event resolved (early events wait for theirs; not a state change)."""
+        InboundEvent.objects.filter(pk=self.pk).update(matched_wait=wait)
+        self.matched_wait = wait
 
 
 # --------------------------------------------------------------------------------------------

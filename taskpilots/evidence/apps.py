@@ -11,3 +11,8 @@ class EvidenceConfig(AppConfig):
     name = "taskpilots.evidence"
     label = "evidence"
     verbose_name = "Evidence tooling"
+
+    def ready(self) -> None:
+        from taskpilots.evidence import faults
+
+        faults.install_from_environment()

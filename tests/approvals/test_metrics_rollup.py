@@ -218,7 +218,7 @@ def test_a_day_row_follows_a_run_that_ends_days_after_it_started(db):
     assert (day.runs, day.finished) == (1, 1)
     assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 1]
     # The parked run is settled today: it fails.
-    waiting.transition(Run.Status.FAILED, verb="run.failed")
+    waiting.fail("settled today")
     assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
     later = now + timedelta(minutes=2)
     metrics.rollup(now=later)

@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from approvals import actions
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
-from runs import engine, workflows
+from runs import engine, tools, workflows
+from runs.engine import calls, ledger
 from runs.models import FailureClass, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
 from tests.factories import EscalationRuleFactory
 from tests.worker import wait_for
@@ -240,9 +241,9 @@ class TestUnknownOutcome:
             engine.record_outcome(claim, engine.execute(claim))
         claim = engine.claim_next(run.pk, worker="doomed")
         assert claim.step.name == "send_reply"
-        tool = engine.tool_registry.get("mail.send")
-        params = engine._build_params(claim, tool)
-        engine._write_intent(claim, tool, params, engine.idempotency_key_for(claim.step))
+        tool = tools.get("mail.send")
+        params = calls.build_params(claim, tool)
+        ledger.write_intent(claim, tool, params, engine.idempotency_key_for(claim.step))
         Step.objects.filter(pk=claim.step.pk).update(lease_expires_at=later(seconds=-1))
         SideEffect.objects.filter(run=run).update(attempted_at=later(hours=-1))
         run = drive(run)
@@ -382,9 +383,9 @@ class TestIdempotencyKeys:
             claim = engine.claim_next(run.pk)
             engine.record_outcome(claim, engine.execute(claim))
         claim = engine.claim_next(run.pk)
-        tool = engine.tool_registry.get("mail.send")
+        tool = tools.get("mail.send")
         key = engine.idempotency_key_for(claim.step)
-        engine._write_intent(claim, tool, {"to": "x@example.com", "subject": "s", "body": "b"}, key)
+        ledger.write_intent(claim, tool, {"to": "x@example.com", "subject": "s", "body": "b"}, key)
         SideEffect.objects.filter(idempotency_key=key).update(status="not_committed")
         engine.record_outcome(claim, engine.execute(claim))
         run.refresh_from_db()

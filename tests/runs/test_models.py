@@ -83,7 +83,7 @@ class TestRunTransitions:
     @pytest.mark.parametrize(("source", "target"), _all_pairs(Run.TRANSITIONS))
     def test_every_allowed_transition(self, source, target):
         run = RunFactory(status=source)
-        run.transition(target, verb="test.move")
+        run._move(target, "test.move")
         run.refresh_from_db()
         assert run.status == target
         assert run.lock_version == 1
@@ -98,7 +98,7 @@ class TestRunTransitions:
     def test_forbidden_transitions_raise_and_change_nothing(self, source, target):
         run = RunFactory(status=source)
         with pytest.raises(InvalidTransition):
-            run.transition(target, verb="test.move")
+            run._move(target, "test.move")
         run.refresh_from_db()
         assert run.status == source
         assert not run.events.exists()
@@ -115,7 +115,7 @@ class TestStepAndSideEffectTransitions:
     @pytest.mark.parametrize(("source", "target"), _all_pairs(Step.TRANSITIONS))
     def test_every_allowed_step_transition(self, source, target):
         step = StepFactory(status=source)
-        step.transition(target, verb="test.step")
+        step._move(target, "test.step")
         step.refresh_from_db()
         assert step.status == target
         assert step.run.events.get().verb == "test.step"
@@ -126,17 +126,17 @@ class TestStepAndSideEffectTransitions:
     def test_forbidden_step_transitions_raise(self, source, target):
         step = StepFactory(status=source)
         with pytest.raises(InvalidTransition):
-            step.transition(target, verb="test.step")
+            step._move(target, "test.step")
 
     def test_a_worker_that_lost_its_lease_cannot_record(self):
         step = StepFactory(status=Step.Status.RUNNING, lease_owner="worker-b")
         with pytest.raises(ConcurrentUpdate):
-            step.transition(Step.Status.SUCCEEDED, verb="step.succeeded", held_by="worker-a")
+            step.succeed({}, held_by="worker-a")
 
     @pytest.mark.parametrize(("source", "target"), _all_pairs(SideEffect.TRANSITIONS))
     def test_every_allowed_side_effect_transition(self, source, target):
         effect = SideEffectFactory(status=source)
-        effect.transition(target, verb="test.effect")
+        effect._move(target, "test.effect")
         effect.refresh_from_db()
         assert effect.status == target
 
@@ -148,7 +148,7 @@ class TestStepAndSideEffectTransitions:
     def test_forbidden_side_effect_transitions_raise(self, source, target):
         effect = SideEffectFactory(status=source)
         with pytest.raises(InvalidTransition):
-            effect.transition(target, verb="test.effect")
+            effect._move(target, "test.effect")
 
 
 @pytest.mark.django_db(transaction=True)

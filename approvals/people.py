@@ -1,0 +1,38 @@
+"""The people's side of the engine (runs.people): escalation rules, tool pauses, approval
+requests and the sweeps over people's deadlines, registered by ApprovalsConfig.ready."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from approvals import notifications, sla
+from approvals.models import ApprovalRequest, EscalationRule, ToolPause
+from runs import people
+from runs.models import Run, Step
+
+
+class People:
+    def rule_for(
+        self, *, workflow: str, step: str, tool: str, failure_class: str, risk: str
+    ) -> EscalationRule | None:
+        return EscalationRule.first_match(
+            workflow=workflow, step=step, tool=tool, failure_class=failure_class, risk=risk
+        )
+
+    def pause_of(self, tool: str) -> people.Pause | None:
+        pause = ToolPause.active_for(tool)
+        return people.Pause(pause.pk, pause.reason) if pause is not None else None
+
+    def ask(self, run: Run, step: Step, approval: people.Approval) -> int:
+        return ApprovalRequest.open(run, step, approval).pk
+
+    def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
+        breaches = 0
+        for run_id in sla.overdue_runs(now, batch):
+            if sla.escalate_overdue(run_id, now):
+                breaches += 1
+                hint(run_id)  # a rule that compensates has work for a worker
+        # Notifications: record those new timeline events ask for, send what is due.
+        return {"sla_breaches": breaches, "notifications_due": notifications.sweep(now, batch)}

@@ -1,0 +1,57 @@
+"""Calling tools: the parameters a step builds (untrusted until checked), the call context that
+carries the idempotency key, and the run's permission to call."""
+
+from __future__ import annotations
+
+from runs.engine.claim import Claim
+from runs.engine.dispatch import conf
+from runs.models import FailureClass, canonical_json, to_json_value
+from runs.tools import CallContext, Tool, ToolError
+
+MAX_PARAMS_BYTES = 256 * 1024
+
+
+def build_params(claim: Claim, tool: Tool | None) -> dict:
+    """The step's parameters: built by the workflow (or a person's override), checked by the
+    tool, JSON, at most 256 KiB, no NUL. A failure here is invalid input, never a call."""
+    try:
+        params = claim.definition.build_params(claim.ctx)
+    except Exception as exc:
+        raise ToolError(
+            FailureClass.INVALID_INPUT, f"building parameters failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if claim.step.spec.get("params_override") is not None:
+        params = claim.step.spec["params_override"]
+    if tool is not None:
+        params = tool.validate(params)
+    try:
+        text = canonical_json(params)
+    except (TypeError, ValueError) as exc:
+        raise ToolError(FailureClass.INVALID_INPUT, f"parameters are not JSON: {exc}") from None
+    if len(text.encode()) > MAX_PARAMS_BYTES:
+        raise ToolError(FailureClass.INVALID_INPUT, "parameters exceed 256 KiB")
+    if "\x00" in text:
+        raise ToolError(FailureClass.INVALID_INPUT, "parameters contain a NUL character")
+    return to_json_value(params)
+
+
+def call_context(claim: Claim, tool: Tool, key: str = "") -> CallContext:
+    step = claim.step
+    return CallContext(
+        idempotency_key=key,
+        run_id=str(claim.run.pk),
+        step=step.name if not step.iteration else f"{step.name}#{step.iteration}",
+        attempt=step.attempts,
+        timeout=tool.timeout if tool.timeout is not None else conf("TOOL_TIMEOUT_SECONDS"),
+        principal=claim.run.principal,
+        scopes=tuple(claim.run.scopes or ()),
+    )
+
+
+def check_scope(claim: Claim, tool: Tool) -> None:
+    scopes = claim.run.scopes or []
+    if tool.scope and tool.scope not in scopes and "*" not in scopes:
+        raise ToolError(
+            FailureClass.PERMISSION,
+            f"run acts as {claim.run.principal!r} without scope {tool.scope!r} for {tool.name}",
+        )

@@ -1,0 +1,204 @@
+"""Claiming: a short transaction picks the run's next step and leases it to this worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs import workflows as workflow_registry
+from runs.engine.compensation import finish_compensation
+from runs.engine.context import build_context
+from runs.engine.dispatch import conf, worker_id
+from runs.models import FailureClass, Run, Step, TimelineEvent, Wait, to_json_value
+from runs.verbs import Verb
+from runs.workflows import Context, DynamicStep, StepDef, Workflow
+
+# Where runs that cannot go on by themselves wait for a person (no rule is asked: nothing
+# failed, something is missing).
+OPS_QUEUE = "ops"
+
+
+@dataclass
+class Claim:
+    """A leased step: the worker that holds it and what it needs to execute it."""
+
+    run: Run
+    step: Step
+    workflow: Workflow
+    definition: StepDef
+    ctx: Context
+    worker: str
+    reclaimed: bool = False
+
+
+def lease_until(now: datetime) -> datetime:
+    return now + timedelta(seconds=conf("LEASE_SECONDS"))
+
+
+def claim_next(run_id, *, worker: str | None = None, now: datetime | None = None) -> Claim | None:
+    """Claim the run's next step, or return None when there is nothing to do right now.
+
+    1. Lock the run row (short transaction; serialises claimers of one run).
+    2. Leave runs that are not runnable (waiting, parked, finished) alone.
+    3. Pick the first unfinished step; when none is left, decide the next one from the workflow
+       (recorded as a new row) or finish the run.
+    4. Claim it with a compare-and-set to `running` and a lease; a running step whose lease
+       expired is taken back (its worker died).
+    """
+    worker = worker or worker_id()
+    now = now or timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.status not in Run.RUNNABLE:
+            return None
+        try:
+            workflow = workflow_registry.get(run.workflow, run.workflow_version)
+        except workflow_registry.UnknownWorkflow:
+            run.ask_human(
+                f"Workflow {run.workflow} version {run.workflow_version} is no longer "
+                "registered in this deployment; the run cannot resume automatically. Deploy "
+                "that version again, or finish the run by hand.",
+                queue=OPS_QUEUE,
+            )
+            return None
+        steps = list(run.steps.order_by("position"))
+        current = next((s for s in steps if s.status in Step.UNFINISHED), None)
+        if run.status == Run.Status.PENDING:
+            run.start()
+        ctx = build_context(run, steps)
+        if current is None:
+            return _open_next_step(run, workflow, steps, ctx, worker, now)
+        return _claim_existing(run, workflow, current, ctx, worker, now)
+
+
+def _next_choice(run: Run, workflow: Workflow, steps: list[Step], ctx: Context):
+    """The workflow's next step after the recorded ones: a StepDef/DynamicStep, None when the
+    run is done, or False when choosing failed (the run went to a person)."""
+    if not steps:
+        return workflow.steps[0]
+    last = steps[-1]
+    try:
+        return workflow.following(ctx, last.name, last.spec)
+    except Exception as exc:  # a next() function failed: a person looks at the data
+        run.ask_human(
+            f"Choosing the step after {last.name!r} failed: {type(exc).__name__}: {exc}",
+            queue=OPS_QUEUE,
+            failure_class=FailureClass.INVALID_INPUT,
+        )
+        return False
+
+
+def _open_next_step(run, workflow, steps, ctx, worker, now) -> Claim | None:
+    if run.status == Run.Status.COMPENSATING:
+        finish_compensation(run)
+        return None
+    choice: StepDef | DynamicStep | None | bool = _next_choice(run, workflow, steps, ctx)
+    if choice is False:
+        return None
+    if choice is None:
+        run.succeed(ctx.results.get(steps[-1].name) if steps else None)
+        return None
+    spec = choice.spec()
+    name = choice.name
+    if isinstance(choice, DynamicStep) and steps:
+        previous = steps[-1]
+        after = previous.spec.get("after", "") if previous.spec.get("dynamic") else previous.name
+        spec.setdefault("after", after)
+    definition = workflow.definition_of(name, spec) if spec else choice
+    iteration = sum(1 for s in steps if s.name == name)
+    # Created already running (one INSERT instead of INSERT + claim); its event follows in this
+    # same transaction.
+    step = Step.objects.create(
+        run=run,
+        name=name,
+        iteration=iteration,
+        position=(steps[-1].position + 1) if steps else 0,
+        kind=definition.kind,
+        stage=definition.stage,
+        tool=definition.tool,
+        spec=to_json_value(spec),
+        status=Step.Status.RUNNING,
+        attempts=1,
+        lease_owner=worker,
+        lease_expires_at=lease_until(now),
+        started_at=now,
+    )
+    if definition.stage and run.stage != definition.stage:
+        run.enter_stage(definition.stage)
+    TimelineEvent.append(
+        run.pk,
+        Verb.STEP_STARTED,
+        {
+            "step": name,
+            "iteration": iteration,
+            "kind": step.kind,
+            "attempt": 1,
+            "stage": step.stage,
+            "from": "",
+            "to": Step.Status.RUNNING,
+        },
+    )
+    ctx.iteration = iteration
+    ctx.spec = step.spec
+    return Claim(run, step, workflow, definition, ctx, worker)
+
+
+def _not_claimable(run: Run, step: Step, now: datetime) -> tuple[bool, bool]:
+    """(skip, reclaimed): whether the step cannot be claimed now, and whether it is a running
+    step taken back after its lease ran out. Parks the run for a person where that is what the
+    step's state says."""
+    S = Step.Status
+    if step.status == S.RUNNING:
+        if step.lease_expires_at and step.lease_expires_at > now:
+            return True, False  # someone is on it
+        return False, True
+    if step.status == S.RETRY_SCHEDULED:
+        return bool(step.next_attempt_at and step.next_attempt_at > now), False
+    if step.status == S.WAITING:
+        # A waiting step under a runnable run can only be a tool-recovery wait whose probe the
+        # sweeper found due (event, timer and approval waits settle the step before resuming
+        # the run). The sweeper's decision stands, whatever this host's clock says.
+        if Wait.objects.filter(
+            step=step, kind=Wait.Kind.TOOL_RECOVERY, status=Wait.Status.PENDING
+        ).exists():
+            return False, False
+        run.ask_human(f"Step {step.name!r} is waiting with nothing to wait for.", queue=OPS_QUEUE)
+        return True, False
+    if step.status != S.PENDING:
+        # needs_human / unknown_outcome under a runnable run: park the run for a person.
+        run.ask_human(
+            f"Step {step.name!r} is {step.get_status_display().lower()} and needs a person.",
+            queue="support",
+            failure_class=step.error_class,
+        )
+        return True, False
+    return False, False
+
+
+def _claim_existing(run, workflow, step, ctx, worker, now) -> Claim | None:
+    skip, reclaimed = _not_claimable(run, step, now)
+    if skip:
+        return None
+    try:
+        definition = workflow.definition_of(step.name, step.spec)
+    except workflow_registry.WorkflowError as exc:
+        run.ask_human(str(exc), queue=OPS_QUEUE)
+        return None
+    attempt = step.attempts + 1
+    if reclaimed:
+        # The previous holder's lease ran out: it crashed or hung. Take the step back.
+        if not step.reclaim(worker=worker, lease_until=lease_until(now), attempt=attempt):
+            return None
+    else:
+        step.start(
+            worker=worker,
+            lease_until=lease_until(now),
+            attempt=attempt,
+            started_at=step.started_at or now,
+        )
+    ctx.iteration = step.iteration
+    ctx.spec = step.spec
+    return Claim(run, step, workflow, definition, ctx, worker, reclaimed=reclaimed)

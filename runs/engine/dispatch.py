@@ -1,0 +1,46 @@
+"""Dispatch: Celery messages are only hints that a run has work (PostgreSQL decides)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+
+logger = logging.getLogger("taskpilots.engine")
+ADVANCE_TASK = "runs.tasks.advance_run"
+
+
+def conf(name: str):
+    return settings.TASKPILOTS[name]
+
+
+def worker_id() -> str:
+    """This process's name on leases: host and pid (re-read after a fork: prefork pool children
+    have their own pid)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def enqueue(run_id, *, countdown: float | None = None, expires: float | None = None) -> None:
+    """Ask a worker to advance the run once the current transaction commits.
+
+    `expires` bounds hints that are repeated anyway (the sweeper's): when no worker consumes for
+    a while, stale copies are dropped on receipt instead of each costing a database round trip.
+    """
+    if conf("DISPATCH") != "celery":
+        return
+
+    def send():
+        try:
+            options: dict = {"countdown": countdown} if countdown else {}
+            if expires:
+                options["expires"] = expires
+            # By name: runs.tasks imports the engine, not the other way round.
+            current_app.send_task(ADVANCE_TASK, (str(run_id),), **options)
+        except Exception:  # the broker being down only delays the run: the sweeper re-derives it
+            logger.warning("could not enqueue run %s; the sweeper will pick it up", run_id)
+
+    transaction.on_commit(send)

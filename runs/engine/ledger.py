@@ -1,0 +1,273 @@
+"""The side-effect protocol: snapshot and intent before the call, the keyed call, the receipt
+after it, and reconciliation of an outcome nobody saw.
+
+1. Build the parameters (pure) and commit, in one transaction, an immutable Snapshot and the
+   SideEffect ledger row `intended` under a deterministic idempotency key. A key already
+   `committed` is reused and nothing is called (the idempotency check); the same key with other
+   parameters is an error, never a second call.
+2. Call the tool with the key and a hard timeout.
+3. The receipt commits with the step's outcome (runs.engine.record); a failure is classified.
+4. An unknown outcome is reconciled: asked by key, resent where the tool dedupes by key, or
+   handed to a person — never guessed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from enum import StrEnum
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.engine.calls import build_params, call_context, check_scope
+from runs.engine.claim import Claim
+from runs.engine.context import prior_results_summary
+from runs.engine.outcomes import Failed, Outcome, Recheck, Succeeded, UnknownOutcome
+from runs.models import (
+    FailureClass,
+    Receipt,
+    Run,
+    SideEffect,
+    Snapshot,
+    Step,
+    TimelineEvent,
+    digest,
+    to_json_value,
+)
+from runs.tools import LookupResult, Tool, ToolError
+from runs.verbs import Verb
+
+# How many times an unanswered lookup is asked again before a person is.
+RECHECK_ATTEMPTS = 8
+
+
+class IdempotencyKeyConflict(Exception):
+    pass
+
+
+class Verdict(StrEnum):
+    """What reconciling an unknown outcome found."""
+
+    COMMITTED = "committed"  # it landed: the receipt is recorded
+    RESEND = "resend"  # safe to call again with the same key
+    RECHECK = "recheck"  # no record yet, but the request may still be in flight: ask later
+    UNKNOWN = "unknown"  # nothing can tell: a person decides
+
+
+def idempotency_key_for(step: Step) -> str:
+    if step.idempotency_key:
+        return step.idempotency_key
+    suffix = f"-{step.iteration}" if step.iteration else ""
+    return f"tp-{step.run_id}-{step.name}{suffix}"
+
+
+def execute_side_effect(claim: Claim, tool: Tool) -> Outcome:
+    """The protocol for one attempt of a side-effect step (see the module docstring)."""
+    if not tool.side_effect:
+        raise ToolError(FailureClass.INVALID_INPUT, f"{tool.name} is not a side-effect tool")
+    params = build_params(claim, tool)
+    check_scope(claim, tool)
+    key = idempotency_key_for(claim.step)
+    try:
+        effect, done = write_intent(claim, tool, params, key)
+    except IdempotencyKeyConflict as exc:
+        conflict = (Verb.SIDE_EFFECT_KEY_CONFLICT, {"key": key, "step": claim.step.name})
+        return Failed(FailureClass.INVALID_INPUT, str(exc), events=[conflict])
+    if done is not None:
+        return done
+    if effect.status == SideEffect.Status.UNKNOWN:
+        settled = _settle_previous_attempt(claim, tool, effect)
+        if settled is not None:
+            return settled
+        if effect.status == SideEffect.Status.NOT_COMMITTED:
+            effect, _ = write_intent(claim, tool, params, key)
+    try:
+        result = tool.invoke(params, call_context(claim, tool, key))
+    except ToolError as exc:
+        return _after_failed_call(claim, tool, effect, exc)
+    receipt = Receipt(result.external_id, to_json_value(result.response))
+    return Succeeded(receipt.response, committed=(effect, receipt))
+
+
+def _settle_previous_attempt(claim: Claim, tool: Tool, effect: SideEffect) -> Outcome | None:
+    """An earlier attempt never reported back: find out what it did before calling again.
+    None means the call may be made (again) under the same key."""
+    verdict = reconcile(claim, tool, effect)
+    if verdict == Verdict.COMMITTED:
+        return Succeeded(effect.receipt.get("response"))
+    if verdict == Verdict.UNKNOWN:
+        return unknown_outcome(tool, effect, "a previous attempt did not report back")
+    if verdict == Verdict.RECHECK:
+        return recheck(claim, tool, effect)
+    return None
+
+
+def _after_failed_call(claim: Claim, tool: Tool, effect: SideEffect, exc: ToolError) -> Outcome:
+    if exc.failure_class != FailureClass.UNKNOWN_OUTCOME:
+        return Failed(exc.failure_class, exc.message, not_committed=effect)
+    if effect.status == SideEffect.Status.INTENDED:
+        effect.mark_unknown(exc.message)
+    verdict = reconcile(claim, tool, effect)
+    if verdict == Verdict.COMMITTED:
+        return Succeeded(effect.receipt.get("response"))
+    if verdict == Verdict.RESEND:
+        # Known not committed, or safe to resend: an ordinary retry with the same key.
+        return Failed(FailureClass.TRANSIENT, f"{exc.message} (reconciled: safe to retry)")
+    if verdict == Verdict.RECHECK:
+        return recheck(claim, tool, effect)
+    return unknown_outcome(tool, effect, exc.message)
+
+
+def _snapshot_fields(claim: Claim, tool: Tool, params: dict, key: str) -> dict:
+    run = claim.run
+    return {
+        "workflow_version": run.workflow_version,
+        "stage": claim.step.stage,
+        "tool": tool.name,
+        "params": params,
+        "target_resource": tool.target_of(params),
+        "permissions": {"actor": run.principal, "scopes": list(run.scopes or [])},
+        "prior_results_summary": prior_results_summary(claim.ctx.results),
+        "session_context_ref": run.session_context_ref,
+        "idempotency_key": key,
+        "human_decision": _decision_executed(claim, tool),
+    }
+
+
+def _decision_executed(claim: Claim, tool: Tool) -> dict:
+    """The person's decision this call carries out: edited parameters on this step, or the
+    latest approval of this tool before it (its result names the decision)."""
+    if claim.step.spec.get("human_decision"):
+        return claim.step.spec["human_decision"]
+    found: dict = {}
+    for result in claim.ctx.results.values():
+        named = result.get("human_decision") if isinstance(result, dict) else None
+        if isinstance(named, dict) and named.get("tool") == tool.name:
+            found = named
+    return found
+
+
+def write_intent(
+    claim: Claim, tool: Tool, params: dict, key: str
+) -> tuple[SideEffect, Outcome | None]:
+    """Commit the Snapshot and the `intended` SideEffect before the call (the idempotency check).
+
+    Returns the ledger row and, when no call must be made, the outcome to record instead.
+    """
+    run, step = claim.run, claim.step
+    checksum = digest(params)
+    with transaction.atomic():
+        Run.lock(run.pk)  # the lock order: the run before its ledger row
+        effect = SideEffect.objects.select_for_update().filter(idempotency_key=key).first()
+        if effect is not None:
+            settled = _known_key(run, step, effect, checksum)
+            if settled is not False:
+                return effect, settled
+        snapshot = Snapshot.write(step, **_snapshot_fields(claim, tool, params, key))
+        missing = snapshot.missing_fields
+        required_missing = [f for f in tool.required_snapshot_fields if f in missing]
+        if required_missing:
+            raise ToolError(
+                FailureClass.INVALID_INPUT,
+                f"the snapshot lacks fields {tool.name} requires: {', '.join(required_missing)}",
+            )
+        if effect is None:
+            effect = SideEffect.intend(snapshot, params_checksum=checksum)
+        else:  # not_committed before: a new attempt with the same key
+            effect.intend_again(snapshot)
+        step.remember_key(key)
+    return effect, None
+
+
+def _known_key(run: Run, step: Step, effect: SideEffect, checksum: str):
+    """The key was used before. Returns the outcome when it settles the step (committed: reuse
+    the receipt), None when the earlier attempt must be reconciled, False to write a new intent
+    (the earlier attempt is known not to have landed)."""
+    if effect.params_checksum != checksum:
+        raise IdempotencyKeyConflict(
+            f"idempotency key {effect.idempotency_key} was first used with other parameters "
+            f"(checksum {effect.params_checksum[:12]}…, now {checksum[:12]}…); refusing "
+            "to call again. A person must check which parameters are right."
+        )
+    if effect.status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
+        TimelineEvent.append(
+            run.pk,
+            Verb.SIDE_EFFECT_REUSED,
+            {"step": step.name, "key": effect.idempotency_key, "external_id": effect.external_id},
+        )
+        return Succeeded(effect.receipt.get("response"))
+    if effect.status == SideEffect.Status.INTENDED:
+        # Left behind by an attempt that never reported back (worker died mid-call).
+        effect.mark_unknown("a previous attempt did not report back")
+        return None
+    if effect.status == SideEffect.Status.UNKNOWN:
+        return None
+    return False
+
+
+def settle_window(claim: Claim, tool: Tool) -> timedelta:
+    if tool.settle_seconds is not None:
+        return timedelta(seconds=tool.settle_seconds)
+    timeout = call_context(claim, tool).timeout or 0
+    return timedelta(seconds=2 * timeout + 1)
+
+
+def reconcile(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict:
+    """Settle an unknown outcome without guessing (see Verdict)."""
+    if tool.lookup is not None:
+        verdict = _reconcile_by_lookup(claim, tool, effect)
+        if verdict is not None:
+            return verdict
+    if tool.dedupes_by_key:
+        TimelineEvent.append(
+            claim.run.pk,
+            Verb.SIDE_EFFECT_RESEND_WITH_SAME_KEY,
+            {"key": effect.idempotency_key, "why": f"{tool.name} dedupes by idempotency key"},
+        )
+        return Verdict.RESEND
+    return Verdict.UNKNOWN
+
+
+def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict | None:
+    key = effect.idempotency_key
+    try:
+        found: LookupResult | None = tool.lookup(key, call_context(claim, tool, key))
+    except ToolError as exc:
+        TimelineEvent.append(
+            claim.run.pk, Verb.SIDE_EFFECT_LOOKUP_FAILED, {"key": key, "error": exc.message}
+        )
+        # The system cannot answer right now: that is no evidence either way. Ask again later,
+        # a bounded number of times, before handing the question to a person.
+        if exc.failure_class in (FailureClass.TRANSIENT, FailureClass.OUTAGE) and (
+            claim.step.attempts < RECHECK_ATTEMPTS
+        ):
+            return Verdict.RECHECK
+        return None
+    if found.found:
+        receipt = Receipt(found.external_id, to_json_value(found.response))
+        effect.commit(receipt, confirmed_by="reconcile")
+        return Verdict.COMMITTED
+    if timezone.now() < effect.attempted_at + settle_window(claim, tool):
+        return Verdict.RECHECK
+    effect.mark_not_committed(confirmed_by="reconcile")
+    return Verdict.RESEND
+
+
+def recheck(claim: Claim, tool: Tool, effect: SideEffect) -> Recheck:
+    """Nothing found by key yet, inside the settle window, or the system could not be asked:
+    never resend now (the first request may still land); ask again later — once the window has
+    passed, and with a growing pause while the system does not answer."""
+    backoff = timedelta(seconds=min(60, 2 ** max(claim.step.attempts - 1, 0)))
+    at = max(effect.attempted_at + settle_window(claim, tool), timezone.now() + backoff)
+    return Recheck(
+        at,
+        f"{tool.name} has no record of key {effect.idempotency_key} yet; the request may still "
+        f"be in flight, so it is asked again at {at:%H:%M:%S} before anything is resent.",
+    )
+
+
+def unknown_outcome(tool: Tool, effect: SideEffect, error: str) -> UnknownOutcome:
+    return UnknownOutcome(
+        f"{error}. {tool.name} may or may not have done this; it cannot be asked by key and does "
+        f"not dedupe, so a person must check (idempotency key {effect.idempotency_key})."
+    )

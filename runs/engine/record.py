@@ -1,0 +1,132 @@
+"""Recording what a step produced: its ledger row, its own state, the run's next move and their
+timeline events, in one transaction."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.engine.claim import Claim
+from runs.engine.compensation import settle_compensation
+from runs.engine.dispatch import enqueue
+from runs.engine.outcomes import (
+    AskApproval,
+    Failed,
+    HeldByPause,
+    Outcome,
+    Park,
+    Recheck,
+    Succeeded,
+    UnknownOutcome,
+)
+from runs.engine.routing import route_failure
+from runs.engine.waits import close_recovery_wait, hold_for_pause, park
+from runs.models import FailureClass, Run, SideEffect, TimelineEvent, TransitionError, Wait
+from runs.people import people
+from runs.verbs import Verb
+
+logger = logging.getLogger("taskpilots.engine")
+
+
+def record_outcome(claim: Claim, outcome: Outcome) -> bool:
+    """Commit the outcome with its timeline events; return True if the run may go on inline.
+
+    Ledger updates are keyed by idempotency key and land even when this worker has lost its lease
+    (a receipt must never be dropped); the step's own update is guarded by the lease.
+    """
+    run, step = claim.run, claim.step
+    with transaction.atomic():
+        Run.lock(run.pk)  # the lock order: the run before its step and ledger rows
+        _settle_ledger(claim, outcome)
+        for verb, data in getattr(outcome, "events", ()):
+            TimelineEvent.append(run.pk, verb, data)
+        try:
+            with transaction.atomic():
+                return _apply(claim, outcome)
+        except TransitionError:
+            TimelineEvent.append(
+                run.pk,
+                Verb.STEP_OUTCOME_DISCARDED,
+                {
+                    "step": step.name,
+                    "worker": claim.worker,
+                    "why": "the lease expired and the step was taken over",
+                },
+            )
+            return False
+
+
+def _settle_ledger(claim: Claim, outcome: Outcome) -> None:
+    """The receipt of a call that landed, or the refusal of one that did not."""
+    if isinstance(outcome, Succeeded) and outcome.committed is not None:
+        effect, receipt = outcome.committed
+        target, settle = (
+            SideEffect.Status.COMMITTED,
+            (lambda: effect.commit(receipt, confirmed_by="tool", data={"step": claim.step.name})),
+        )
+    elif isinstance(outcome, Failed) and outcome.not_committed is not None:
+        effect = outcome.not_committed
+        target, settle = SideEffect.Status.NOT_COMMITTED, effect.mark_not_committed
+    else:
+        return
+    if effect.status == target:
+        return
+    try:
+        with transaction.atomic():
+            settle()
+    except TransitionError:
+        logger.warning("side effect %s already settled", effect.idempotency_key)
+
+
+def _apply(claim: Claim, outcome: Outcome) -> bool:
+    run, step, lease = claim.run, claim.step, claim.worker
+    match outcome:
+        case Succeeded(result=result, degraded=degraded):
+            recovered = bool(step.error_class) or step.attempts > 1
+            if degraded is None:
+                step.succeed(
+                    result,
+                    held_by=lease,
+                    error_class="",
+                    last_error="",
+                    data={"attempt": step.attempts},
+                )
+            else:
+                step.degrade(result, held_by=lease, failure_class=degraded[0], error=degraded[1])
+            if step.spec.get("compensates"):
+                settle_compensation(step)
+            if recovered:
+                close_recovery_wait(step)
+            return True
+        case Recheck(at=at, error=error):
+            step.schedule_recheck(at, held_by=lease, error=error)
+            seconds = (at - timezone.now()).total_seconds()
+            if seconds <= 5:
+                enqueue(run.pk, countdown=max(seconds, 0))
+            return False
+        case HeldByPause():
+            return hold_for_pause(run, step, outcome, held_by=lease)
+        case Park():
+            return park(run, step, outcome, held_by=lease)
+        case AskApproval(approval=approval):
+            request = people().ask(run, step, approval)
+            Wait.open(step, Wait.Kind.APPROVAL, due_at=approval.due_at)
+            step.request_approval(
+                held_by=lease,
+                approval=request,
+                queue=approval.queue,
+                reason=approval.reason,
+                tool=approval.tool,
+            )
+            run.ask_human(approval.reason, queue=approval.queue, due_at=approval.due_at)
+            return False
+        case UnknownOutcome(error=error):
+            return route_failure(
+                run, step, FailureClass.UNKNOWN_OUTCOME, error, held_by=lease, tool=step.tool
+            )
+        case Failed(failure_class=failure_class, error=error):
+            tool = claim.definition.tool or step.tool
+            return route_failure(run, step, failure_class, error, held_by=lease, tool=tool)
+    raise TypeError(f"not an outcome: {outcome!r}")

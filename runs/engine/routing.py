@@ -1,0 +1,214 @@
+"""Failure routing: the one place that decides what a failure leads to.
+
+Three kinds of failure come here: a step's attempt that failed (`ATTEMPT`), a wait that reached
+its deadline undecided (`TIMEOUT`), and a person's SLA that ran out (`SLA`, decided here and
+carried out by approvals.sla, which also moves queues). Each is routed by the first matching
+escalation rule (read at routing time, so an admin's edit routes the next failure):
+
+- retry: back off with jitter until the rule's attempts are spent, then escalate;
+- wait: probe the tool until the rule's wait window closes, then escalate;
+- degrade: reads degrade before they are recorded; here it means no fallback worked: escalate;
+- compensate: undo the run's committed side effects;
+- escalate: a person's queue, with the rule's SLA;
+- fail: the run fails.
+
+Retry and wait apply to attempts only (a deadline that passed cannot be waited out); an unknown
+outcome only ever goes to a person (failing or compensating it would guess). Every decision is
+a timeline event naming the rule and its version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from django.utils import timezone
+
+from runs import tools as tool_registry
+from runs.engine.compensation import begin_compensation
+from runs.engine.dispatch import enqueue
+from runs.models import FailureClass, RouteAction, Run, Step, Wait
+from runs.people import Rule, people
+
+A = RouteAction
+# Where a failure no rule routes goes: the people who look at runs.
+DEFAULT_QUEUE = "support"
+
+
+class Origin(StrEnum):
+    ATTEMPT = "attempt"
+    TIMEOUT = "timeout"
+    SLA = "sla"
+
+
+@dataclass(frozen=True)
+class Route:
+    action: str
+    rule: Rule | None
+    queue: str
+    routing: dict  # what the timeline records: the rule (id, version, name, action) and class
+
+    def person_due(self) -> datetime | None:
+        """When a person must have handled what this route hands them (the rule's SLA; none
+        when 0): past it, the sweeper escalates the run (approvals.sla)."""
+        if self.rule is None or not self.rule.approval_sla_seconds:
+            return None
+        return timezone.now() + timedelta(seconds=self.rule.approval_sla_seconds)
+
+
+def tool_risk(tool_name: str) -> str:
+    if not tool_name:
+        return ""
+    try:
+        return tool_registry.get(tool_name).risk
+    except tool_registry.UnknownTool:
+        return ""
+
+
+def choose(
+    run: Run,
+    step: Step | None,
+    failure_class: str,
+    *,
+    tool: str = "",
+    origin=Origin.ATTEMPT,
+    risk: str | None = None,
+) -> Route:
+    """The route of one failure: the first matching rule's action, narrowed to what applies."""
+    tool = tool or (step.tool if step is not None else "")
+    rule = people().rule_for(
+        workflow=run.workflow,
+        step=step.name if step is not None else "",
+        tool=tool,
+        failure_class=failure_class,
+        risk=tool_risk(tool) if risk is None else risk,
+    )
+    action = rule.action if rule else A.ESCALATE
+    if origin != Origin.ATTEMPT and action in (A.RETRY, A.WAIT, A.DEGRADE):
+        action = A.ESCALATE
+    guessing = failure_class == FailureClass.UNKNOWN_OUTCOME or (
+        step is not None and step.status == Step.Status.UNKNOWN_OUTCOME
+    )
+    if guessing or (step is None and action in (A.FAIL, A.COMPENSATE)):
+        action = A.ESCALATE
+    described = rule.describe() if rule else {"rule": "(no rule matched)"}
+    return Route(
+        action=action,
+        rule=rule,
+        queue=(rule.queue if rule else "") or DEFAULT_QUEUE,
+        routing={**described, "failure_class": failure_class},
+    )
+
+
+def route_failure(
+    run: Run,
+    step: Step,
+    failure_class: str,
+    error: str,
+    *,
+    held_by: str | None = None,
+    tool: str = "",
+    origin: Origin = Origin.ATTEMPT,
+) -> bool:
+    """Apply the route of a failed attempt or a timed-out wait. Returns True when the run has
+    work for a worker right away (compensation)."""
+    route = choose(run, step, failure_class, tool=tool, origin=origin)
+    reason = error
+    if route.action == A.RETRY:
+        if step.attempts < route.rule.max_attempts:
+            _retry(run, step, route, failure_class, error, held_by)
+            return False
+        reason = f"Gave up after {step.attempts} attempts: {error}"
+    elif route.action == A.WAIT:
+        reason = _wait_for_tool(run, step, route, failure_class, error, held_by, tool)
+        if reason is None:
+            return False
+    elif route.action == A.DEGRADE:
+        reason = f"Could not degrade: {error}"
+    elif route.action in (A.COMPENSATE, A.FAIL):
+        return end_step(run, step, route, failure_class, error, held_by=held_by, origin=origin)
+    _escalate(run, step, route, failure_class, reason, held_by)
+    return False
+
+
+def _retry(run, step, route, failure_class, error, held_by) -> None:
+    delay = route.rule.backoff(step.attempts)
+    step.schedule_retry(
+        timezone.now() + delay,
+        held_by=held_by,
+        failure_class=failure_class,
+        error=error,
+        routing=route.routing,
+    )
+    run.count_failure()
+    if delay.total_seconds() <= 5:
+        enqueue(run.pk, countdown=delay.total_seconds())
+
+
+def _wait_for_tool(run, step, route, failure_class, error, held_by, tool) -> str | None:
+    """Park the step until the tool recovers (the sweeper probes it). Returns None while the
+    wait window is open, or the reason to escalate once it has closed."""
+    now = timezone.now()
+    window = timedelta(seconds=route.rule.wait_window_seconds)
+    wait = Wait.objects.filter(
+        step=step, kind=Wait.Kind.TOOL_RECOVERY, status=Wait.Status.PENDING
+    ).first() or Wait.open(step, Wait.Kind.TOOL_RECOVERY, event_type=tool, due_at=now + window)
+    if now >= wait.due_at:
+        wait.expire()
+        return (
+            f"{tool} was still failing when its wait window of "
+            f"{route.rule.wait_window_seconds}s closed: {error}"
+        )
+    probe_at = min(now + timedelta(seconds=route.rule.probe_interval_seconds), wait.due_at)
+    step.wait_for_tool(
+        probe_at,
+        window_ends=wait.due_at,
+        held_by=held_by,
+        failure_class=failure_class,
+        error=error,
+        routing=route.routing,
+    )
+    run.count_failure()
+    run.wait(f"waiting for {tool} to recover")
+    return None
+
+
+def _escalate(run, step, route, failure_class, reason, held_by) -> None:
+    if failure_class == FailureClass.UNKNOWN_OUTCOME:
+        step.mark_unknown_outcome(held_by=held_by, error=reason, routing=route.routing)
+    else:
+        step.escalate(
+            failure_class=failure_class, error=reason, routing=route.routing, held_by=held_by
+        )
+    run.count_failure(escalate=failure_class != FailureClass.UNKNOWN_OUTCOME)
+    run.ask_human(
+        reason[:2000],
+        queue=route.queue,
+        failure_class=failure_class,
+        due_at=route.person_due(),
+    )
+
+
+def end_step(
+    run, step, route, failure_class, reason, *, held_by=None, origin=Origin.ATTEMPT
+) -> bool:
+    """The rule fails the run or undoes its side effects: the step fails first. Returns True
+    when compensation has work for a worker."""
+    step.fail(failure_class=failure_class, error=reason, routing=route.routing, held_by=held_by)
+    run.count_failure()
+    attempt = origin == Origin.ATTEMPT
+    if route.action == A.FAIL:
+        run.fail(f"{step.name}: {reason}" if attempt else reason)
+        return False
+    rule = route.routing.get("rule")
+    begin_compensation(
+        run,
+        f"{step.name} failed ({failure_class}); rule {rule!r} compensates" if attempt else reason,
+    )
+    return True
+
+
+def match_rule(run: Run, step: Step, failure_class: str, tool: str = "") -> Rule | None:
+    """The rule that would route this failure (reads use it to degrade before recording)."""
+    return choose(run, step, failure_class, tool=tool).rule

@@ -1,0 +1,108 @@
+"""Starting runs: idempotent by business key, nothing written for a refused start."""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+
+from runs import workflows as workflow_registry
+from runs.engine.dispatch import enqueue
+from runs.models import Run, digest, to_json_value
+from runs.verbs import Verb
+from runs.workflows import Workflow
+
+
+class StartError(ValueError):
+    """The run cannot start: unknown workflow, invalid input, or a business key conflict."""
+
+
+class BusinessKeyConflict(StartError):
+    """The business key already started a run for another request: `why` is "workflow" (another
+    workflow or version) or "input" (the same workflow with other input)."""
+
+    def __init__(self, run: Run, why: str = "input"):
+        self.run = run
+        self.why = why
+        what = "another workflow" if why == "workflow" else "other input"
+        super().__init__(
+            f"business key {run.business_key!r} already started run {run.pk} with {what}"
+        )
+
+
+def start_run(
+    workflow: str,
+    input: dict,
+    *,
+    version: int | None = None,
+    business_key: str | None = None,
+    principal: str = "system",
+    scopes: list[str] | None = None,
+    session_context_ref: str = "",
+    actor: str = "system",
+) -> tuple[Run, bool]:
+    """Create a run (or return the existing one for the same business key and input).
+
+    Returns (run, created). A business key names one request to one workflow: the same key
+    with another workflow (or another explicit version), or with different input, raises
+    BusinessKeyConflict; nothing is written for a rejected start.
+    """
+    try:
+        definition = workflow_registry.get(workflow, version)
+    except workflow_registry.UnknownWorkflow as exc:
+        raise StartError(str(exc)) from None
+    if not isinstance(input, dict):
+        raise StartError("input must be a JSON object")
+    if definition.validate_input is not None:
+        try:
+            input = definition.validate_input(input)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise StartError(f"invalid input for {workflow}: {exc}") from None
+    input = to_json_value(input)
+    input_digest = digest(input)
+    if business_key is not None:
+        existing = Run.objects.filter(business_key=business_key).first()
+        if existing is not None:
+            return _same_start(existing, definition, version, input_digest)
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                workflow=definition.name,
+                workflow_version=definition.version,
+                input=input,
+                input_digest=input_digest,
+                business_key=business_key,
+                principal=principal,
+                scopes=list(scopes if scopes is not None else definition.scopes),
+                session_context_ref=session_context_ref,
+            )
+            run.record(
+                Verb.RUN_CREATED,
+                {
+                    "workflow": run.workflow,
+                    "version": run.workflow_version,
+                    "business_key": business_key,
+                    "input_digest": input_digest,
+                    "principal": principal,
+                },
+                actor=actor,
+            )
+            enqueue(run.pk)
+    except IntegrityError:
+        # Two starts with the same business key raced; the loser returns the winner's run.
+        existing = Run.objects.filter(business_key=business_key).first()
+        if business_key is None or existing is None:
+            raise
+        return _same_start(existing, definition, version, input_digest)
+    return run, True
+
+
+def _same_start(
+    existing: Run, definition: Workflow, version: int | None, input_digest: str
+) -> tuple[Run, bool]:
+    # Without an explicit version a retry may resolve to a newer one: still the same request.
+    if existing.workflow != definition.name or (
+        version is not None and existing.workflow_version != version
+    ):
+        raise BusinessKeyConflict(existing, why="workflow")
+    if existing.input_digest != input_digest:
+        raise BusinessKeyConflict(existing)
+    return existing, False

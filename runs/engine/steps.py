@@ -1,0 +1,169 @@
+"""Executing one claimed step, outside any transaction (a tool call never holds a lock): one
+executor per step kind, each returning an Outcome for runs.engine.record."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from runs import tools as tool_registry
+from runs.engine.calls import build_params, call_context, check_scope
+from runs.engine.claim import Claim
+from runs.engine.ledger import execute_side_effect
+from runs.engine.outcomes import (
+    AskApproval,
+    Failed,
+    HeldByPause,
+    Outcome,
+    Park,
+    Succeeded,
+)
+from runs.engine.routing import match_rule
+from runs.engine.waits import end_pause_hold
+from runs.models import FailureClass, RouteAction, StepKind, Wait, to_json_value
+from runs.people import Approval, people
+from runs.tools import Tool, ToolError
+from runs.verbs import Verb
+
+
+def execute(claim: Claim) -> Outcome:
+    """Run the claimed step and say what it produced; a tool error is a classified failure."""
+    kind = claim.step.kind
+    try:
+        if kind in (StepKind.READ, StepKind.SIDE_EFFECT):
+            tool = tool_registry.get(claim.definition.tool)
+            held = held_by_pause(claim, tool.name)
+            if held is not None:
+                return held
+            if kind == StepKind.READ:
+                return execute_read(claim, tool)
+            return execute_side_effect(claim, tool)
+        executor = EXECUTORS.get(kind)
+        if executor is None:
+            return Failed(FailureClass.INVALID_INPUT, f"unknown step kind {kind!r}")
+        return executor(claim)
+    except ToolError as exc:
+        return Failed(exc.failure_class, exc.message)
+    except tool_registry.UnknownTool as exc:
+        return Failed(FailureClass.INVALID_INPUT, str(exc))
+
+
+def held_by_pause(claim: Claim, tool_name: str) -> HeldByPause | None:
+    """Never call a paused tool: the step waits for an admin to resume it.
+
+    One query on the partial unique index of open pauses per tool call, rather than a cache: a
+    pause must hold from the moment it commits, in every worker, and the lookup costs far less
+    than the call it guards. Checked before the snapshot and intent are written, so a held side
+    effect leaves nothing half-done (and no lookup-by-key call is made either).
+    """
+    pause = people().pause_of(tool_name)
+    if pause is None:
+        if claim.step.routing.get("paused_tool"):
+            end_pause_hold(claim.run, claim.step)
+        return None
+    return HeldByPause(tool_name, pause.pk, pause.reason[:500])
+
+
+def execute_compute(claim: Claim) -> Outcome:
+    try:
+        return Succeeded(to_json_value(claim.definition.fn(claim.ctx)))
+    except ToolError:
+        raise
+    except Exception as exc:
+        return Failed(FailureClass.INVALID_INPUT, f"{type(exc).__name__}: {exc}")
+
+
+def execute_read(claim: Claim, tool: Tool) -> Outcome:
+    params = build_params(claim, tool)
+    check_scope(claim, tool)
+    try:
+        result = tool.invoke(params, call_context(claim, tool))
+    except ToolError as exc:
+        return degrade_or_fail(claim, tool, params, exc)
+    return Succeeded(to_json_value(result.response))
+
+
+def degrade_or_fail(claim: Claim, tool: Tool, params: dict, exc: ToolError) -> Outcome:
+    """A read failed: if its rule says degrade and there is a fallback, use it right away."""
+    rule = match_rule(claim.run, claim.step, exc.failure_class, tool.name)
+    if rule is None or rule.action != RouteAction.DEGRADE:
+        return Failed(exc.failure_class, exc.message)
+    if not tool.fallback_tool:
+        return Failed(
+            exc.failure_class,
+            f"{exc.message} (rule says degrade, but {tool.name} has no fallback tool)",
+        )
+    fallback = tool_registry.get(tool.fallback_tool)
+    if people().pause_of(fallback.name) is not None:
+        return Failed(exc.failure_class, f"{exc.message}; fallback {fallback.name} is paused")
+    try:
+        result = fallback.invoke(params, call_context(claim, fallback))
+    except ToolError as fallback_exc:
+        return Failed(
+            fallback_exc.failure_class,
+            f"{exc.message}; fallback {fallback.name} failed too: {fallback_exc.message}",
+        )
+    degraded = {"degraded": True, "fallback_tool": fallback.name, "response": result.response}
+    event = {
+        "step": claim.step.name,
+        "rule": rule.describe(),
+        "failure_class": exc.failure_class,
+        "fallback_tool": fallback.name,
+    }
+    return Succeeded(
+        to_json_value(degraded),
+        degraded=(exc.failure_class, exc.message),
+        events=[(Verb.STEP_DEGRADED, event)],
+    )
+
+
+def execute_approval(claim: Claim) -> Outcome:
+    definition = claim.definition
+    params = build_params(claim, None)
+    if definition.when is not None and not definition.when(claim.ctx):
+        return Succeeded({"decision": "not_required", "params": params})
+    reason = definition.reason(claim.ctx) if callable(definition.reason) else definition.reason
+    rule = people().rule_for(
+        workflow=claim.run.workflow,
+        step=claim.step.name,
+        tool=definition.tool,
+        failure_class="",
+        risk="",
+    )
+    sla = definition.sla or (timedelta(seconds=rule.approval_sla_seconds) if rule else None)
+    risk = tool_registry.get(definition.tool).risk if definition.tool else "medium"
+    return AskApproval(
+        Approval(
+            queue=definition.queue,
+            reason=reason or f"Approval needed for {claim.step.name}",
+            risk=risk,
+            tool=definition.tool,
+            proposed_params=params,
+            due_at=timezone.now() + sla if sla else None,
+        )
+    )
+
+
+def execute_wait_event(claim: Claim) -> Outcome:
+    definition = claim.definition
+    try:
+        correlation = str(definition.correlation(claim.ctx))
+    except Exception as exc:
+        return Failed(FailureClass.INVALID_INPUT, f"correlation key: {exc}")
+    due = timezone.now() + definition.timeout if definition.timeout else None
+    return Park(Wait.Kind.EVENT, due, event_type=definition.event_type, correlation_key=correlation)
+
+
+def execute_wait_timer(claim: Claim) -> Outcome:
+    delay = claim.definition.delay
+    delay = delay(claim.ctx) if callable(delay) else delay
+    return Park(Wait.Kind.TIMER, timezone.now() + delay)
+
+
+EXECUTORS = {
+    StepKind.COMPUTE: execute_compute,
+    StepKind.APPROVAL: execute_approval,
+    StepKind.WAIT_EVENT: execute_wait_event,
+    StepKind.WAIT_TIMER: execute_wait_timer,
+}

@@ -1,0 +1,93 @@
+"""The timeline's vocabulary: every verb a TimelineEvent may carry, in one place.
+
+The engine and the model verbs write them, the metrics SQL and the drill count them, the console
+and the audit pages label them. A verb is `<subject>.<what happened>`; values are stored in the
+hash-chained timeline, so they never change once released (add, never rename).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Verb(StrEnum):
+    # Runs
+    RUN_CREATED = "run.created"
+    RUN_STARTED = "run.started"
+    RUN_WAITING = "run.waiting"
+    RUN_RESUMED = "run.resumed"
+    RUN_NEEDS_HUMAN = "run.needs_human"
+    RUN_TAKEN_OVER = "run.taken_over"
+    RUN_RELEASED = "run.released"
+    RUN_COMPENSATING = "run.compensating"
+    RUN_SUCCEEDED = "run.succeeded"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+    RUN_COMPENSATED = "run.compensated"
+    RUN_SLA_BREACHED = "run.sla_breached"
+    # Steps
+    STEP_STARTED = "step.started"
+    STEP_LEASE_RECLAIMED = "step.lease_reclaimed"
+    STEP_SUCCEEDED = "step.succeeded"
+    STEP_DEGRADED = "step.degraded"
+    STEP_DONE_BY_HAND = "step.done_by_hand"
+    STEP_RETRY_SCHEDULED = "step.retry_scheduled"
+    STEP_RETRY_REQUESTED = "step.retry_requested"
+    STEP_WAITING = "step.waiting"
+    STEP_WAITING_FOR_TOOL = "step.waiting_for_tool"
+    STEP_TOOL_PAUSED = "step.tool_paused"
+    STEP_ESCALATED = "step.escalated"
+    STEP_UNKNOWN_OUTCOME = "step.unknown_outcome"
+    STEP_FAILED = "step.failed"
+    STEP_SKIPPED = "step.skipped"
+    STEP_COMPENSATED = "step.compensated"
+    STEP_OUTCOME_DISCARDED = "step.outcome_discarded"
+    # The side-effect protocol
+    SNAPSHOT_WRITTEN = "snapshot.written"
+    SIDE_EFFECT_INTENDED = "side_effect.intended"
+    SIDE_EFFECT_COMMITTED = "side_effect.committed"
+    SIDE_EFFECT_UNKNOWN = "side_effect.unknown"
+    SIDE_EFFECT_NOT_COMMITTED = "side_effect.not_committed"
+    SIDE_EFFECT_COMPENSATED = "side_effect.compensated"
+    SIDE_EFFECT_REUSED = "side_effect.reused"
+    SIDE_EFFECT_KEY_CONFLICT = "side_effect.key_conflict"
+    SIDE_EFFECT_LOOKUP_FAILED = "side_effect.lookup_failed"
+    SIDE_EFFECT_RESEND_WITH_SAME_KEY = "side_effect.resend_with_same_key"
+    SIDE_EFFECT_RECHECK_SCHEDULED = "side_effect.recheck_scheduled"
+    # Compensation
+    COMPENSATION_PLANNED = "compensation.planned"
+    COMPENSATION_NOT_AVAILABLE = "compensation.not_available"
+    # Waits
+    WAIT_OPENED = "wait.opened"
+    WAIT_RESOLVED = "wait.resolved"
+    WAIT_EXPIRED = "wait.expired"
+    WAIT_CANCELLED = "wait.cancelled"
+    # People
+    APPROVAL_REQUESTED = "approval.requested"
+    APPROVAL_APPROVED = "approval.approved"
+    APPROVAL_APPROVED_WITH_EDITS = "approval.approved_with_edits"
+    APPROVAL_REJECTED = "approval.rejected"
+    APPROVAL_EXPIRED = "approval.expired"
+    APPROVAL_CANCELLED = "approval.cancelled"
+    TAKEOVER_STARTED = "takeover.started"
+    TAKEOVER_ENDED = "takeover.ended"
+    TOOL_RESUMED = "tool.resumed"
+    # Requests from API clients, recorded before the action they ask for
+    API_CANCEL_REQUESTED = "api.cancel_requested"
+    API_DECISION_REQUESTED = "api.decision_requested"
+    API_OUTCOME_REQUESTED = "api.outcome_requested"
+
+
+# Verbs that mean "something went wrong here and recovery had to act" (the drill's and the
+# metrics' notion of a fault).
+FAULT_VERBS = frozenset(
+    {
+        Verb.STEP_RETRY_SCHEDULED,
+        Verb.STEP_WAITING_FOR_TOOL,
+        Verb.STEP_LEASE_RECLAIMED,
+        Verb.SIDE_EFFECT_UNKNOWN,
+        Verb.STEP_ESCALATED,
+        Verb.STEP_UNKNOWN_OUTCOME,
+        Verb.STEP_DEGRADED,
+    }
+)
