@@ -184,6 +184,20 @@ def _flag(condition: str) -> str:
     return f"({condition})::int"
 
 
+# A run that hit a tool failure and succeeded with nobody stepping in (no escalation, no
+# takeover, no human decision other than an approval).
+_AUTO_RECOVERED = (
+    "c.failure_count > 0 AND c.status = 'succeeded' AND c.escalation_level = 0"
+    " AND COALESCE(h.recovery_decisions, 0) = 0 AND t.n IS NULL"
+)
+# Taken over twice or more, or a human decision after a release.
+_SECOND_INTERVENTION = "COALESCE(t.n >= 2 OR (t.n IS NOT NULL AND ar.run_id IS NOT NULL), false)"
+# An ended run's first tool failure to its end, as a one-element array (empty otherwise).
+_CLOSE_S = (
+    f"CASE WHEN {_ENDED} AND ff.at IS NOT NULL AND c.finished_at IS NOT NULL"
+    f" THEN ARRAY[{_epoch('c.finished_at - ff.at')}] ELSE {_NONE} END"
+)
+
 # (column, expression): a run's row (RunMetrics), in this order; the counts are 0/1 flags or
 # tallies so that any set of rows, or of MetricsDay rows, adds up with sum().
 FACTS: list[tuple[str, str]] = [
@@ -196,13 +210,11 @@ FACTS: list[tuple[str, str]] = [
     ("finished", _flag(_ENDED)),
     ("succeeded", _flag("c.status = 'succeeded'")),
     ("faulted_finished", _flag(f"c.failure_count > 0 AND {_ENDED}")),
-    ("auto_recovered", _flag("c.failure_count > 0 AND c.status = 'succeeded' AND "
-     "c.escalation_level = 0 AND COALESCE(h.recovery_decisions, 0) = 0 AND t.n IS NULL")),
+    ("auto_recovered", _flag(_AUTO_RECOVERED)),
     ("human_stepped_in", _flag("COALESCE(h.recovery_decisions, 0) > 0 OR t.n IS NOT NULL")),
     ("takeovers", "COALESCE(t.n, 0)"),
     ("runs_taken_over", _flag("t.n IS NOT NULL")),
-    ("second_intervention",
-     _flag("COALESCE(t.n >= 2 OR (t.n IS NOT NULL AND ar.run_id IS NOT NULL), false)")),
+    ("second_intervention", _flag(_SECOND_INTERVENTION)),
     ("failed_steps", "COALESCE(sf.failed_steps, 0)"),
     ("recovered", "COALESCE(sf.recovered_steps, 0)"),
     ("recovered_locally", "COALESCE(sf.recovered_locally, 0)"),
@@ -219,8 +231,7 @@ FACTS: list[tuple[str, str]] = [
     ("settled", "COALESCE(wf.settled, 0)"),
     ("expired", "COALESCE(wf.expired, 0)"),
     ("decided", "COALESCE(af.decided, 0)"),
-    ("close_s", f"CASE WHEN {_ENDED} AND ff.at IS NOT NULL AND c.finished_at IS NOT NULL "
-     f"THEN ARRAY[{_epoch('c.finished_at - ff.at')}] ELSE {_NONE} END"),
+    ("close_s", _CLOSE_S),
     ("recover_s", f"COALESCE(sf.recover_s, {_NONE})"),
     ("resume_s", f"COALESCE(wf.resume_s, {_NONE})"),
     ("handling_s", f"COALESCE(af.handling_s, {_NONE})"),
@@ -228,7 +239,7 @@ FACTS: list[tuple[str, str]] = [
     ("tool_names", "COALESCE(tf.tool_names, '{}'::text[])"),
     ("tool_classes", "COALESCE(tf.tool_classes, '{}'::text[])"),
     ("tool_counts", "COALESCE(tf.tool_counts, '{}'::int[])"),
-]  # fmt: skip
+]
 assert [name for name, _expr in FACTS[5:]] == [*SUM_FIELDS, *VALUE_FIELDS, *TOOL_FIELDS]
 FACT_COLUMNS = ", ".join(name for name, _expr in FACTS)
 

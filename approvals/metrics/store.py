@@ -35,21 +35,18 @@ ROLLUP_LOCK = 0x7461736B  # pg_advisory_xact_lock key of the metrics rollup ("ta
 # ended runs that started that day.
 _IN_DAY = f"m.finished = 1 AND m.created_at >= {DAY_START} AND m.created_at < {DAY_END}"
 _DAY_COLUMNS = ["tz", "day", "computed_at", *SUM_FIELDS, *VALUE_FIELDS, *TOOL_FIELDS]
+_DAY_SUMS = ", ".join(f"COALESCE(sum(m.{col}), 0)" for col in SUM_FIELDS)
+# Every duration of the day's rows, so that the day's medians stay exact.
+_DAY_DURATIONS = ", ".join(
+    f"ARRAY(SELECT x FROM {T['metrics']} m, unnest(m.{col}) AS x WHERE {_IN_DAY})"
+    for col in VALUE_FIELDS
+)
+_DAY_UPDATES = ", ".join(f"{col} = EXCLUDED.{col}" for col in _DAY_COLUMNS[2:])
 DAY_SQL = f"""
 INSERT INTO {T["day"]} AS d ({", ".join(_DAY_COLUMNS)})
-SELECT %(tz)s, u.day, %(now)s, s.*,
-  {
-    ", ".join(
-        f"ARRAY(SELECT x FROM {T['metrics']} m, unnest(m.{col}) AS x WHERE {_IN_DAY})"
-        for col in VALUE_FIELDS
-    )
-},
-  t.*
+SELECT %(tz)s, u.day, %(now)s, s.*, {_DAY_DURATIONS}, t.*
 FROM unnest(%(days)s::date[]) AS u(day)
-CROSS JOIN LATERAL (
-  SELECT {", ".join(f"COALESCE(sum(m.{col}), 0)" for col in SUM_FIELDS)}
-  FROM {T["metrics"]} m WHERE {_IN_DAY}
-) AS s
+CROSS JOIN LATERAL (SELECT {_DAY_SUMS} FROM {T["metrics"]} m WHERE {_IN_DAY}) AS s
 CROSS JOIN LATERAL (
   SELECT COALESCE(array_agg(x.tool ORDER BY x.tool, x.cls), '{{}}'),
          COALESCE(array_agg(x.cls ORDER BY x.tool, x.cls), '{{}}'),
@@ -60,8 +57,7 @@ CROSS JOIN LATERAL (
     WHERE {_IN_DAY} GROUP BY 1, 2
   ) x
 ) AS t
-ON CONFLICT (tz, day) DO UPDATE SET
-  {", ".join(f"{col} = EXCLUDED.{col}" for col in _DAY_COLUMNS[2:])}
+ON CONFLICT (tz, day) DO UPDATE SET {_DAY_UPDATES}
 """
 
 # Ended runs without a current row, oldest end first, from `since` on (see rollup()).
