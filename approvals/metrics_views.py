@@ -295,6 +295,4 @@ def prometheus(request: HttpRequest) -> HttpResponse:
         )
         response["WWW-Authenticate"] = 'Bearer realm="taskpilots-metrics"'
         return response
-    return HttpResponse(
-        m.prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8"
-    )
+    return HttpResponse(m.prometheus_text(), content_type=m.PROMETHEUS_CONTENT_TYPE)

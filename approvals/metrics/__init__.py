@@ -15,7 +15,7 @@ prometheus.py serves /metrics. docs/metrics.md has the definitions and the measu
 from approvals.metrics.dashboard import ROLLUP_BEHIND_RUNS, Dashboard, compute
 from approvals.metrics.facts import FACTS, FAILURE_VERBS, RESEND_VERBS
 from approvals.metrics.figures import FIGURES, INCONSISTENCIES, INCONSISTENCY_LABELS, Figure, median
-from approvals.metrics.prometheus import prometheus_text
+from approvals.metrics.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
 from approvals.metrics.queries import STALE_MINUTES
 from approvals.metrics.store import ROLLUP_AFTER, ROLLUP_BATCH, rollup
 from approvals.metrics.window import BadWindow, Window, parse_window
@@ -26,6 +26,7 @@ __all__ = [
     "FIGURES",
     "INCONSISTENCIES",
     "INCONSISTENCY_LABELS",
+    "PROMETHEUS_CONTENT_TYPE",
     "RESEND_VERBS",
     "ROLLUP_AFTER",
     "ROLLUP_BATCH",
