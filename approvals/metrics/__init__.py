@@ -12,7 +12,7 @@ figures.py turns the sums into the dashboard's figures; dashboard.py puts a wind
 prometheus.py serves /metrics. docs/metrics.md has the definitions and the measurements.
 """
 
-from approvals.metrics.dashboard import ROLLUP_BEHIND_RUNS, Dashboard, compute
+from approvals.metrics.dashboard import ROLLUP_BEHIND_RUNS, Dashboard, compute, seed_figures
 from approvals.metrics.facts import FACTS, FAILURE_VERBS, RESEND_VERBS
 from approvals.metrics.figures import FIGURES, INCONSISTENCIES, INCONSISTENCY_LABELS, Figure, median
 from approvals.metrics.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
@@ -41,4 +41,5 @@ __all__ = [
     "parse_window",
     "prometheus_text",
     "rollup",
+    "seed_figures",
 ]

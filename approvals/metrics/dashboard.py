@@ -1,15 +1,19 @@
-"""The dashboard: every figure of a window, and the state of things now."""
+"""The figures put together: a window's for the dashboard (with the state of things now), or a
+given set of runs' (seed_figures, for a drill's report)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
 from django.utils import timezone
 
+from approvals.metrics.facts import fact_params
 from approvals.metrics.figures import FIGURES, INCONSISTENCIES, Data, Figure
 from approvals.metrics.queries import (
+    SEED_SQL,
     STALE_MINUTES,
     WINDOW_SQL,
     current_state,
@@ -92,3 +96,24 @@ def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
     return Dashboard(
         window, data.buckets, figures, state, needing_human, runs, len(params["ids"]), missed
     )
+
+
+def seed_figures(run_ids: Iterable) -> dict[str, dict]:
+    """Every figure of the dashboard for the given runs, wherever they started, computed live by
+    the same FACTS SQL (one query, plus the SET that turns JIT off). Made for a drill's report:
+    the figures of the runs it started, by the dashboard's definitions.
+
+    Returns {figure key: its JSON form}, as the dashboard's JSON has it but without a trend:
+    label, definition, unit, value, counts, and `extra` where the figure has any (the mean, the
+    p95, the tool failures by tool and class).
+    """
+    params = {**fact_params(), "ids": [str(run_id) for run_id in run_ids]}
+    with no_jit(), connection.cursor() as cursor:
+        cursor.execute(SEED_SQL, params)
+        rows, tools = window_rows(cursor.fetchall())
+    data = Data([], rows, tools)
+    report = {}
+    for figure in (fn(data) for fn in FIGURES):
+        report[figure.key] = figure.as_json()
+        del report[figure.key]["series"]  # no buckets, no trend
+    return report

@@ -98,8 +98,9 @@ src AS NOT MATERIALIZED (
   SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM live m
 )
 """
-WINDOW_SQL = f"""
-{_ROWS_CTES},
+# The sums of `src`'s rows, per trend bucket and for them all (bucket NULL), as (part, bucket,
+# jsonb) rows: "counts", "values" (the mean, p50 and p95 of each kind of duration), "tools".
+_SUMS = f"""
 counts AS (
   SELECT bucket, {", ".join(f"{expr} AS {name}" for name, expr in _COUNTS.items())}
   FROM src GROUP BY GROUPING SETS ((bucket), ())
@@ -120,9 +121,18 @@ tools AS (
 )
 SELECT 'counts' AS part, bucket, to_jsonb(counts) - 'bucket' AS data FROM counts
 UNION ALL SELECT 'values', bucket, to_jsonb(vals) - 'bucket' FROM vals
-UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools) FROM tools
+UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools) FROM tools"""
+WINDOW_SQL = f"""
+{_ROWS_CTES},
+{_SUMS}
 UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)) FROM {T["run"]} r
   WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
+"""
+# The sums of the runs %(ids)s, wherever they started, all computed live (one bucket, NULL).
+SEED_SQL = f"""
+WITH live AS MATERIALIZED ({facts_sql(COHORT_SQL)}),
+src AS NOT MATERIALIZED (SELECT {SUM_COLUMNS}, NULL::timestamp AS bucket FROM live),
+{_SUMS}
 """
 # All-time tool failures by tool and class (the Prometheus counter), from the same rows, with
 # the window's run count and the count the rows cover (see compute()).
