@@ -23,24 +23,46 @@ from taskpilots.env import env_secret
 
 logger = logging.getLogger("taskpilots.console")
 
+# The page's sections: a question, and the figures that answer it.
 GROUPS = [
-    (gettext_lazy("Does recovery work?"), [
-        "execution_success_rate", "auto_recovery_rate", "local_recovery_rate",
-        "tool_failure_rate",
-    ]),
-    (gettext_lazy("How long does it take?"), [
-        "time_to_recover_median", "time_to_close_median", "pause_to_resume_median",
-        "approval_handling_median",
-    ]),
-    (gettext_lazy("How much do people have to do?"), [
-        "human_takeover_rate", "takeovers_per_100_runs", "second_intervention_rate",
-        "waits_timed_out",
-    ]),
-    (gettext_lazy("Are side effects safe?"), [
-        "duplicate_side_effect_rate", "wrong_retry_rate", "snapshot_coverage",
-        "missing_field_rate", "snapshot_latency_p50",
-    ]),
-]  # fmt: skip
+    (
+        gettext_lazy("Does recovery work?"),
+        [
+            "execution_success_rate",
+            "auto_recovery_rate",
+            "local_recovery_rate",
+            "tool_failure_rate",
+        ],
+    ),
+    (
+        gettext_lazy("How long does it take?"),
+        [
+            "time_to_recover_median",
+            "time_to_close_median",
+            "pause_to_resume_median",
+            "approval_handling_median",
+        ],
+    ),
+    (
+        gettext_lazy("How much do people have to do?"),
+        [
+            "human_takeover_rate",
+            "takeovers_per_100_runs",
+            "second_intervention_rate",
+            "waits_timed_out",
+        ],
+    ),
+    (
+        gettext_lazy("Are side effects safe?"),
+        [
+            "duplicate_side_effect_rate",
+            "wrong_retry_rate",
+            "snapshot_coverage",
+            "missing_field_rate",
+            "snapshot_latency_p50",
+        ],
+    ),
+]
 WINDOW_CHOICES = [
     ("24h", gettext_lazy("24 hours")),
     ("7d", gettext_lazy("7 days")),
@@ -163,18 +185,35 @@ def _card(fig: m.Figure, dashboard: m.Dashboard, viewer) -> dict[str, Any]:
 
 
 def _tool_rows(fig: m.Figure) -> list[dict[str, Any]]:
-    rows = []
-    for row in fig.extra.get("by_tool", []):
-        rows.append({
+    return [
+        {
             **row,
             "display": format_value(row["rate"], "ratio") if row["calls"] else "—",
-            "classes": [
-                {"name": cls, "label": console.REASON_LABELS.get(cls, cls),
-                 "failures": v["failures"], "display": format_value(v["rate"], "ratio")}
-                for cls, v in row["by_class"].items()
-            ],
-        })  # fmt: skip
-    return rows
+            "classes": [_class_row(cls, share) for cls, share in row["by_class"].items()],
+        }
+        for row in fig.extra.get("by_tool", [])
+    ]
+
+
+def _class_row(failure_class: str, share: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": failure_class,
+        "label": console.REASON_LABELS.get(failure_class, failure_class),
+        "failures": share["failures"],
+        "display": format_value(share["rate"], "ratio"),
+    }
+
+
+def _inconsistency_rows(dashboard: m.Dashboard) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": kind,
+            "label": m.INCONSISTENCY_LABELS[kind],
+            "definition": m.INCONSISTENCIES[kind] % {"minutes": m.STALE_MINUTES},
+            "count": dashboard.inconsistencies[kind],
+        }
+        for kind in m.INCONSISTENCIES
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,15 +251,7 @@ def metrics_page(request: HttpRequest) -> HttpResponse:
         "window_error": error,
         "tool_failures": figures["tool_failure_rate"],
         "tool_rows": _tool_rows(figures["tool_failure_rate"]),
-        "inconsistencies": [
-            {
-                "kind": kind,
-                "label": m.INCONSISTENCY_LABELS[kind],
-                "definition": m.INCONSISTENCIES[kind] % {"minutes": m.STALE_MINUTES},
-                "count": dashboard.inconsistencies[kind],
-            }
-            for kind in m.INCONSISTENCIES
-        ],  # fmt: skip
+        "inconsistencies": _inconsistency_rows(dashboard),
         "custom_start": request.GET.get("start") or local_start.date(),
         "custom_end": request.GET.get("end") or local_end.date(),
     }
@@ -259,10 +290,9 @@ def prometheus(request: HttpRequest) -> HttpResponse:
     session; without a configured token only logged-in admins get in."""
     if not (_bearer_ok(request) or console.is_admin(request.user)):
         logger.warning("metrics scrape refused: path=%s", request.path)
-        response = HttpResponse("authentication required\n", status=401,
-                                content_type="text/plain; charset=utf-8")  # fmt: skip
+        response = HttpResponse(
+            "authentication required\n", status=401, content_type="text/plain; charset=utf-8"
+        )
         response["WWW-Authenticate"] = 'Bearer realm="taskpilots-metrics"'
         return response
-    return HttpResponse(
-        m.prometheus_text(), content_type="text/plain; version=0.0.4; charset=utf-8"
-    )
+    return HttpResponse(m.prometheus_text(), content_type=m.PROMETHEUS_CONTENT_TYPE)

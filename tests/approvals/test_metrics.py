@@ -444,6 +444,20 @@ def test_prometheus_exposes_counters_and_gauges(client, monkeypatch, world):
     assert sum(_samples(families, "taskpilots_state_inconsistencies").values()) == 4
 
 
+def test_prometheus_costs_the_same_queries_for_small_and_large_data(
+    client, admin_user, world, query_count
+):
+    # The failure counter is added up from stored rows, not from every failure event ever.
+    client.force_login(admin_user)
+    client.get("/metrics")  # warm the session
+    with query_count() as small:
+        assert client.get("/metrics").status_code == 200
+    load_fake_runs(300, days=20, batch_size=300)
+    with query_count() as large:
+        assert client.get("/metrics").status_code == 200
+    assert len(small) == len(large)
+
+
 def test_prometheus_label_values_are_escaped(db, client, admin_user):
     RunFactory(workflow='odd"flow\\with\nnewline', status="succeeded")
     client.force_login(admin_user)

@@ -239,7 +239,7 @@ def test_an_empty_window_is_not_taken_for_a_missed_rollup(db, caplog):
 
 
 def test_the_page_says_when_the_rollup_is_behind(client, auditor_user, monkeypatch):
-    monkeypatch.setattr(metrics, "ROLLUP_BEHIND_RUNS", 50)
+    monkeypatch.setattr(metrics.dashboard, "ROLLUP_BEHIND_RUNS", 50)
     now = timezone.now()
     load_fake_runs(120, days=2, batch_size=120, seed=2, now=now)
     client.force_login(auditor_user)
