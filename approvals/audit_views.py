@@ -32,6 +32,7 @@ from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.invisible import neutralise
 from runs.models import Run, SideEffect, Snapshot, Step, TimelineEvent
+from runs.verbs import Verb
 
 logger = logging.getLogger("taskpilots.console")
 
@@ -107,9 +108,9 @@ RUN_STATE = {
     "taken_over": "human",
     "compensating": "compensating",
 }
-FAILURE_VERBS = {"step.failed", "step.retry_scheduled", "step.unknown_outcome",
-                 "side_effect.unknown", "step.escalated", "side_effect.recheck_scheduled",
-                 "run.failed", "step.waiting_for_tool"}  # fmt: skip
+FAILURE_VERBS = {"step.failed", Verb.STEP_RETRY_SCHEDULED, Verb.STEP_UNKNOWN_OUTCOME,
+                 Verb.SIDE_EFFECT_UNKNOWN, Verb.STEP_ESCALATED, Verb.SIDE_EFFECT_RECHECK_SCHEDULED,
+                 Verb.RUN_FAILED, Verb.STEP_WAITING_FOR_TOOL}  # fmt: skip
 STATE_LABELS = {
     "running": gettext_lazy("running"),
     "queued": gettext_lazy("queued"),
@@ -198,11 +199,11 @@ def build_lanes(run: Run, events: list[TimelineEvent], now: datetime) -> dict[st
         to = data.get("to")
         if event.verb.startswith("run.") and isinstance(to, str):
             run_lane.change(RUN_STATE.get(to), event.at)
-        elif event.verb == "run.created":
+        elif event.verb == Verb.RUN_CREATED:
             run_lane.change("queued", event.at)
         lane = None if event.verb.startswith("run.") else lane_for(data)
         if lane is not None:
-            if event.verb in ("step.started", "step.lease_reclaimed"):
+            if event.verb in (Verb.STEP_STARTED, Verb.STEP_LEASE_RECLAIMED):
                 lane.change("running", event.at)
             elif isinstance(to, str) and "from" in data and "key" not in data:
                 lane.change(STEP_STATE.get(to), event.at)
@@ -211,7 +212,7 @@ def build_lanes(run: Run, events: list[TimelineEvent], now: datetime) -> dict[st
             target.markers.append(Marker("decision", event.at, event.seq, event.verb, event.actor))
         elif event.verb in FAILURE_VERBS or to in ("failed", "unknown_outcome"):
             target.markers.append(Marker("failure", event.at, event.seq, event.verb, event.actor))
-        elif event.verb == "side_effect.committed":
+        elif event.verb == Verb.SIDE_EFFECT_COMMITTED:
             target.markers.append(Marker("commit", event.at, event.seq, event.verb, event.actor))
 
     start = run.created_at
@@ -292,12 +293,12 @@ def _evidence(run: Run, events: list[TimelineEvent]) -> dict[int, Evidence]:
     found: dict[int, Evidence] = {}
     for event in events:
         data = event.data if isinstance(event.data, dict) else {}
-        if event.verb == "snapshot.written" and isinstance(data.get("snapshot"), int):
+        if event.verb == Verb.SNAPSHOT_WRITTEN and isinstance(data.get("snapshot"), int):
             snapshot = snapshots.get(data["snapshot"])
             effect = effects.get(str(data.get("key", "")))
             followed = [d for d in decisions if snapshot and d.snapshot_id == snapshot.pk]
             found[event.seq] = Evidence(snapshot, effect, None, followed)
-        elif event.verb == "approval.requested":
+        elif event.verb == Verb.APPROVAL_REQUESTED:
             step = steps.get((data.get("step"), data.get("iteration")))
             requests = approvals.get(step.pk, []) if step else []
             approval = requests[0] if requests else None

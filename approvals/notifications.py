@@ -41,6 +41,7 @@ from django.utils.translation import gettext_lazy
 
 from approvals.models import NotificationChannel, NotificationCursor, NotificationDelivery
 from runs.models import Run, TimelineEvent
+from runs.verbs import Verb
 
 logger = logging.getLogger("taskpilots.notifications")
 
@@ -55,7 +56,7 @@ SCAN_OVERLAP = timedelta(seconds=120)
 SCAN_START = timedelta(minutes=10)
 
 QUEUED, SLA_BREACHED, ESCALATED = "queued", "sla_breached", "escalated"
-NOTIFYING_VERBS = ("run.needs_human", "run.sla_breached")
+NOTIFYING_VERBS = (Verb.RUN_NEEDS_HUMAN, Verb.RUN_SLA_BREACHED)
 
 
 class DeliveryError(Exception):
@@ -77,9 +78,9 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
     """Record the deliveries a timeline event calls for; returns the ids of new rows."""
     channels = _enabled_channels() if channels is None else channels
     data = data or {}
-    if verb == "run.needs_human":
+    if verb == Verb.RUN_NEEDS_HUMAN:
         return record(run_id, QUEUED, data.get("queue", ""), seq, channels=channels)
-    if verb == "run.sla_breached":
+    if verb == Verb.RUN_SLA_BREACHED:
         ids = record(run_id, SLA_BREACHED, data.get("from_queue", ""), seq, extra=data,
                      channels=channels)  # fmt: skip
         if data.get("to_queue") and data.get("to_queue") != data.get("from_queue"):

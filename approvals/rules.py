@@ -23,6 +23,7 @@ from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.invisible import neutralise
 from runs.models import FailureClass, Risk, Run, Step, TimelineEvent, Wait
+from runs.verbs import Verb
 
 A = EscalationRule.Action
 
@@ -550,7 +551,7 @@ def resume_tool(tool: str, user) -> tuple[ToolPause | None, int]:
         for run_id, _step_id in held:
             TimelineEvent.append(
                 run_id,
-                "tool.resumed",
+                Verb.TOOL_RESUMED,
                 {"tool": tool, "pause": pause.pk},
                 actor=f"user:{user.get_username()}",
             )

@@ -38,6 +38,7 @@ from runs.api_errors import (
 from runs.api_models import ApiClient, ApiScope
 from runs.api_schema import CURSOR_PATTERN, IsoDateTime, JsonObject, free_text, integral
 from runs.models import InboundEvent, Run, RunStatus, Step, TimelineEvent
+from runs.verbs import Verb
 from taskpilots.env import env_bool
 
 EVENTS_STRICT = env_bool("TASKPILOTS_EVENTS_STRICT", False)
@@ -491,7 +492,7 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
         with transaction.atomic():
             TimelineEvent.append(
                 run_id,
-                "api.cancel_requested",
+                Verb.API_CANCEL_REQUESTED,
                 {"client": client.name, "user": body.user, "reason": body.reason},
                 actor=client.actor,
             )
@@ -602,7 +603,7 @@ def settle_outcome(request, run_id: UUID, body: OutcomeIn):
         with transaction.atomic():
             TimelineEvent.append(
                 run.pk,
-                "api.outcome_requested",
+                Verb.API_OUTCOME_REQUESTED,
                 {"client": client.name, "user": user.get_username(), "step": step.name,
                  "key": step.idempotency_key, "happened": body.happened},
                 actor=client.actor,
@@ -672,7 +673,7 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
         with transaction.atomic():
             TimelineEvent.append(
                 run.pk,
-                "api.decision_requested",
+                Verb.API_DECISION_REQUESTED,
                 {"client": client.name, "user": user.get_username(), "approval": approval.pk,
                  "decision": body.decision},
                 actor=client.actor,

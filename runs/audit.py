@@ -27,6 +27,7 @@ from typing import Any
 
 from runs.invisible import escape_json, neutralise
 from runs.models import canonical_json, digest
+from runs.verbs import Verb
 from taskpilots.env import env_int
 
 # How long finished runs keep their full payloads (TASKPILOTS_RETENTION_DAYS, default 365).
@@ -134,7 +135,7 @@ class ChainChecker:
                 seq, "time, actor, verb or digest was changed (the hash does not match)"
             )
         snapshot_id = data.get("snapshot") if isinstance(data, dict) else None
-        if verb == "snapshot.written" and not pruned and isinstance(snapshot_id, int):
+        if verb == Verb.SNAPSHOT_WRITTEN and not pruned and isinstance(snapshot_id, int):
             self.snapshot_checksums[snapshot_id] = (seq, str(data.get("checksum", "")))
         self.expected_seq, self.prev_hash = seq + 1, event_hash
         return None

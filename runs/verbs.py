@@ -76,18 +76,3 @@ class Verb(StrEnum):
     API_CANCEL_REQUESTED = "api.cancel_requested"
     API_DECISION_REQUESTED = "api.decision_requested"
     API_OUTCOME_REQUESTED = "api.outcome_requested"
-
-
-# Verbs that mean "something went wrong here and recovery had to act" (the drill's and the
-# metrics' notion of a fault).
-FAULT_VERBS = frozenset(
-    {
-        Verb.STEP_RETRY_SCHEDULED,
-        Verb.STEP_WAITING_FOR_TOOL,
-        Verb.STEP_LEASE_RECLAIMED,
-        Verb.SIDE_EFFECT_UNKNOWN,
-        Verb.STEP_ESCALATED,
-        Verb.STEP_UNKNOWN_OUTCOME,
-        Verb.STEP_DEGRADED,
-    }
-)

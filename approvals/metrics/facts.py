@@ -14,16 +14,17 @@ from __future__ import annotations
 from approvals.metrics.sql import T
 from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
 from runs.models import Run
+from runs.verbs import Verb
 
 # Verbs whose event records one failed tool attempt (see the module docstring).
 FAILURE_VERBS = (
-    "step.retry_scheduled",
-    "step.waiting_for_tool",
-    "step.failed",
-    "step.escalated",
-    "step.unknown_outcome",
+    Verb.STEP_RETRY_SCHEDULED,
+    Verb.STEP_WAITING_FOR_TOOL,
+    Verb.STEP_FAILED,
+    Verb.STEP_ESCALATED,
+    Verb.STEP_UNKNOWN_OUTCOME,
 )
-RESEND_VERBS = ("side_effect.not_committed", "side_effect.resend_with_same_key")
+RESEND_VERBS = (Verb.SIDE_EFFECT_NOT_COMMITTED, Verb.SIDE_EFFECT_RESEND_WITH_SAME_KEY)
 TERMINAL = tuple(sorted(Run.TERMINAL))
 
 # FACTS works out, for a cohort of runs, one row per run holding everything the
@@ -33,7 +34,7 @@ TERMINAL = tuple(sorted(Run.TERMINAL))
 # ended). Stored or live, a run's row comes from the same SQL, so the figures are the same.
 
 _FAILURE_CLASS = (
-    "CASE WHEN e.verb = 'step.unknown_outcome' THEN 'unknown_outcome' "
+    f"CASE WHEN e.verb = '{Verb.STEP_UNKNOWN_OUTCOME}' THEN 'unknown_outcome' "
     "ELSE e.data #>> '{routing,failure_class}' END"
 )
 _NOT_TIMEOUT = f"COALESCE({_FAILURE_CLASS}, 'timeout') <> 'timeout'"
@@ -116,7 +117,7 @@ effects AS (
 resend_events AS (
   SELECT ef.step_id, ev.verb, ev.at, ev.data ->> 'confirmed_by' AS confirmed_by
   FROM events ev JOIN {T["effect"]} ef ON ef.idempotency_key = ev.data ->> 'key'
-  WHERE ev.verb = ANY(%(resend_verbs)s) OR (ev.verb = 'side_effect.committed'
+  WHERE ev.verb = ANY(%(resend_verbs)s) OR (ev.verb = '{Verb.SIDE_EFFECT_COMMITTED}'
     AND ev.data ->> 'confirmed_by' = 'reconcile')
 ),
 resends AS (
@@ -125,7 +126,7 @@ resends AS (
 ),
 reconciled_after_resend AS (
   SELECT DISTINCT ev.step_id FROM resend_events ev JOIN resends r ON r.step_id = ev.step_id
-  WHERE ev.verb = 'side_effect.committed' AND ev.confirmed_by = 'reconcile'
+  WHERE ev.verb = '{Verb.SIDE_EFFECT_COMMITTED}' AND ev.confirmed_by = 'reconcile'
     AND ev.at > r.first_at
 ),
 effect_f AS (
@@ -287,6 +288,6 @@ def fact_params() -> dict:
         "terminal": list(TERMINAL),
         "failure_verbs": list(FAILURE_VERBS),
         "resend_verbs": list(RESEND_VERBS),
-        "fact_verbs": [*FAILURE_VERBS, *RESEND_VERBS, "side_effect.committed"],
+        "fact_verbs": [*FAILURE_VERBS, *RESEND_VERBS, Verb.SIDE_EFFECT_COMMITTED],
         "open": sorted(set(Run.Status) - Run.TERMINAL),
     }

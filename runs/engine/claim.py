@@ -192,6 +192,7 @@ def _claim_existing(run, workflow, step, ctx, worker, now) -> Claim | None:
         # The previous holder's lease ran out: it crashed or hung. Take the step back.
         if not step.reclaim(worker=worker, lease_until=lease_until(now), attempt=attempt):
             return None
+        run.count_failure()  # the attempt that held the lease failed with its worker
     else:
         step.start(
             worker=worker,

@@ -107,6 +107,7 @@ def _after_failed_call(claim: Claim, tool: Tool, effect: SideEffect, exc: ToolEr
         return Failed(exc.failure_class, exc.message, not_committed=effect)
     if effect.status == SideEffect.Status.INTENDED:
         effect.mark_unknown(exc.message)
+    claim.run.count_failure()  # the call failed, whatever reconciling it finds
     verdict = reconcile(claim, tool, effect)
     if verdict == Verdict.COMMITTED:
         return Succeeded(effect.receipt.get("response"))

@@ -95,6 +95,7 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
                 )
             else:
                 step.degrade(result, held_by=lease, failure_class=degraded[0], error=degraded[1])
+                run.count_failure()  # the tool failed; its fallback served the read
             if step.spec.get("compensates"):
                 settle_compensation(step)
             if recovered:

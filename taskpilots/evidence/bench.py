@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from runs import engine
 from runs.models import Run, Step, TimelineEvent
+from runs.verbs import Verb
 from taskpilots.celery import app as celery_app
 from taskpilots.evidence import scratch
 from taskpilots.evidence.workers import ROOT, Workers, database_url
@@ -364,7 +365,7 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
             decided = timezone.now()
             actions.decide_approval(approval.pk, person, "approved")
             started = wait(
-                lambda r=run, d=decided: first_at(r.pk, "step.started", d, "issue_refund")
+                lambda r=run, d=decided: first_at(r.pk, Verb.STEP_STARTED, d, "issue_refund")
             )
             approve.append((started - decided).total_seconds() * 1000)
             wait_row = wait(lambda r=run: r.waits.filter(kind="event", status="pending").first())
@@ -372,7 +373,7 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
             engine.deliver_event(
                 f"rb-{tag}-{n}", wait_row.event_type, wait_row.correlation_key, {}, source="bench"
             )
-            done = wait(lambda r=run, d=delivered: first_at(r.pk, "run.succeeded", d))
+            done = wait(lambda r=run, d=delivered: first_at(r.pk, Verb.RUN_SUCCEEDED, d))
             event.append((done - delivered).total_seconds() * 1000)
         say(
             f"worker SIGKILL → run continues elsewhere, {max(3, samples // 4)} runs "
@@ -393,7 +394,7 @@ def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) 
             pool.start()
             while True:
                 engine.sweep()
-                resumed = first_at(run.pk, "step.lease_reclaimed", killed)
+                resumed = first_at(run.pk, Verb.STEP_LEASE_RECLAIMED, killed)
                 if resumed:
                     break
                 time.sleep(1.0)

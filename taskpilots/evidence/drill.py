@@ -14,14 +14,13 @@ import math
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,10 +32,10 @@ from django.contrib.auth.models import Group
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 
-from approvals import actions
-from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
+from approvals import actions, metrics
+from approvals.models import ApprovalRequest, EscalationRule
 from runs import engine
-from runs.models import SNAPSHOT_FIELDS, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
+from runs.models import Run, SideEffect, Snapshot, Step, Wait
 from taskpilots import embedded
 from taskpilots.celery import app as celery_app
 from taskpilots.evidence.workers import Workers
@@ -54,16 +53,6 @@ KINDS = (
     "local_record_failed",  # the side effect is done but the worker dies before recording it
 )
 DRILL_WORKFLOWS = ("drill.support.reply", "drill.refund.approval", "drill.crm.lead_sync")
-# Verbs that mean "something went wrong here and recovery had to act".
-FAULT_VERBS = {
-    "step.retry_scheduled",
-    "step.waiting_for_tool",
-    "step.lease_reclaimed",
-    "side_effect.unknown",
-    "step.escalated",
-    "step.unknown_outcome",
-    "step.degraded",
-}
 LEASE_SECONDS = 2
 OUTAGE_WINDOW_SECONDS = 2
 
@@ -655,96 +644,85 @@ def _parse_at(value: str) -> datetime:
     return datetime.fromisoformat(value)
 
 
-def compute_report(run_ids: list, sandbox: SandboxClient, batches: list[Batch] = ()) -> dict:
-    runs = list(Run.objects.filter(pk__in=run_ids))
-    by_id = {str(r.pk): r for r in runs}
-    status = Counter(r.status for r in runs)
-    events = defaultdict(list)
-    for run_id, verb, at in (
-        TimelineEvent.objects.filter(run_id__in=run_ids)
-        .order_by("run_id", "seq")
-        .values_list("run_id", "verb", "at")
-    ):
-        events[str(run_id)].append((verb, at))
-    humans = {
-        str(r)
-        for r in HumanDecision.objects.filter(run_id__in=run_ids)
-        .values_list("run_id", flat=True)
-        .distinct()
+# The figures a drill reports, by the dashboard's own definitions (approvals.metrics): the drill
+# computes none of them itself.
+FIGURE_KEYS = (
+    "execution_success_rate",
+    "auto_recovery_rate",
+    "local_recovery_rate",
+    "human_takeover_rate",
+    "time_to_close_median",
+    "duplicate_side_effect_rate",
+    "wrong_retry_rate",
+    "snapshot_coverage",
+    "missing_field_rate",
+    "snapshot_latency_p50",
+)
+
+
+def _figures(run_ids) -> dict:
+    seed = metrics.seed_figures(run_ids)
+    return {key: seed[key]["value"] for key in FIGURE_KEYS} | {
+        "auto_recovered": seed["auto_recovery_rate"]["counts"][0],
+        "runs_with_faults": seed["auto_recovery_rate"]["counts"][1],
     }
 
-    lost = [
-        r for r in runs if not (r.is_terminal or (r.status in Run.HUMAN and r.attention_reason))
-    ]
-    faulted = {rid for rid, evs in events.items() if any(v in FAULT_VERBS for v, _ in evs)}
-    asked_human = {
-        rid for rid, evs in events.items() if any(v == "run.needs_human" for v, _ in evs)
-    }
-    recovered_auto = [
-        rid
-        for rid in faulted
-        if by_id[rid].status == "succeeded" and rid not in humans and rid not in asked_human
-    ]
-    recover_times = []
-    for rid in faulted:
-        run = by_id[rid]
-        if run.status != "succeeded" or not run.finished_at:
-            continue
-        first_fault = next(at for v, at in events[rid] if v in FAULT_VERBS)
-        recover_times.append((run.finished_at - first_fault).total_seconds())
 
-    # Ledger: what the outside world saw.
+def _ledger_check(run_ids, sandbox: SandboxClient) -> dict:
+    """What the outside world saw (the sandbox ledger), against our own records: side effects
+    committed twice for one step, and any committed without a snapshot written before it."""
     ledger = []
-    for run_id in by_id:
-        ledger.extend(sandbox.ledger(run=run_id))
+    for run_id in run_ids:
+        ledger.extend(sandbox.ledger(run=str(run_id)))
     writes = Counter((e["run"], e["step"], e["system"], e["action"]) for e in ledger)
     duplicated = [
         {"run": run, "step": step, "system": system, "action": action, "committed": n}
         for (run, step, system, action), n in writes.items()
         if n > 1
     ]
-    duplicates = len(duplicated)
-    snapshots = list(
-        Snapshot.objects.filter(run_id__in=run_ids).values(
-            "idempotency_key", "created_at", "missing_fields"
-        )
-    )
     first_snapshot: dict[str, datetime] = {}
-    for snap in snapshots:
-        key = snap["idempotency_key"]
-        first_snapshot[key] = min(first_snapshot.get(key, snap["created_at"]), snap["created_at"])
-    covered, latencies = 0, []
-    for entry in ledger:
-        taken = first_snapshot.get(entry["idempotency_key"])
-        committed_at = _parse_at(entry["at"])
-        if taken is not None and taken <= committed_at:
-            covered += 1
-            latencies.append((committed_at - taken).total_seconds() * 1000)
-    missing = sum(len(s["missing_fields"]) for s in snapshots)
+    for key, taken in Snapshot.objects.filter(run_id__in=run_ids).values_list(
+        "idempotency_key", "created_at"
+    ):
+        first_snapshot[key] = min(first_snapshot.get(key, taken), taken)
+    unsnapshotted = [
+        e["idempotency_key"]
+        for e in ledger
+        if not (
+            e["idempotency_key"] in first_snapshot
+            and first_snapshot[e["idempotency_key"]] <= _parse_at(e["at"])
+        )
+    ]
+    return {
+        "duplicate_side_effects": len(duplicated),
+        "duplicates": duplicated,
+        "side_effects_committed": len(ledger),
+        "committed_without_snapshot": len(unsnapshotted),
+    }
 
+
+def compute_report(run_ids: list, sandbox: SandboxClient, batches: list[Batch] = ()) -> dict:
+    """Counts from the database, the outside world's view from the sandbox ledger, and the
+    seed figures from approvals.metrics (one definition for the dashboard and the drill)."""
+    runs = {str(r.pk): r for r in Run.objects.filter(pk__in=run_ids)}
+    status = Counter(r.status for r in runs.values())
+    # Lost: neither finished nor parked for a person with a reason.
+    lost = [
+        r
+        for r in runs.values()
+        if not (r.is_terminal or (r.status in Run.HUMAN and r.attention_reason))
+    ]
     per_kind = {}
     for batch in batches:
         ids = [str(r) for r in batch.run_ids]
+        figures = _figures(ids)
         per_kind[batch.kind] = {
             "runs": len(ids),
-            "succeeded": sum(1 for i in ids if by_id[i].status == "succeeded"),
-            "needs_human": sum(1 for i in ids if by_id[i].status in Run.HUMAN),
-            "faults_hit": sum(1 for i in ids if i in faulted),
-            "recovered": sum(
-                1
-                for i in ids
-                if by_id[i].status == "succeeded"
-                and (
-                    i in faulted
-                    or i in humans
-                    or batch.kind in ("duplicate_trigger", "restart_waiting", "approval_delayed")
-                )
-            ),
+            "succeeded": sum(1 for i in ids if runs[i].status == "succeeded"),
+            "needs_human": sum(1 for i in ids if runs[i].status in Run.HUMAN),
+            "faults_hit": figures["runs_with_faults"],
+            "auto_recovered": figures["auto_recovered"],
         }
-
-    def rate(n, d):
-        return round(n / d, 4) if d else None
-
     return {
         "runs": len(runs),
         "succeeded": status["succeeded"],
@@ -753,21 +731,8 @@ def compute_report(run_ids: list, sandbox: SandboxClient, batches: list[Batch] =
         "cancelled": status["cancelled"],
         "compensated": status["compensated"],
         "lost_runs": len(lost),
-        "duplicate_side_effects": duplicates,
-        "duplicates": duplicated,
-        "side_effects_committed": len(ledger),
-        "runs_with_faults": len(faulted),
-        "auto_recovered": len(recovered_auto),
-        "local_recovery_rate": rate(len(recovered_auto), len(faulted)),
-        "human_takeover_rate": rate(len(asked_human | humans), len(runs)),
-        "mean_time_to_recover_s": round(statistics.fmean(recover_times), 3)
-        if recover_times
-        else None,
-        "snapshot_coverage": rate(covered, len(ledger)),
-        "snapshot_missing_field_rate": rate(missing, len(snapshots) * len(SNAPSHOT_FIELDS)),
-        "snapshot_to_side_effect_ms_p50": round(statistics.median(latencies), 2)
-        if latencies
-        else None,
+        **_ledger_check(runs, sandbox),
+        **_figures(list(runs)),
         "per_kind": per_kind,
     }
 

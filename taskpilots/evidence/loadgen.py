@@ -26,6 +26,7 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest, HumanDecision, Takeover
 from runs.models import Run as RunModel
 from runs.models import SideEffect, Snapshot, Step, TimelineEvent, Wait, digest
+from runs.verbs import Verb
 
 WORKFLOWS = {
     "support.reply": [
@@ -86,7 +87,7 @@ class Timeline:
 
 def _fail(tl, name, verb, cls, after=0.4, **extra):
     data = {"step": name, "iteration": 0, "from": "running", **extra}
-    if verb == "step.unknown_outcome":
+    if verb == Verb.STEP_UNKNOWN_OUTCOME:
         data["to"] = "unknown_outcome"
     else:
         data["routing"] = {"rule": "default", "failure_class": cls}
@@ -131,7 +132,7 @@ def _build_run_as(
     )
     run.input_digest = digest(run.input)
     tl = Timeline(created, rng)
-    tl.add("run.started", {"from": "pending", "to": "running"})
+    tl.add(Verb.RUN_STARTED, {"from": "pending", "to": "running"})
     steps = WORKFLOWS[workflow]
     # Which step the scenario's trouble lands on: the first side effect.
     trouble = next(i for i, (_, kind, _) in enumerate(steps) if kind == "side_effect")
@@ -159,7 +160,7 @@ def _build_run_as(
         )
         step_ref = len(batch.steps)
         batch.steps.append((run_ref, step))
-        tl.add("step.started", {"step": name, "iteration": 0, "kind": kind, "attempt": 1})
+        tl.add(Verb.STEP_STARTED, {"step": name, "iteration": 0, "kind": kind, "attempt": 1})
         here = position == trouble
         if here and scenario == "in_flight":
             step.status = "running"
@@ -170,24 +171,24 @@ def _build_run_as(
         if here and scenario in ("transient", "failed", "escalated_taken_over", "needs_human"):
             tries = rng.randint(1, 3) if scenario == "transient" else 3
             for attempt in range(tries):
-                _fail(tl, name, "step.retry_scheduled", "transient", attempt=attempt + 1)
+                _fail(tl, name, Verb.STEP_RETRY_SCHEDULED, "transient", attempt=attempt + 1)
                 step.attempts += 1
                 failures += 1
-                tl.add("step.started", {"step": name, "iteration": 0, "attempt": step.attempts},
+                tl.add(Verb.STEP_STARTED, {"step": name, "iteration": 0, "attempt": step.attempts},
                        after=2 ** attempt)  # fmt: skip
             if scenario != "transient":
                 step.attempts -= 1  # the last start above is the failing final attempt
-                _fail(tl, name, "step.escalated", "transient")
+                _fail(tl, name, Verb.STEP_ESCALATED, "transient")
                 failures += 1
                 escalated = 1
-                tl.add("run.needs_human", {"from": "running", "to": "needs_human"})
+                tl.add(Verb.RUN_NEEDS_HUMAN, {"from": "running", "to": "needs_human"})
                 if scenario == "needs_human":
                     step.status, step.error_class = "needs_human", "transient"
                     status, stop_at = "needs_human", position + 1
                     run.queue, run.attention_reason = "ops", "Gave up after 3 attempts"
                     continue
                 if scenario == "failed":
-                    tl.add("run.failed", {"from": "needs_human", "to": "failed"}, after=600)
+                    tl.add(Verb.RUN_FAILED, {"from": "needs_human", "to": "failed"}, after=600)
                     step.status, step.error_class = "failed", "transient"
                     step.finished_at = tl.at
                     status, stop_at = "failed", position + 1
@@ -195,20 +196,20 @@ def _build_run_as(
                     batch.decisions.append((step_ref, cancel))
                     continue
                 # escalated, then taken over and retried by a person
-                taken = tl.add("run.taken_over", {"from": "needs_human", "to": "taken_over"},
+                taken = tl.add(Verb.RUN_TAKEN_OVER, {"from": "needs_human", "to": "taken_over"},
                                after=rng.uniform(60, 3600), actor=actor)  # fmt: skip
                 batch.takeovers.append((run_ref, Takeover(run=run, user=user, started_at=taken)))
                 batch.decisions.append((None, HumanDecision(run=run, verb="take_over", user=user,
                                                             created_at=taken)))  # fmt: skip
                 if rng.random() < 0.2:  # released, then someone had to come back
-                    released = tl.add("run.released", {}, after=300, actor=actor)
+                    released = tl.add(Verb.RUN_RELEASED, {}, after=300, actor=actor)
                     batch.takeovers[-1][1].ended_at = released
                     batch.decisions.append((None, HumanDecision(run=run, verb="release", user=user,
                                                                 created_at=released)))  # fmt: skip
-                    again = tl.add("run.taken_over", {}, after=900, actor=actor)
+                    again = tl.add(Verb.RUN_TAKEN_OVER, {}, after=900, actor=actor)
                     second = Takeover(run=run, user=user, started_at=again)
                     batch.takeovers.append((run_ref, second))
-                retried = tl.add("step.retry_requested", {"step": name}, after=120, actor=actor)
+                retried = tl.add(Verb.STEP_RETRY_REQUESTED, {"step": name}, after=120, actor=actor)
                 batch.decisions.append((step_ref, HumanDecision(run=run, verb="retry", user=user,
                                                                 created_at=retried)))  # fmt: skip
                 batch.takeovers[-1][1].ended_at = retried
@@ -218,15 +219,15 @@ def _build_run_as(
             wait = Wait(kind="tool_recovery", event_type=tool, status="resolved",
                         created_at=tl.at)  # fmt: skip
             for _ in range(tries):
-                _fail(tl, name, "step.waiting_for_tool", "outage", after=0.5)
+                _fail(tl, name, Verb.STEP_WAITING_FOR_TOOL, "outage", after=0.5)
                 step.attempts += 1
                 failures += 1
-                tl.add("step.started", {"step": name, "iteration": 0}, after=30)
+                tl.add(Verb.STEP_STARTED, {"step": name, "iteration": 0}, after=30)
             wait.resolved_at, wait.due_at = tl.at, tl.at + timedelta(seconds=600)
             batch.waits.append((step_ref, wait))
         if kind == "approval":
-            asked = tl.add("approval.requested", {"step": name})
-            decided = tl.add("step.succeeded", {"step": name, "iteration": 0},
+            asked = tl.add(Verb.APPROVAL_REQUESTED, {"step": name})
+            decided = tl.add(Verb.STEP_SUCCEEDED, {"step": name, "iteration": 0},
                              after=rng.uniform(120, 4 * 3600), actor=actor)  # fmt: skip
             batch.waits.append((step_ref, Wait(kind="approval", status="resolved",
                                                created_at=asked, resolved_at=decided)))  # fmt: skip
@@ -244,19 +245,19 @@ def _build_run_as(
                         created_at=created_wait)  # fmt: skip
             if expired:
                 wait.status, wait.resolved_at = "expired", tl.add(
-                    "step.failed", {"step": name, "routing": {"failure_class": "timeout"}},
+                    Verb.STEP_FAILED, {"step": name, "routing": {"failure_class": "timeout"}},
                     after=3600)  # fmt: skip
                 step.status, step.error_class = "failed", "timeout"
                 status, stop_at = "failed", position + 1
             else:
                 wait.status = "resolved"
-                wait.resolved_at = tl.add("wait.resolved", {"kind": "event"},
+                wait.resolved_at = tl.add(Verb.WAIT_RESOLVED, {"kind": "event"},
                                           after=rng.uniform(5, 900))  # fmt: skip
             batch.waits.append((step_ref, wait))
         if kind == "side_effect":
             key = f"tp-{run.id}-{name}"
             step.idempotency_key = key
-            snap_at = tl.add("snapshot.written", {"step": name, "key": key, "tool": tool})
+            snap_at = tl.add(Verb.SNAPSHOT_WRITTEN, {"step": name, "key": key, "tool": tool})
             missing = ["session_context_ref"] if rng.random() < 0.08 else []
             snapshot = Snapshot(
                 attempt=step.attempts, workflow_version=1, stage=name, tool=tool,
@@ -271,40 +272,40 @@ def _build_run_as(
                 params_checksum=digest(snapshot.params), status="committed",
                 confirmed_by="tool", created_at=snap_at, attempted_at=snap_at,
             )  # fmt: skip
-            tl.add("side_effect.intended", {"step": name, "key": key, "tool": tool})
+            tl.add(Verb.SIDE_EFFECT_INTENDED, {"step": name, "key": key, "tool": tool})
             if here and scenario == "unknown_confirmed":
-                tl.add("side_effect.unknown", {"key": key, "tool": tool}, after=10)
-                _fail(tl, name, "step.unknown_outcome", "unknown_outcome")
+                tl.add(Verb.SIDE_EFFECT_UNKNOWN, {"key": key, "tool": tool}, after=10)
+                _fail(tl, name, Verb.STEP_UNKNOWN_OUTCOME, "unknown_outcome")
                 failures += 1
-                tl.add("run.needs_human", {"from": "running", "to": "needs_human"})
-                confirmed = tl.add("side_effect.committed", {"key": key, "confirmed_by": actor},
+                tl.add(Verb.RUN_NEEDS_HUMAN, {"from": "running", "to": "needs_human"})
+                confirmed = tl.add(Verb.SIDE_EFFECT_COMMITTED, {"key": key, "confirmed_by": actor},
                                    after=rng.uniform(120, 7200), actor=actor)  # fmt: skip
                 effect.confirmed_by, effect.committed_at = actor, confirmed
                 batch.decisions.append((step_ref, HumanDecision(
                     run=run, verb="confirm_happened", user=user, created_at=confirmed,
                     proof="msg-123")))  # fmt: skip
             elif here and scenario == "resent":
-                tl.add("side_effect.unknown", {"key": key, "tool": tool}, after=10)
-                tl.add("side_effect.not_committed", {"key": key, "confirmed_by": "reconcile"})
-                tl.add("side_effect.intended", {"key": key, "step": name})
+                tl.add(Verb.SIDE_EFFECT_UNKNOWN, {"key": key, "tool": tool}, after=10)
+                tl.add(Verb.SIDE_EFFECT_NOT_COMMITTED, {"key": key, "confirmed_by": "reconcile"})
+                tl.add(Verb.SIDE_EFFECT_INTENDED, {"key": key, "step": name})
                 step.attempts += 1
                 # The resend was right most of the time; sometimes the first attempt had landed
                 # and a later lookup by key finds it (a wrong retry).
                 confirmed_by = "reconcile" if rng.random() < 0.3 else "tool"
                 effect.committed_at = tl.add(
-                    "side_effect.committed", {"key": key, "confirmed_by": confirmed_by}, after=20
+                    Verb.SIDE_EFFECT_COMMITTED, {"key": key, "confirmed_by": confirmed_by}, after=20
                 )
                 effect.confirmed_by = confirmed_by
             else:
                 effect.committed_at = tl.add(
-                    "side_effect.committed", {"key": key, "confirmed_by": "tool"},
+                    Verb.SIDE_EFFECT_COMMITTED, {"key": key, "confirmed_by": "tool"},
                     after=rng.uniform(0.05, 0.8))  # fmt: skip
             effect.updated_at = effect.committed_at
             batch.effects.append((step_ref, snap_ref, effect))
         if step.status == "succeeded":
-            step.finished_at = tl.add("step.succeeded", {"step": name, "iteration": 0})
+            step.finished_at = tl.add(Verb.STEP_SUCCEEDED, {"step": name, "iteration": 0})
     if status == "succeeded":
-        tl.add("run.succeeded", {"from": "running", "to": "succeeded"})
+        tl.add(Verb.RUN_SUCCEEDED, {"from": "running", "to": "succeeded"})
         run.finished_at = tl.at
     elif status == "failed":
         run.finished_at = tl.at
