@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+from celery import current_app
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -300,12 +301,14 @@ def dispatch_due(now: datetime | None = None, batch: int = 500) -> int:
     return len(ids)
 
 
-def _hint(ids: list[int]) -> None:
-    from approvals.tasks import deliver_notification
+DELIVER_TASK = "approvals.tasks.deliver_notification"
 
+
+def _hint(ids: list[int]) -> None:
     for delivery_id in ids:
         try:
-            deliver_notification.apply_async((delivery_id,), expires=CLAIM_SECONDS)
+            # By name: approvals.tasks imports this module, not the other way round.
+            current_app.send_task(DELIVER_TASK, (delivery_id,), expires=CLAIM_SECONDS)
         except Exception:  # the broker being down only delays it: the sweeper hints again
             logger.warning("could not enqueue notification %s", delivery_id)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from approvals import notifications
+from approvals import metrics, notifications
 
 
 @shared_task(name="approvals.tasks.deliver_notification", acks_late=True, ignore_result=True)
@@ -18,6 +18,4 @@ def deliver_notification(delivery_id: int) -> str:
 def rollup_metrics() -> int:
     # Safe to overlap: rollups take turns on an advisory lock and only ever replace a row by one
     # computed at a later timeline head.
-    from approvals import metrics
-
     return metrics.rollup()
