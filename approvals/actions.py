@@ -41,8 +41,14 @@ class ActionRefused(ValueError):
     """The action does not make sense in the run's current state (the message says why)."""
 
 
-__all__ = ["ActionForbidden", "ActionRefused", "DecisionConflict", "InvalidParams",
-           "check_may_act", "validate_params"]  # fmt: skip
+__all__ = [
+    "ActionForbidden",
+    "ActionRefused",
+    "DecisionConflict",
+    "InvalidParams",
+    "check_may_act",
+    "validate_params",
+]
 
 
 def _actor(user) -> str:
@@ -297,8 +303,15 @@ def validate_params(tool_name: str, params: Any, *, proposed: Any = None) -> dic
     return value
 
 
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
-               dict: "an object", list: "a list", type(None): "null"}  # fmt: skip
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "an object",
+    list: "a list",
+    type(None): "null",
+}
 
 
 def _input_schema(tool) -> dict:

@@ -98,11 +98,25 @@ class RuleForm(forms.ModelForm):
     class Meta:
         model = EscalationRule
         fields = [
-            "name", "position", "enabled", "workflow", "step", "tool", "failure_class", "risk",
-            "action", "queue", "escalate_to", "max_attempts", "backoff_base_seconds",
-            "backoff_cap_seconds", "wait_window_seconds", "probe_interval_seconds",
-            "approval_sla_seconds", "escalate_after_seconds",
-        ]  # fmt: skip
+            "name",
+            "position",
+            "enabled",
+            "workflow",
+            "step",
+            "tool",
+            "failure_class",
+            "risk",
+            "action",
+            "queue",
+            "escalate_to",
+            "max_attempts",
+            "backoff_base_seconds",
+            "backoff_cap_seconds",
+            "wait_window_seconds",
+            "probe_interval_seconds",
+            "approval_sla_seconds",
+            "escalate_after_seconds",
+        ]
         labels = {
             "name": gettext_lazy("Name"),
             "position": gettext_lazy("Position (lower is tried first)"),
@@ -174,10 +188,12 @@ class RuleForm(forms.ModelForm):
             elif probe > window:
                 self.add_error(
                     "probe_interval_seconds",
-                    _("The probe interval (%(probe)s s) is longer than the wait window "
-                      "(%(window)s s): the tool would never be probed.")
+                    _(
+                        "The probe interval (%(probe)s s) is longer than the wait window "
+                        "(%(window)s s): the tool would never be probed."
+                    )
                     % {"probe": probe, "window": window},
-                )  # fmt: skip
+                )
 
     def _check_names(self, data: dict) -> None:
         """Unknown names are usually typos: refused with suggestions, unless the admin ticks
@@ -188,18 +204,34 @@ class RuleForm(forms.ModelForm):
         workflows = known_workflows()
         if workflow and not _is_known_workflow(workflow):
             hint = _suggest(workflow, workflows)
-            problems.append(("workflow", _("No workflow is called “%(name)s”. %(hint)s")
-                             % {"name": workflow, "hint": hint}))  # fmt: skip
+            problems.append(
+                (
+                    "workflow",
+                    _("No workflow is called “%(name)s”. %(hint)s")
+                    % {"name": workflow, "hint": hint},
+                )
+            )
         elif workflow and step:
             declared = known_workflows().get(workflow, set())
             if step not in declared:
-                problems.append(("step", _("%(workflow)s declares no step “%(name)s” (steps "
-                                           "decided at run time are fine). %(hint)s")
-                                 % {"workflow": workflow, "name": step,
-                                    "hint": _suggest(step, declared)}))  # fmt: skip
+                problems.append(
+                    (
+                        "step",
+                        _(
+                            "%(workflow)s declares no step “%(name)s” (steps "
+                            "decided at run time are fine). %(hint)s"
+                        )
+                        % {"workflow": workflow, "name": step, "hint": _suggest(step, declared)},
+                    )
+                )
         if tool and _tool(tool) is None:
-            problems.append(("tool", _("No tool is called “%(name)s”. %(hint)s")
-                             % {"name": tool, "hint": _suggest(tool, known_tools())}))  # fmt: skip
+            problems.append(
+                (
+                    "tool",
+                    _("No tool is called “%(name)s”. %(hint)s")
+                    % {"name": tool, "hint": _suggest(tool, known_tools())},
+                )
+            )
         for field_name, message in problems:
             if allow:
                 self.warnings.append(message)
@@ -216,16 +248,29 @@ class RuleForm(forms.ModelForm):
             listed = ", ".join(with_fallback) or "—"
             found = _tool(tool) if tool else None
             if not tool:
-                self.add_error("tool", _("“Degrade” needs a tool with a fallback. Tools with a "
-                                         "fallback: %(tools)s.") % {"tools": listed})  # fmt: skip
+                self.add_error(
+                    "tool",
+                    _("“Degrade” needs a tool with a fallback. Tools with a fallback: %(tools)s.")
+                    % {"tools": listed},
+                )
             elif found is not None and not found.fallback_tool:
-                self.add_error("action", _("%(tool)s has no fallback tool to degrade to. Tools "
-                                           "with a fallback: %(tools)s.")
-                               % {"tool": tool, "tools": listed})  # fmt: skip
+                self.add_error(
+                    "action",
+                    _(
+                        "%(tool)s has no fallback tool to degrade to. Tools "
+                        "with a fallback: %(tools)s."
+                    )
+                    % {"tool": tool, "tools": listed},
+                )
         if cls == FailureClass.TIMEOUT and action in (A.RETRY, A.WAIT, A.DEGRADE):
-            self.add_error("action", _("A wait or approval that timed out cannot be retried, "
-                                       "waited for or degraded: choose escalate, compensate "
-                                       "or fail."))  # fmt: skip
+            self.add_error(
+                "action",
+                _(
+                    "A wait or approval that timed out cannot be retried, "
+                    "waited for or degraded: choose escalate, compensate "
+                    "or fail."
+                ),
+            )
         if action in (A.ESCALATE, A.RETRY, A.WAIT, A.DEGRADE) and not data.get("queue"):
             self.add_error("queue", _("Name the queue a person picks this up from."))
 
@@ -362,16 +407,21 @@ def explain(rule: EscalationRule | None, *, tool: str = "") -> str:
             rule.max_attempts,
         )
     elif rule.action == A.WAIT:
-        text = _("%(head)s waits up to %(window)s s for %(tool)s to recover, probing every "
-                 "%(probe)s s, then hands the run to the “%(queue)s” queue.")  # fmt: skip
+        text = _(
+            "%(head)s waits up to %(window)s s for %(tool)s to recover, probing every "
+            "%(probe)s s, then hands the run to the “%(queue)s” queue."
+        )
     elif rule.action == A.DEGRADE:
         found = _tool(tool or rule.tool)
         values["fallback"] = found.fallback_tool if found and found.fallback_tool else "?"
-        text = _("%(head)s answers from the fallback tool %(fallback)s instead (reads only); if "
-                 "that fails too, it hands the run to the “%(queue)s” queue.")  # fmt: skip
+        text = _(
+            "%(head)s answers from the fallback tool %(fallback)s instead (reads only); if "
+            "that fails too, it hands the run to the “%(queue)s” queue."
+        )
     elif rule.action == A.COMPENSATE:
-        text = _("%(head)s undoes the run's committed side effects, newest first, and ends the "
-                 "run.")  # fmt: skip
+        text = _(
+            "%(head)s undoes the run's committed side effects, newest first, and ends the run."
+        )
     elif rule.action == A.FAIL:
         text = _("%(head)s fails the run.")
     else:
@@ -388,8 +438,13 @@ def which_rule(*, workflow="", step="", tool="", failure_class="", risk="") -> V
     if not risk and tool:
         found = _tool(tool)
         risk = found.risk if found else ""
-    match = {"workflow": workflow, "step": step, "tool": tool, "failure_class": failure_class,
-             "risk": risk}  # fmt: skip
+    match = {
+        "workflow": workflow,
+        "step": step,
+        "tool": tool,
+        "failure_class": failure_class,
+        "risk": risk,
+    }
     matching = [r for r in EscalationRule.objects.filter(enabled=True) if r.matches(**match)]
     first = EscalationRule.first_match(**match)
     return Verdict(first, explain(first, tool=tool), risk, matching[1:])
@@ -485,10 +540,16 @@ class TesterForm(forms.Form):
         data = self.cleaned_data
         step = self.failures.get(data["failure"]) if data.get("failure") else None
         if step is not None:
-            return {"workflow": step.run.workflow, "step": step.name, "tool": step.tool,
-                    "failure_class": step.error_class, "risk": data.get("risk", "")}  # fmt: skip
-        return {k: data.get(k, "") or "" for k in ("workflow", "step", "tool", "failure_class",
-                                                   "risk")}  # fmt: skip
+            return {
+                "workflow": step.run.workflow,
+                "step": step.name,
+                "tool": step.tool,
+                "failure_class": step.error_class,
+                "risk": data.get("risk", ""),
+            }
+        return {
+            k: data.get(k, "") or "" for k in ("workflow", "step", "tool", "failure_class", "risk")
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,8 +564,10 @@ def pause_tool(tool: str, user, reason: str) -> tuple[ToolPause, bool]:
     """Open a pause on the tool (steps that would call it wait). Returns (pause, created); an
     already paused tool keeps its pause (a repeated POST changes nothing)."""
     if _tool(tool) is None:
-        raise PauseError(_("No tool is called “%(name)s”. %(hint)s")
-                         % {"name": tool, "hint": _suggest(tool, known_tools())})  # fmt: skip
+        raise PauseError(
+            _("No tool is called “%(name)s”. %(hint)s")
+            % {"name": tool, "hint": _suggest(tool, known_tools())}
+        )
     if not reason.strip():
         raise PauseError(_("Say why the tool is paused; the people whose runs wait will read it."))
     with transaction.atomic():

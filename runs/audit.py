@@ -42,8 +42,17 @@ CHUNK = 2000
 PROGRESS_EVERY = 1000
 
 EVENT_FIELDS = (
-    "run", "seq", "at", "actor", "verb", "data", "data_digest", "pruned", "prev_hash", "hash",
-)  # fmt: skip
+    "run",
+    "seq",
+    "at",
+    "actor",
+    "verb",
+    "data",
+    "data_digest",
+    "pruned",
+    "prev_hash",
+    "hash",
+)
 
 
 def retention_days() -> int:
@@ -110,8 +119,18 @@ class ChainChecker:
         self.problem = Problem(self.run_id, seq, message)
         return self.problem
 
-    def feed(self, seq: int, at_iso: str, actor: str, verb: str, data: Any, data_digest: str,
-             pruned: bool, prev_hash: str, event_hash: str) -> Problem | None:  # fmt: skip
+    def feed(
+        self,
+        seq: int,
+        at_iso: str,
+        actor: str,
+        verb: str,
+        data: Any,
+        data_digest: str,
+        pruned: bool,
+        prev_hash: str,
+        event_hash: str,
+    ) -> Problem | None:
         if self.problem is not None:
             return self.problem
         expected = self.expected_seq
@@ -206,7 +225,7 @@ def _check_batch(heads: list[tuple], report: VerifyReport) -> None:
             "pruned",
             "prev_hash",
             "hash",
-        )  # fmt: skip
+        )
     )
     for (
         run_id,
@@ -251,8 +270,9 @@ def verify_run(run) -> VerifyReport:
     return verify_queryset_runs(Run.objects.filter(pk=run.pk))
 
 
-def verify_export(lines: Iterable[str | bytes],
-                  progress: Callable[[int, int], None] | None = None) -> VerifyReport:  # fmt: skip
+def verify_export(
+    lines: Iterable[str | bytes], progress: Callable[[int, int], None] | None = None
+) -> VerifyReport:
     """Verify an export made by `export_jsonl`, offline (no database)."""
     report = VerifyReport()
     checker: ChainChecker | None = None
@@ -301,10 +321,16 @@ def verify_export(lines: Iterable[str | bytes],
                 return file_problem(number, "an event outside its run's section")
             try:
                 checker.feed(
-                    int(record["seq"]), str(record["at"]), str(record["actor"]),
-                    str(record["verb"]), record["data"], str(record["data_digest"]),
-                    bool(record["pruned"]), str(record["prev_hash"]), str(record["hash"]),
-                )  # fmt: skip
+                    int(record["seq"]),
+                    str(record["at"]),
+                    str(record["actor"]),
+                    str(record["verb"]),
+                    record["data"],
+                    str(record["data_digest"]),
+                    bool(record["pruned"]),
+                    str(record["prev_hash"]),
+                    str(record["hash"]),
+                )
             except (KeyError, TypeError, ValueError):
                 return file_problem(number, "an event with missing or malformed fields")
             report.events += 1
@@ -321,7 +347,7 @@ def verify_export(lines: Iterable[str | bytes],
                         f"the end line counts {record.get('runs')} runs and "
                         f"{record.get('events')} events; the file holds {report.runs} and "
                         f"{report.events}",
-                    )  # fmt: skip
+                    )
                 )
         else:
             return file_problem(number, f"unknown line type {kind!r}")
@@ -393,20 +419,33 @@ def _line(record: dict) -> str:
     return escape_json(json.dumps(record, ensure_ascii=False, sort_keys=True, default=str)) + "\n"
 
 
-def export_jsonl(runs, *, exported_by: str = "", query: dict | None = None,
-                 now: datetime | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> Iterator[str]:  # fmt: skip
+def export_jsonl(
+    runs,
+    *,
+    exported_by: str = "",
+    query: dict | None = None,
+    now: datetime | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Iterator[str]:
     """JSON Lines: a header, then per run (ordered by id) a `run` line with its chain head and
     its events in seq order, then an `end` line with the counts. `verify_export` checks it."""
     from django.utils import timezone
 
-    yield _line({
-        "type": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-        "exported_at": (now or timezone.now()).isoformat(), "exported_by": exported_by,
-        "query": query or {}, "fields": list(EVENT_FIELDS),
-        "hash": "sha256(canonical_json([seq, at, actor, verb, data_digest, prev_hash]))",
-        "data_digest": "sha256(canonical_json(data)); canonical = sorted keys, no spaces, UTF-8",
-    })  # fmt: skip
+    yield _line(
+        {
+            "type": "header",
+            "format": EXPORT_FORMAT,
+            "version": EXPORT_VERSION,
+            "exported_at": (now or timezone.now()).isoformat(),
+            "exported_by": exported_by,
+            "query": query or {},
+            "fields": list(EVENT_FIELDS),
+            "hash": "sha256(canonical_json([seq, at, actor, verb, data_digest, prev_hash]))",
+            "data_digest": (
+                "sha256(canonical_json(data)); canonical = sorted keys, no spaces, UTF-8"
+            ),
+        }
+    )
     run_count = event_count = 0
     for batch in _run_batches(runs.order_by("pk")):
         by_run: dict[Any, list] = {}
@@ -460,7 +499,7 @@ def export_csv(runs) -> Iterator[str]:
             "pruned",
             "prev_hash",
             "hash",
-        ]  # fmt: skip
+        ]
     )
     for batch in _run_batches(runs.order_by("pk")):
         workflows = {run.pk: run.workflow for run in batch}
@@ -478,7 +517,7 @@ def export_csv(runs) -> Iterator[str]:
                     "true" if event.pruned else "false",
                     event.prev_hash,
                     event.hash,
-                ]  # fmt: skip
+                ]
             )
 
 
@@ -579,9 +618,18 @@ def prune_payloads(
 # Outcome filters: the run's final status, an open side effect nobody can vouch for, or how a
 # person decided its approval.
 OUTCOMES = (
-    "succeeded", "failed", "cancelled", "compensated", "open", "needs_human",
-    "unknown_outcome", "approved", "approved_with_edits", "rejected", "human_decision",
-)  # fmt: skip
+    "succeeded",
+    "failed",
+    "cancelled",
+    "compensated",
+    "open",
+    "needs_human",
+    "unknown_outcome",
+    "approved",
+    "approved_with_edits",
+    "rejected",
+    "human_decision",
+)
 
 
 @dataclass

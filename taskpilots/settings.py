@@ -127,11 +127,19 @@ _cache_url = env_str("CACHE_URL")
 if _cache_url:
     if not _cache_url.startswith(("redis://", "rediss://")):
         raise ImproperlyConfigured("CACHE_URL must be a redis:// URL")
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                          "LOCATION": _cache_url}}  # fmt: skip
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": _cache_url,
+        }
+    }
 else:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.db.DatabaseCache",
-                          "LOCATION": "taskpilots_cache"}}  # fmt: skip
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.db.DatabaseCache",
+            "LOCATION": "taskpilots_cache",
+        }
+    }
 
 # Email (notification channels): SMTP (EMAIL_HOST, or the local MTA in production); printed to
 # the console in development.

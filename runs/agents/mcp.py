@@ -218,8 +218,9 @@ class _StdioConnection:
         self.loop = asyncio.new_event_loop()
         self.opened: concurrent.futures.Future = concurrent.futures.Future()
         self.alive = True
-        threading.Thread(target=self.loop.run_forever, daemon=True,
-                         name=f"mcp-{server.name}").start()  # fmt: skip
+        threading.Thread(
+            target=self.loop.run_forever, daemon=True, name=f"mcp-{server.name}"
+        ).start()
         self.queue: asyncio.Queue = asyncio.run_coroutine_threadsafe(
             self._make_queue(), self.loop
         ).result()
@@ -415,8 +416,9 @@ def _invoker(server: McpServer, mcp_name: str, write: bool, config: McpToolConfi
         arguments = dict(params)
         if config.key_argument:
             arguments[config.key_argument] = ctx.idempotency_key
-        result = call_tool(server, mcp_name, arguments, meta=_meta(ctx), timeout=ctx.timeout,
-                           write=write)  # fmt: skip
+        result = call_tool(
+            server, mcp_name, arguments, meta=_meta(ctx), timeout=ctx.timeout, write=write
+        )
         if result.is_error:
             named = (result.meta or {}).get(META_FAILURE_CLASS)
             cls = (named if named in FailureClass.values else config.error_class) or (
@@ -435,8 +437,14 @@ def _lookup(server: McpServer, config: McpToolConfig):
     make_arguments = config.lookup_arguments or (lambda key: {"idempotency_key": key})
 
     def lookup(key: str, ctx: CallContext) -> LookupResult:
-        result = call_tool(server, config.lookup_tool, make_arguments(key), meta=_meta(ctx),
-                           timeout=ctx.timeout, write=False)  # fmt: skip
+        result = call_tool(
+            server,
+            config.lookup_tool,
+            make_arguments(key),
+            meta=_meta(ctx),
+            timeout=ctx.timeout,
+            write=False,
+        )
         value = normalise(result, server=server.name, tool=config.lookup_tool)["result"]
         if result.is_error or not isinstance(value, dict) or "found" not in value:
             raise ToolError(FailureClass.TRANSIENT, f"lookup by key answered: {str(value)[:300]}")

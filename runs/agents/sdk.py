@@ -132,8 +132,9 @@ class AgentWorkflow:
             return self._turn(1)
         calls = function_calls(ctx.results.get(f"turn:{turns}"))
         if not calls:
-            return DynamicStep(FINISH, StepKind.COMPUTE, stage=self.stage,
-                               extra={"handler": FINISH_HANDLER})  # fmt: skip
+            return DynamicStep(
+                FINISH, StepKind.COMPUTE, stage=self.stage, extra={"handler": FINISH_HANDLER}
+            )
         for index, call in enumerate(calls):
             step = self._call_step(ctx, statuses, turns, index, call)
             if step is not None:
@@ -190,8 +191,12 @@ class AgentWorkflow:
 
     def _refusal(self, name: str, problem: str) -> DynamicStep:
         # Told to the model as the call's output, as the SDK does for a failing tool.
-        return DynamicStep(name, StepKind.COMPUTE, stage=self.stage,
-                           extra={"handler": REFUSAL_HANDLER, "error": problem})  # fmt: skip
+        return DynamicStep(
+            name,
+            StepKind.COMPUTE,
+            stage=self.stage,
+            extra={"handler": REFUSAL_HANDLER, "error": problem},
+        )
 
     # -- the model ------------------------------------------------------------------------
 
@@ -266,11 +271,13 @@ def transcript(ctx: Context) -> list[dict]:
             label = call_label(turn, index, call)
             if f"call:{label}" not in statuses:
                 break
-            items.append({
-                "type": "function_call_output",
-                "call_id": call.get("call_id", ""),
-                "output": _tool_output(ctx, statuses, label),
-            })  # fmt: skip
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": call.get("call_id", ""),
+                    "output": _tool_output(ctx, statuses, label),
+                }
+            )
         turn += 1
     return items
 
@@ -498,9 +505,12 @@ def function_tool_for(tool_name: str, *, name: str = "", description: str = "") 
 
         params = json.loads(arguments or "{}")
         ctx = CallContext(
-            idempotency_key=f"sdk-{uuid.uuid4()}", run_id="", step=tool_context.tool_name,
-            attempt=1, timeout=tool.timeout,
-        )  # fmt: skip
+            idempotency_key=f"sdk-{uuid.uuid4()}",
+            run_id="",
+            step=tool_context.tool_name,
+            attempt=1,
+            timeout=tool.timeout,
+        )
         result = await asyncio.to_thread(tool.invoke, params, ctx)
         return json.dumps(result.response, ensure_ascii=False)
 
@@ -588,9 +598,15 @@ def register_agent(
     if policies:
         raise AgentSetupError(f"no tools named {sorted(policies)} on agent {agent.name!r}")
     runner = AgentWorkflow(
-        name, version, agent, bindings, max_turns=max_turns, stage=stage,
-        build_input=build_input, validate_input=validate_input,
-    )  # fmt: skip
+        name,
+        version,
+        agent,
+        bindings,
+        max_turns=max_turns,
+        stage=stage,
+        build_input=build_input,
+        validate_input=validate_input,
+    )
     workflows.register(runner.workflow, replace=True)
     _AGENTS[(name, version)] = runner
     return runner

@@ -124,21 +124,35 @@ def decide(items: list[dict]) -> list:
     if "call-lookup" not in outputs:
         return [
             function_call("crm_lookup", {"email": case["customer"]}, call_id="call-lookup"),
-            function_call("check_refund_policy", {"amount": case["amount"],
-                          "days_since_purchase": case["days_since_purchase"]},
-                          call_id="call-policy"),
-        ]  # fmt: skip
+            function_call(
+                "check_refund_policy",
+                {"amount": case["amount"], "days_since_purchase": case["days_since_purchase"]},
+                call_id="call-policy",
+            ),
+        ]
     policy, _ = _unwrap(outputs["call-policy"])
     if not policy.get("eligible"):
         if "call-mail" not in outputs:
-            return [function_call("send_mail", {
-                "to": case["customer"], "subject": "About your refund request",
-                "body": f"We cannot refund this order: {policy.get('reason')}."},
-                call_id="call-mail")]  # fmt: skip
+            return [
+                function_call(
+                    "send_mail",
+                    {
+                        "to": case["customer"],
+                        "subject": "About your refund request",
+                        "body": f"We cannot refund this order: {policy.get('reason')}.",
+                    },
+                    call_id="call-mail",
+                )
+            ]
         return [assistant_message("Refund declined: outside policy; the customer was told.")]
     if "call-refund" not in outputs:
-        return [function_call("refund_payment", {"payment_id": case["payment"],
-                              "amount": case["amount"]}, call_id="call-refund")]  # fmt: skip
+        return [
+            function_call(
+                "refund_payment",
+                {"payment_id": case["payment"], "amount": case["amount"]},
+                call_id="call-refund",
+            )
+        ]
     refund, approval = _unwrap(outputs["call-refund"])
     amount = (approval.get("arguments") or {}).get("amount", case["amount"])
     if "call-mail" not in outputs:
@@ -147,20 +161,37 @@ def decide(items: list[dict]) -> list:
             f"(refund {refund.get('id')})."
         )
         return [
-            function_call("send_mail", {"to": case["customer"], "subject": "Your refund",
-                                        "body": body}, call_id="call-mail"),
-            function_call("update_ticket", {"ticket_id": case["ticket"], "status": "solved"},
-                          call_id="call-ticket"),
-        ]  # fmt: skip
+            function_call(
+                "send_mail",
+                {"to": case["customer"], "subject": "Your refund", "body": body},
+                call_id="call-mail",
+            ),
+            function_call(
+                "update_ticket",
+                {"ticket_id": case["ticket"], "status": "solved"},
+                call_id="call-ticket",
+            ),
+        ]
     return [assistant_message(f"Refunded {amount:.2f}, told the customer and solved the ticket.")]
 
 
 class RefundDeskModel(Model):
     """A deterministic stand-in for an LLM (the SDK's Model interface; no network)."""
 
-    async def get_response(self, system_instructions, input, model_settings, tools,
-                           output_schema, handoffs, tracing, *, previous_response_id=None,
-                           conversation_id=None, prompt=None) -> ModelResponse:  # fmt: skip
+    async def get_response(
+        self,
+        system_instructions,
+        input,
+        model_settings,
+        tools,
+        output_schema,
+        handoffs,
+        tracing,
+        *,
+        previous_response_id=None,
+        conversation_id=None,
+        prompt=None,
+    ) -> ModelResponse:
         items = ItemHelpers.input_to_new_input_list(input)
         return ModelResponse(output=decide(items), usage=Usage(requests=1), response_id=None)
 

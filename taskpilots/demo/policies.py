@@ -48,8 +48,11 @@ def compose_reply(ctx: Context) -> dict:
 
 
 def ticket_update(ctx: Context) -> dict:
-    return {"ticket_id": ctx.input["ticket_id"], "status": "pending",
-            "comment": "Replied to the customer."}  # fmt: skip
+    return {
+        "ticket_id": ctx.input["ticket_id"],
+        "status": "pending",
+        "comment": "Replied to the customer.",
+    }
 
 
 def refund_facts(ctx: Context) -> dict:
@@ -69,8 +72,12 @@ def refund_params(ctx: Context) -> dict:
     facts = ctx.results["collect_facts"]
     # Facts recorded before the currency was (runs paused across an upgrade) mean USD.
     currency = facts.get("currency", REFUND_DEFAULT_CURRENCY)
-    return {"payment_id": facts["payment_id"], "amount": facts["amount"], "currency": currency,
-            "reason": facts["reason"] or "customer request"}  # fmt: skip
+    return {
+        "payment_id": facts["payment_id"],
+        "amount": facts["amount"],
+        "currency": currency,
+        "reason": facts["reason"] or "customer request",
+    }
 
 
 def approved_refund(ctx: Context) -> dict:

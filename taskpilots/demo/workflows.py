@@ -42,64 +42,93 @@ def _validate_lead(data: dict) -> dict:
 
 def support_reply(name: str) -> Workflow:
     return Workflow(
-        name, 1,
+        name,
+        1,
         [
             compute("classify", policies.classify_message, stage="triage"),
-            read("lookup_customer", "crm.lookup",
-                 params=lambda ctx: {"email": ctx.input["email"]}, stage="research"),
+            read(
+                "lookup_customer",
+                "crm.lookup",
+                params=lambda ctx: {"email": ctx.input["email"]},
+                stage="research",
+            ),
             read("search_kb", "kb.search", params=policies.kb_query, stage="research"),
             side_effect("send_reply", "mail.send", params=policies.compose_reply, stage="reply"),
-            side_effect("update_ticket", "tickets.update", params=policies.ticket_update,
-                        stage="close"),
+            side_effect(
+                "update_ticket", "tickets.update", params=policies.ticket_update, stage="close"
+            ),
         ],
         description="Answer a customer message: classify, look up the customer and the "
         "knowledge base, reply by mail, update the ticket.",
         scopes=("mail:send", "tickets:write", "crm:read"),
         validate_input=_validate_reply,
-    )  # fmt: skip
+    )
 
 
 def refund_approval(name: str) -> Workflow:
     return Workflow(
-        name, 1,
+        name,
+        1,
         [
             compute("collect_facts", policies.refund_facts, stage="facts"),
-            approval("approve_refund", tool="payments.refund", params=policies.refund_params,
-                     when=lambda ctx: ctx.results["collect_facts"]["needs_approval"],
-                     reason=lambda ctx: f"Refund of {ctx.results['collect_facts']['amount']:.2f} "
-                     f"{ctx.results['collect_facts'].get('currency', 'USD')} is above the "
-                     f"{policies.REFUND_APPROVAL_THRESHOLD} threshold",
-                     queue="support", sla=timedelta(hours=4), stage="approval"),
-            side_effect("issue_refund", "payments.refund", params=policies.approved_refund,
-                        stage="refund"),
-            wait_event("await_settlement", "payment.settled",
-                       correlation=lambda ctx: ctx.results["issue_refund"]["id"],
-                       timeout=timedelta(hours=24), stage="settlement"),
+            approval(
+                "approve_refund",
+                tool="payments.refund",
+                params=policies.refund_params,
+                when=lambda ctx: ctx.results["collect_facts"]["needs_approval"],
+                reason=lambda ctx: (
+                    f"Refund of {ctx.results['collect_facts']['amount']:.2f} "
+                    f"{ctx.results['collect_facts'].get('currency', 'USD')} is above the "
+                    f"{policies.REFUND_APPROVAL_THRESHOLD} threshold"
+                ),
+                queue="support",
+                sla=timedelta(hours=4),
+                stage="approval",
+            ),
+            side_effect(
+                "issue_refund", "payments.refund", params=policies.approved_refund, stage="refund"
+            ),
+            wait_event(
+                "await_settlement",
+                "payment.settled",
+                correlation=lambda ctx: ctx.results["issue_refund"]["id"],
+                timeout=timedelta(hours=24),
+                stage="settlement",
+            ),
         ],
         description="Refund a payment: facts, approval above the threshold, the refund "
         "(compensated by a void), then the bank's settlement callback.",
         scopes=("payments:refund",),
         validate_input=_validate_refund,
-    )  # fmt: skip
+    )
 
 
 def lead_sync(name: str) -> Workflow:
     return Workflow(
-        name, 1,
+        name,
+        1,
         [
-            read("read_lead", "crm.lookup", params=lambda ctx: {"email": ctx.input["email"]},
-                 stage="read"),
-            side_effect("create_contact", "crm.create",
-                        params=lambda ctx: {"email": ctx.input["email"],
-                                            "name": ctx.input["name"]}, stage="sync"),
+            read(
+                "read_lead",
+                "crm.lookup",
+                params=lambda ctx: {"email": ctx.input["email"]},
+                stage="read",
+            ),
+            side_effect(
+                "create_contact",
+                "crm.create",
+                params=lambda ctx: {"email": ctx.input["email"], "name": ctx.input["name"]},
+                stage="sync",
+            ),
             side_effect("tag_contact", "crm.tag", params=policies.lead_tag, stage="sync"),
-            side_effect("notify_sales", "mail.send", params=policies.sales_notification,
-                        stage="notify"),
+            side_effect(
+                "notify_sales", "mail.send", params=policies.sales_notification, stage="notify"
+            ),
         ],
         description="Sync a lead into the CRM: read, create the contact, tag it, notify sales.",
         scopes=("crm:write", "crm:read", "mail:send"),
         validate_input=_validate_lead,
-    )  # fmt: skip
+    )
 
 
 DEMO = {

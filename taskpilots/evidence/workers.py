@@ -33,8 +33,14 @@ def database_url(name: str | None = None) -> str:
 
 
 class WorkerProcess:
-    def __init__(self, name: str, queue: str, env: dict[str, str], concurrency: int = 1,
-                 pool: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        queue: str,
+        env: dict[str, str],
+        concurrency: int = 1,
+        pool: str | None = None,
+    ):
         self.name, self.queue, self.env, self.concurrency = name, queue, env, concurrency
         # prefork, as in production. (The solo pool with gossip and mingle off stalls on this
         # Celery version after its first task: measured, see the drill's history.)
@@ -45,14 +51,35 @@ class WorkerProcess:
 
     def start(self, timeout: float = 30, wait: bool = True) -> WorkerProcess:
         command = [
-            sys.executable, "-m", "celery", "-A", "taskpilots", "worker", "-Q", self.queue,
-            "-n", f"{self.name}@%h", "--pool", self.pool, "--concurrency", str(self.concurrency),
-            "-l", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "taskpilots",
+            "worker",
+            "-Q",
+            self.queue,
+            "-n",
+            f"{self.name}@%h",
+            "--pool",
+            self.pool,
+            "--concurrency",
+            str(self.concurrency),
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
         self.process = subprocess.Popen(
-            command, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-        )  # fmt: skip
+            command,
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         threading.Thread(target=self._pump, daemon=True).start()
         if wait and not self._ready.wait(timeout):
             self.kill()
@@ -114,8 +141,14 @@ class Workers:
         env.update(overrides)
         return env
 
-    def start(self, name: str | None = None, concurrency: int = 1, pool: str | None = None,
-              wait: bool = True, **env: str) -> WorkerProcess:  # fmt: skip
+    def start(
+        self,
+        name: str | None = None,
+        concurrency: int = 1,
+        pool: str | None = None,
+        wait: bool = True,
+        **env: str,
+    ) -> WorkerProcess:
         worker = WorkerProcess(
             name or f"w{len(self.started) + 1}-{uuid.uuid4().hex[:6]}",
             self.queue,
@@ -144,8 +177,13 @@ class Workers:
             pass
 
 
-def wait_for(predicate: Callable[[], object], *, timeout: float = 30, what: str = "condition",
-             interval: float = 0.05):  # fmt: skip
+def wait_for(
+    predicate: Callable[[], object],
+    *,
+    timeout: float = 30,
+    what: str = "condition",
+    interval: float = 0.05,
+):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

@@ -25,8 +25,9 @@ class Command(BaseCommand):
         action.add_argument("--rotate", action="store_true", help="new credentials, same client")
         action.add_argument("--revoke", action="store_true", help="revoke the client")
 
-    def handle(self, *args, name: str, scopes: str, description: str, rotate: bool,
-               revoke: bool, **options):  # fmt: skip
+    def handle(
+        self, *args, name: str, scopes: str, description: str, rotate: bool, revoke: bool, **options
+    ):
         if revoke:
             return revoke_client(self, name)
         if rotate:

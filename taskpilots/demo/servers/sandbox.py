@@ -141,22 +141,25 @@ def find_by_key(system: str, idempotency_key: str, ctx: Context) -> CallToolResu
 @server.tool(annotations=ToolAnnotations(destructiveHint=False, idempotentHint=False))
 def send_mail(to: str, subject: str, body: str, ctx: Context) -> CallToolResult:
     """Send an email to a customer."""
-    return _request("POST", "/mail/send", body={"to": to, "subject": subject, "body": body},
-                    ctx=ctx)  # fmt: skip
+    return _request(
+        "POST", "/mail/send", body={"to": to, "subject": subject, "body": body}, ctx=ctx
+    )
 
 
 @server.tool(annotations=ToolAnnotations(destructiveHint=False, idempotentHint=True))
 def update_ticket(ticket_id: str, status: str, ctx: Context) -> CallToolResult:
     """Change a helpdesk ticket's status (open, pending, solved, closed)."""
-    return _request("POST", "/tickets/update", body={"ticket_id": ticket_id, "status": status},
-                    ctx=ctx)  # fmt: skip
+    return _request(
+        "POST", "/tickets/update", body={"ticket_id": ticket_id, "status": status}, ctx=ctx
+    )
 
 
 @server.tool(annotations=ToolAnnotations(destructiveHint=True, idempotentHint=True))
 def refund_payment(payment_id: str, amount: float, ctx: Context) -> CallToolResult:
     """Refund (part of) a customer's payment."""
-    return _request("POST", "/payments/refund",
-                    body={"payment_id": payment_id, "amount": amount}, ctx=ctx)  # fmt: skip
+    return _request(
+        "POST", "/payments/refund", body={"payment_id": payment_id, "amount": amount}, ctx=ctx
+    )
 
 
 def main() -> None:
