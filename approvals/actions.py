@@ -163,41 +163,21 @@ def decide_approval(
     1. Lock the run, its step, then the request (the lock order); if the request is no longer
        pending, raise DecisionConflict naming who decided.
     2. Validate edited parameters against the tool's schema; store the decision, resolve the
-       approval wait, write the HumanDecision bound to what the person saw (proposed parameters,
-       latest snapshot) with the edits as a diff.
+       approval wait, write the HumanDecision bound to what the person was shown (tool, target,
+       proposed parameters and their digest) with the edits as a diff.
     3. Approve: the step succeeds with the (edited) parameters and the run resumes; the side
-       effect that follows snapshots exactly those parameters. Reject: the step fails and
-       committed side effects are compensated (or the run is cancelled when nothing to undo).
+       effect that follows snapshots exactly those parameters and names this decision. Reject:
+       the step fails and committed side effects are compensated (or the run is cancelled when
+       there is nothing to undo).
     """
     if decision not in D.values:
         raise ActionRefused(f"decision must be one of {', '.join(D.values)}")
     actor = _actor(user)
-    run_id, step_id = ApprovalRequest.objects.values_list("run_id", "step_id").get(pk=approval_id)
     with transaction.atomic():
-        run = _lock_run(run_id, None, user, action="decide")
-        step = Step.objects.select_for_update().get(pk=step_id)
-        approval = (
-            ApprovalRequest.objects.select_for_update(of=("self",))
-            .select_related("decided_by")
-            .get(pk=approval_id)
-        )
-        if approval.status != ApprovalRequest.Status.PENDING:
-            who = approval.decided_by.get_username() if approval.decided_by else "the system"
-            when = (
-                f" at {timezone.localtime(approval.decided_at):%Y-%m-%d %H:%M:%S}"
-                if approval.decided_at
-                else ""
-            )
-            raise DecisionConflict(
-                f"Already {approval.get_decision_display().lower() or approval.status} by "
-                f"{who}{when}."
-            )
-        _check_version(run, expected_version)
+        run, step, approval = _lock_pending_approval(approval_id, user, expected_version)
         params = approval.proposed_params
         if decision == D.APPROVED_WITH_EDITS:
-            params = validate_params(
-                approval.tool, edited_params, proposed=approval.proposed_params
-            )
+            params = validate_params(approval.tool, edited_params, proposed=params)
             if params == approval.proposed_params:
                 decision = D.APPROVED  # nothing was changed
         approval.decide(user, decision, params=params, comment=comment)
@@ -205,6 +185,8 @@ def decide_approval(
             step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING
         ):
             wait.resolve({"decision": decision}, by=actor, actor=actor)
+        edited = decision == D.APPROVED_WITH_EDITS
+        diff = params_diff(approval.proposed_params, params)
         record = _decision(
             run,
             user,
@@ -213,9 +195,7 @@ def decide_approval(
             approval=approval,
             shown=approval.shown(),
             before=approval.proposed_params,
-            after={"params": params, "diff": params_diff(approval.proposed_params, params)}
-            if decision == D.APPROVED_WITH_EDITS
-            else params,
+            after={"params": params, "diff": diff} if edited else params,
             comment=comment,
         )
         if decision == D.REJECTED:
@@ -223,21 +203,44 @@ def decide_approval(
             Takeover.end(run, user, "rejected")
             begin_compensation(run, f"rejected by {user.get_username()}", actor=actor)
         else:
-            # What the side effect after this step executes, and the decision it names in its
-            # snapshot (runs.engine.ledger reads `decision`).
-            step.succeed(
-                {
-                    "decision": decision,
-                    "params": params,
-                    "by": user.get_username(),
-                    "comment": comment,
-                    "human_decision": record.reference(),
-                },
-                actor=actor,
-            )
+            # What the side effect after this step executes, and the decision its snapshot
+            # names (runs.engine.ledger reads `human_decision`).
+            answer = {
+                "decision": decision,
+                "params": params,
+                "by": user.get_username(),
+                "comment": comment,
+                "human_decision": record.reference(),
+            }
+            step.succeed(answer, actor=actor)
             _resume(run, user, f"approval {decision}")
     approval.refresh_from_db()
     return approval
+
+
+def _lock_pending_approval(approval_id: int, user, expected_version):
+    """The run, the step and the request, locked in that order, with the request still pending
+    and the run as the person saw it; else DecisionConflict naming who decided and when."""
+    run_id, step_id = ApprovalRequest.objects.values_list("run_id", "step_id").get(pk=approval_id)
+    run = _lock_run(run_id, None, user, action="decide")
+    step = Step.objects.select_for_update().get(pk=step_id)
+    approval = (
+        ApprovalRequest.objects.select_for_update(of=("self",))
+        .select_related("decided_by", "step")
+        .get(pk=approval_id)
+    )
+    if approval.status != ApprovalRequest.Status.PENDING:
+        who = approval.decided_by.get_username() if approval.decided_by else "the system"
+        when = (
+            f" at {timezone.localtime(approval.decided_at):%Y-%m-%d %H:%M:%S}"
+            if approval.decided_at
+            else ""
+        )
+        raise DecisionConflict(
+            f"Already {approval.get_decision_display().lower() or approval.status} by {who}{when}."
+        )
+    _check_version(run, expected_version)
+    return run, step, approval
 
 
 class InvalidParams(ActionRefused):

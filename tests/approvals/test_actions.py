@@ -11,7 +11,7 @@ from django.db import connections
 from approvals import actions
 from approvals.models import ApprovalRequest, HumanDecision, Takeover
 from runs import engine
-from runs.models import Run, SideEffect, Step
+from runs.models import Run, SideEffect, Step, digest
 
 pytestmark = pytest.mark.django_db
 
@@ -162,3 +162,41 @@ def test_cancel_without_effects_just_cancels(support_user):
     run = start("test.timer", {})
     actions.cancel_run(run.pk, support_user, reason="not needed")
     assert fresh(run).status == "cancelled"
+
+
+def test_a_decision_records_what_was_shown_and_the_call_names_it(sandbox, support_user):
+    # A decision was once bound to the run's latest earlier snapshot, not to what the approver
+    # saw; the call that carried it out did not say which decision it executed.
+    run = start("test.refund", {"amount": 150, "payment": "pay_9"})
+    approval = ApprovalRequest.objects.get(run=run)
+    actions.decide_approval(
+        approval.pk,
+        support_user,
+        "approved_with_edits",
+        edited_params={"payment_id": "pay_9", "amount": 120},
+    )
+    decision = HumanDecision.objects.get(run=run, verb="approve_with_edits")
+    shown = {"tool": "payments.refund", "target": approval.shown()["target"],
+             "params": {"payment_id": "pay_9", "amount": 150}}  # fmt: skip
+    assert decision.snapshot is None  # no call had been snapshotted: the proposal was shown
+    assert {k: decision.shown[k] for k in shown} == shown
+    assert decision.shown["digest"] == digest(shown)
+    engine.run_until_quiet(run.pk)
+    effect = SideEffect.objects.get(run=run, tool="payments.refund")
+    assert effect.snapshot.params["amount"] == 120
+    assert effect.snapshot.human_decision == {
+        "id": decision.pk, "verb": "approve_with_edits", "by": support_user.get_username(),
+        "tool": "payments.refund", "shown_digest": decision.shown["digest"],
+    }  # fmt: skip
+    assert effect.snapshot.compute_checksum() == effect.snapshot.checksum
+
+
+def test_an_edited_retry_names_the_edit_in_its_snapshot(sandbox, support_user):
+    run = start("test.reply", {**REPLY_INPUT, "ticket": ""})
+    step = Step.objects.get(run=run, status="needs_human")
+    actions.retry_with_edits(run.pk, support_user, {"ticket_id": "T-1", "status": "solved"})
+    decision = HumanDecision.objects.get(run=run, verb="approve_with_edits")
+    assert decision.shown["tool"] == step.tool
+    engine.run_until_quiet(run.pk)
+    snapshot = SideEffect.objects.get(step=step, status="committed").snapshot
+    assert snapshot.human_decision["id"] == decision.pk
