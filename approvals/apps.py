@@ -9,7 +9,9 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # The engine reaches people only through runs.people: this is where they answer.
+        from approvals import metrics
         from approvals.people import People
-        from runs import people
+        from runs import people, signals
 
         people.register(People())
+        signals.payloads_pruning.connect(metrics.before_pruning, dispatch_uid="metrics-rollup")

@@ -25,6 +25,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from approvals import console, viewer_time
+from approvals.audit_search import AuditQuery
 from approvals.models import ApprovalRequest, HumanDecision
 from approvals.views import _forbidden, _querystring
 from runs import audit
@@ -407,7 +408,7 @@ class AuditSearchForm(forms.Form):
     def query(self) -> audit.AuditQuery | None:
         if not self.is_valid():
             return None
-        return audit.AuditQuery(**{k: v or "" for k, v in self.cleaned_data.items()})
+        return AuditQuery(**{k: v or "" for k, v in self.cleaned_data.items()})
 
 
 @require_GET
@@ -415,7 +416,7 @@ class AuditSearchForm(forms.Form):
 @audit_view
 def audit_search(request: HttpRequest) -> HttpResponse:
     form = AuditSearchForm(request.GET or None)
-    query = form.query() if request.GET else audit.AuditQuery()
+    query = form.query() if request.GET else AuditQuery()
     runs = query.runs().select_related("owner") if query is not None else Run.objects.none()
     page = Paginator(runs, console.PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
@@ -466,7 +467,7 @@ def search_export(request: HttpRequest, fmt: str) -> HttpResponse:
     if fmt not in CONTENT_TYPES:
         raise Http404("unknown format")
     form = AuditSearchForm(request.GET or None)
-    query = form.query() if request.GET else audit.AuditQuery()
+    query = form.query() if request.GET else AuditQuery()
     if query is None:
         return render(request, "console/audit.html", {"form": form, "searched": True}, status=422)
     user = request.user.get_username()

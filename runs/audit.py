@@ -18,15 +18,18 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection, transaction
+from django.utils import timezone
+
 from runs.invisible import escape_json, neutralise
-from runs.models import canonical_json, digest
+from runs.models import Run, Snapshot, TimelineEvent, chain_hash, digest
+from runs.signals import payloads_pruning
 from runs.verbs import Verb
 from taskpilots.env import env_int
 
@@ -59,12 +62,6 @@ def retention_days() -> int:
     from django.conf import settings
 
     return int(settings.TASKPILOTS.get("RETENTION_DAYS", RETENTION_DAYS))
-
-
-def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, prev: str) -> str:
-    """The same material as TimelineEvent.compute_hash, from the ISO time as exported."""
-    material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
-    return hashlib.sha256(material.encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,6 +171,27 @@ class ChainChecker:
         return None
 
 
+def verify_chain(events: Iterable) -> tuple[bool, str]:
+    """Walk one run's events (TimelineEvent rows) in seq order with the verifier every audit
+    uses; (ok, message naming the first broken event)."""
+    checker: ChainChecker | None = None
+    for event in events:
+        checker = checker or ChainChecker(event.run_id)
+        checker.feed(
+            event.seq,
+            event.at.isoformat(),
+            event.actor,
+            event.verb,
+            event.data,
+            event.data_digest,
+            event.pruned,
+            event.prev_hash,
+            event.hash,
+        )
+    problem = checker.problem if checker else None
+    return (problem is None, "ok" if problem is None else str(problem))
+
+
 def verify_queryset_runs(
     runs, *, progress: Callable[[int, int], None] | None = None
 ) -> VerifyReport:
@@ -182,8 +200,6 @@ def verify_queryset_runs(
     Each batch reads the run heads, their events and their snapshots in one REPEATABLE READ
     transaction (when not already inside one), so a run that moves on meanwhile is seen
     consistently and is not reported as broken."""
-    from django.db import connection, transaction
-
     report = VerifyReport()
     last, next_progress = None, PROGRESS_EVERY
     while True:
@@ -208,8 +224,6 @@ def verify_queryset_runs(
 
 
 def _check_batch(heads: list[tuple], report: VerifyReport) -> None:
-    from runs.models import Snapshot, TimelineEvent
-
     checkers = {pk: ChainChecker(pk, seq, head) for pk, seq, head in heads}
     events = (
         TimelineEvent.objects.filter(run_id__in=list(checkers))
@@ -265,8 +279,6 @@ def _check_batch(heads: list[tuple], report: VerifyReport) -> None:
 
 
 def verify_run(run) -> VerifyReport:
-    from runs.models import Run
-
     return verify_queryset_runs(Run.objects.filter(pk=run.pk))
 
 
@@ -375,8 +387,6 @@ def _run_batches(runs) -> Iterator[list]:
 
 
 def _events_of(batch) -> Iterator:
-    from runs.models import TimelineEvent
-
     events = TimelineEvent.objects.filter(run_id__in=[r.pk for r in batch]).order_by(
         "run_id", "seq"
     )
@@ -429,8 +439,6 @@ def export_jsonl(
 ) -> Iterator[str]:
     """JSON Lines: a header, then per run (ordered by id) a `run` line with its chain head and
     its events in seq order, then an `end` line with the counts. `verify_export` checks it."""
-    from django.utils import timezone
-
     yield _line(
         {
             "type": "header",
@@ -558,19 +566,12 @@ def prune_payloads(
        what the payload was).
     3. With dry_run, only count what would change.
     """
-    from django.db import connection, transaction
-    from django.utils import timezone
-
-    from runs.models import Run, Snapshot, TimelineEvent
-
     days = retention_days() if older_than_days is None else older_than_days
     cutoff = (now or timezone.now()) - timedelta(days=days)
     if not dry_run:
-        # The dashboard's figures come from the payloads (failure classes, keys): store every
-        # ended run's figures first, so pruning never changes a figure.
-        from approvals import metrics
-
-        metrics.rollup(now=now, full=True)
+        # Whatever reads the payloads must keep what it needs first (the metrics rollup stores
+        # every ended run's figures, so pruning never changes a figure).
+        payloads_pruning.send(sender=Run, now=now)
     report = PruneReport(cutoff=cutoff, dry_run=dry_run)
     finished = Run.objects.filter(status__in=Run.TERMINAL, finished_at__lt=cutoff)
     last = None
@@ -610,101 +611,3 @@ def prune_payloads(
         if progress:
             progress(report)
     return report
-
-
-# --------------------------------------------------------------------------------------------
-# Search across runs (the console's audit page and export_audit use the same query)
-
-# Outcome filters: the run's final status, an open side effect nobody can vouch for, or how a
-# person decided its approval.
-OUTCOMES = (
-    "succeeded",
-    "failed",
-    "cancelled",
-    "compensated",
-    "open",
-    "needs_human",
-    "unknown_outcome",
-    "approved",
-    "approved_with_edits",
-    "rejected",
-    "human_decision",
-)
-
-
-@dataclass
-class AuditQuery:
-    date_from: Any = None  # date: runs started on or after
-    date_to: Any = None  # date: runs started on or before
-    workflow: str = ""
-    tool: str = ""
-    target: str = ""  # target resource, prefix
-    actor: str = ""  # "ada" means user:ada; "api:crm-bot" or "system" as written
-    outcome: str = ""
-
-    def as_dict(self) -> dict[str, str]:
-        return {k: str(v) for k, v in self.__dict__.items() if v}
-
-    def actor_values(self) -> list[str]:
-        actor = self.actor.strip()
-        if not actor:
-            return []
-        return [actor] if ":" in actor or actor == "system" else [f"user:{actor}", actor]
-
-    def runs(self):
-        """A Run queryset, newest first. Every filter is an indexed column or an EXISTS on an
-        indexed foreign key, so a page costs the same few queries whatever matches."""
-        from django.db.models import Exists, OuterRef, Q
-        from django.utils import timezone
-
-        from approvals.models import ApprovalRequest, HumanDecision
-        from runs.models import Run, SideEffect, Step, TimelineEvent
-
-        runs = Run.objects.all()
-        tz = timezone.get_current_timezone()
-        if self.date_from:
-            start = datetime.combine(self.date_from, datetime.min.time(), tzinfo=tz)
-            runs = runs.filter(created_at__gte=start)
-        if self.date_to:
-            end = datetime.combine(self.date_to, datetime.min.time(), tzinfo=tz)
-            runs = runs.filter(created_at__lt=end + timedelta(days=1))
-        if self.workflow:
-            runs = runs.filter(workflow=self.workflow)
-        if self.tool:
-            runs = runs.filter(Exists(Step.objects.filter(run=OuterRef("pk"), tool=self.tool)))
-        if self.target.strip():
-            runs = runs.filter(
-                Exists(
-                    SideEffect.objects.filter(
-                        run=OuterRef("pk"), target__startswith=self.target.strip()
-                    )
-                )
-            )
-        actors = self.actor_values()
-        if actors:
-            runs = runs.filter(
-                Exists(TimelineEvent.objects.filter(run=OuterRef("pk"), actor__in=actors))
-            )
-        outcome = self.outcome
-        if outcome in ("succeeded", "failed", "cancelled", "compensated", "needs_human"):
-            runs = runs.filter(status=outcome)
-        elif outcome == "open":
-            runs = runs.exclude(status__in=Run.TERMINAL)
-        elif outcome == "unknown_outcome":
-            runs = runs.filter(
-                Exists(SideEffect.objects.filter(run=OuterRef("pk"), status="unknown"))
-                | Exists(Step.objects.filter(run=OuterRef("pk"), status="unknown_outcome"))
-            )
-        elif outcome in ("approved", "approved_with_edits", "rejected"):
-            decided = ApprovalRequest.objects.filter(run=OuterRef("pk"), decision=outcome)
-            users = [a.removeprefix("user:") for a in actors if a.startswith("user:")]
-            if users:  # "approved by this user": the approver, not just anyone on the run
-                decided = decided.filter(decided_by__username__in=users)
-            runs = runs.filter(Exists(decided))
-        elif outcome == "human_decision":
-            decisions = HumanDecision.objects.filter(run=OuterRef("pk"))
-            users = [a.removeprefix("user:") for a in actors if a.startswith("user:")]
-            if users:
-                decisions = decisions.filter(user__username__in=users)
-            runs = runs.filter(Q(Exists(decisions)))
-        return runs.order_by("-created_at", "-id")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +39,13 @@ class ConcurrentUpdate(TransitionError):
 
 class ImmutableRecord(Exception):
     """Snapshots and timeline events are written once and never changed."""
+
+
+def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, prev: str) -> str:
+    """An event's hash over its place in the chain and its content (the one definition: the
+    append, the verifier and the offline export check all use it)."""
+    material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
+    return hashlib.sha256(material.encode()).hexdigest()
 
 
 def canonical_json(value: Any) -> str:
@@ -1489,8 +1495,7 @@ class TimelineEvent(ImmutableModel):
 
     @staticmethod
     def compute_hash(seq: int, at, actor: str, verb: str, data_digest: str, prev_hash: str) -> str:
-        material = canonical_json([seq, at.isoformat(), actor, verb, data_digest, prev_hash])
-        return hashlib.sha256(material.encode()).hexdigest()
+        return chain_hash(seq, at.isoformat(), actor, verb, data_digest, prev_hash)
 
     @classmethod
     def append(cls, run_id, verb: str, data: dict, *, actor: str = "system") -> TimelineEvent:
@@ -1563,22 +1568,3 @@ UPDATE runs_run SET event_seq = event.seq, event_hash = event.hash, updated_at =
 FROM event WHERE runs_run.id = %(run)s
 RETURNING event.id, event.seq, event.prev_hash, event.hash
 """
-
-
-def verify_chain(events: Iterable[TimelineEvent]) -> tuple[bool, str]:
-    """Walk one run's events in seq order; return (ok, message naming the first broken event)."""
-    expected_prev, expected_seq = "", 1
-    for event in events:
-        if event.seq != expected_seq:
-            return False, f"event seq {event.seq}: expected seq {expected_seq} (missing event)"
-        if event.prev_hash != expected_prev:
-            return False, f"event seq {event.seq}: prev_hash does not match the previous event"
-        if not event.pruned and digest(event.data) != event.data_digest:
-            return False, f"event seq {event.seq}: data does not match its digest"
-        if event.recompute_hash() != event.hash:
-            return False, f"event seq {event.seq}: content does not match its hash"
-        expected_prev, expected_seq = event.hash, expected_seq + 1
-    return True, "ok"
-
-
-from runs.api_models import ApiClient  # noqa: E402,F401

@@ -17,7 +17,7 @@ from approvals.metrics.facts import FACTS, FAILURE_VERBS, RESEND_VERBS
 from approvals.metrics.figures import FIGURES, INCONSISTENCIES, INCONSISTENCY_LABELS, Figure, median
 from approvals.metrics.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
 from approvals.metrics.queries import STALE_MINUTES
-from approvals.metrics.store import ROLLUP_AFTER, ROLLUP_BATCH, rollup
+from approvals.metrics.store import ROLLUP_AFTER, ROLLUP_BATCH, before_pruning, rollup
 from approvals.metrics.window import BadWindow, Window, parse_window
 
 __all__ = [
@@ -36,6 +36,7 @@ __all__ = [
     "Dashboard",
     "Figure",
     "Window",
+    "before_pruning",
     "compute",
     "median",
     "parse_window",

@@ -172,3 +172,9 @@ def _build_missing_days(params: dict, today: date, lookback: int) -> None:
         days = [day for (day,) in cursor.fetchall()]
         if days:
             cursor.execute(DAY_SQL, {**params, "days": days})
+
+
+def before_pruning(sender, now=None, **kwargs) -> None:
+    """runs.signals.payloads_pruning: the dashboard's figures come from the payloads (failure
+    classes, keys), so every ended run's figures are stored before they are dropped."""
+    rollup(now=now, full=True)

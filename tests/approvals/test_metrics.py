@@ -468,7 +468,7 @@ def test_prometheus_label_values_are_escaped(db, client, admin_user):
 
 def test_loadgen_writes_valid_chains_the_dashboard_can_read(db):
     load_fake_runs(40, days=2, batch_size=40, seed=3)
-    from runs.models import verify_chain
+    from runs.audit import verify_chain
 
     for run in Run.objects.all()[:10]:
         assert verify_chain(run.events.order_by("seq")) == (True, "ok")

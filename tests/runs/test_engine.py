@@ -527,7 +527,7 @@ class TestDefinitions:
         assert report.stale_runs == 1 and run.pk in report.enqueued
 
     def test_the_timeline_chain_of_a_run_verifies(self, sandbox):
-        from runs.models import verify_chain
+        from runs.audit import verify_chain
 
         run = drive(start("test.reply", REPLY_INPUT))
         assert verify_chain(TimelineEvent.objects.filter(run=run).order_by("seq")) == (True, "ok")

@@ -5,6 +5,7 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, connections, transaction
 
+from runs.audit import verify_chain
 from runs.models import (
     ConcurrentUpdate,
     ImmutableRecord,
@@ -15,7 +16,6 @@ from runs.models import (
     Step,
     TimelineEvent,
     TransitionError,
-    verify_chain,
 )
 from tests.factories import (
     RunFactory,

@@ -28,7 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--outcome", default="", choices=["", *audit_outcomes()])
 
     def handle(self, *args, **options):
-        from runs.audit import AuditQuery
+        from approvals.audit_search import AuditQuery
         from runs.models import Run
 
         if options["run"]:
@@ -76,7 +76,7 @@ def _write(lines, handle) -> int:
 
 
 def audit_outcomes() -> list[str]:
-    from runs.audit import OUTCOMES
+    from approvals.audit_search import OUTCOMES
 
     return list(OUTCOMES)
 
