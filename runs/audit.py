@@ -285,90 +285,114 @@ def verify_run(run) -> VerifyReport:
 def verify_export(
     lines: Iterable[str | bytes], progress: Callable[[int, int], None] | None = None
 ) -> VerifyReport:
-    """Verify an export made by `export_jsonl`, offline (no database)."""
-    report = VerifyReport()
-    checker: ChainChecker | None = None
-    seen_header = seen_end = False
-    runs_seen: set[str] = set()
-
-    def file_problem(number: int, message: str) -> VerifyReport:
-        report.problems.append(Problem("-", None, f"line {number}: {message}"))
-        return report
-
-    def close(checker):
-        if checker is not None:
-            problem = checker.finish()
-            if problem is not None:
-                report.problems.append(problem)
-
+    """Verify an export made by `export_jsonl`, offline (no database): a header, then each run's
+    head line and its events in order, then an end line whose counts match the file."""
+    reader = _ExportReader(progress)
     for number, raw in enumerate(lines, start=1):
         line = raw.decode() if isinstance(raw, bytes) else raw
-        if not line.strip():
-            continue
-        if seen_end:
-            return file_problem(number, "content after the end line")
+        if line.strip() and not reader.read(number, line):
+            return reader.report
+    return reader.finish()
+
+
+class _ExportReader:
+    """Reads an export line by line; `read` returns False once the file is broken."""
+
+    def __init__(self, progress: Callable[[int, int], None] | None):
+        self.report = VerifyReport()
+        self.progress = progress
+        self.checker: ChainChecker | None = None
+        self.seen_header = self.seen_end = False
+        self.runs_seen: set[str] = set()
+
+    def _problem(self, number: int, message: str) -> bool:
+        self.report.problems.append(Problem("-", None, f"line {number}: {message}"))
+        return False
+
+    def _close_run(self) -> None:
+        problem = self.checker.finish() if self.checker is not None else None
+        if problem is not None:
+            self.report.problems.append(problem)
+        self.checker = None
+
+    def read(self, number: int, line: str) -> bool:
+        if self.seen_end:
+            return self._problem(number, "content after the end line")
         try:
             record = json.loads(line)
         except ValueError:
-            return file_problem(number, "not valid JSON")
+            return self._problem(number, "not valid JSON")
         kind = record.get("type") if isinstance(record, dict) else None
-        if not seen_header:
-            if kind != "header" or record.get("format") != EXPORT_FORMAT:
-                return file_problem(number, "not a TaskPilots audit export (no header line)")
-            if record.get("version") != EXPORT_VERSION:
-                return file_problem(number, f"unsupported export version {record.get('version')}")
-            seen_header = True
-        elif kind == "run":
-            close(checker)
-            run_id = str(record.get("run"))
-            if run_id in runs_seen:
-                return file_problem(number, f"run {run_id} appears twice")
-            runs_seen.add(run_id)
-            checker = ChainChecker(run_id, record.get("head_seq"), record.get("head_hash"))
-            report.runs += 1
-            if progress and report.runs % PROGRESS_EVERY == 0:
-                progress(report.runs, report.events)
-        elif kind == "event":
-            if checker is None or str(record.get("run")) != checker.run_id:
-                return file_problem(number, "an event outside its run's section")
-            try:
-                checker.feed(
-                    int(record["seq"]),
-                    str(record["at"]),
-                    str(record["actor"]),
-                    str(record["verb"]),
-                    record["data"],
-                    str(record["data_digest"]),
-                    bool(record["pruned"]),
-                    str(record["prev_hash"]),
-                    str(record["hash"]),
+        if not self.seen_header:
+            return self._header(number, record, kind)
+        handler = {"run": self._run, "event": self._event, "end": self._end}.get(kind)
+        if handler is None:
+            return self._problem(number, f"unknown line type {kind!r}")
+        return handler(number, record)
+
+    def _header(self, number: int, record, kind) -> bool:
+        if kind != "header" or record.get("format") != EXPORT_FORMAT:
+            return self._problem(number, "not a TaskPilots audit export (no header line)")
+        if record.get("version") != EXPORT_VERSION:
+            return self._problem(number, f"unsupported export version {record.get('version')}")
+        self.seen_header = True
+        return True
+
+    def _run(self, number: int, record: dict) -> bool:
+        self._close_run()
+        run_id = str(record.get("run"))
+        if run_id in self.runs_seen:
+            return self._problem(number, f"run {run_id} appears twice")
+        self.runs_seen.add(run_id)
+        self.checker = ChainChecker(run_id, record.get("head_seq"), record.get("head_hash"))
+        self.report.runs += 1
+        if self.progress and self.report.runs % PROGRESS_EVERY == 0:
+            self.progress(self.report.runs, self.report.events)
+        return True
+
+    def _event(self, number: int, record: dict) -> bool:
+        if self.checker is None or str(record.get("run")) != self.checker.run_id:
+            return self._problem(number, "an event outside its run's section")
+        try:
+            fields = ("actor", "verb")
+            self.checker.feed(
+                int(record["seq"]),
+                str(record["at"]),
+                *(str(record[f]) for f in fields),
+                record["data"],
+                str(record["data_digest"]),
+                bool(record["pruned"]),
+                str(record["prev_hash"]),
+                str(record["hash"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return self._problem(number, "an event with missing or malformed fields")
+        self.report.events += 1
+        self.report.pruned_events += bool(record["pruned"])
+        return True
+
+    def _end(self, number: int, record: dict) -> bool:
+        self._close_run()
+        self.seen_end = True
+        counted = (record.get("runs"), record.get("events"))
+        if counted != (self.report.runs, self.report.events):
+            self.report.problems.append(
+                Problem(
+                    "-",
+                    None,
+                    f"the end line counts {counted[0]} runs and {counted[1]} events; the file "
+                    f"holds {self.report.runs} and {self.report.events}",
                 )
-            except (KeyError, TypeError, ValueError):
-                return file_problem(number, "an event with missing or malformed fields")
-            report.events += 1
-            report.pruned_events += bool(record["pruned"])
-        elif kind == "end":
-            close(checker)
-            checker = None
-            seen_end = True
-            if record.get("runs") != report.runs or record.get("events") != report.events:
-                report.problems.append(
-                    Problem(
-                        "-",
-                        None,
-                        f"the end line counts {record.get('runs')} runs and "
-                        f"{record.get('events')} events; the file holds {report.runs} and "
-                        f"{report.events}",
-                    )
-                )
-        else:
-            return file_problem(number, f"unknown line type {kind!r}")
-    if not seen_header:
-        return file_problem(0, "empty file")
-    if not seen_end:
-        close(checker)
-        report.problems.append(Problem("-", None, "the export is truncated (no end line)"))
-    return report
+            )
+        return True
+
+    def finish(self) -> VerifyReport:
+        if not self.seen_header:
+            self._problem(0, "empty file")
+        elif not self.seen_end:
+            self._close_run()
+            self.report.problems.append(Problem("-", None, "the export is truncated (no end line)"))
+        return self.report
 
 
 # --------------------------------------------------------------------------------------------
