@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -539,7 +538,6 @@ class Drill:
                 ConnectionError,
                 OSError,
                 SandboxError,
-                urllib.error.URLError,
             ) as exc:
                 if time.monotonic() > deadline:
                     raise
