@@ -179,7 +179,10 @@ def get(name: str) -> Tool:
     if name not in _TOOLS:
         from runs.registry import load_lazily
 
-        load_lazily(name)
+        try:
+            load_lazily(name)
+        except ImportError as exc:  # e.g. an optional extra that is not installed
+            raise UnknownTool(f"tool {name!r} cannot be loaded: {exc}") from exc
     try:
         return _TOOLS[name]
     except KeyError:
