@@ -29,10 +29,11 @@ NOT_SENT: tuple[type[Exception], ...] = (
     httpx2.InvalidURL,
 )
 
-# Shorter than the idle timeout of common servers (gunicorn's is 2 s), so a pooled connection is
-# dropped by us before the server closes it: a request sent on a connection the server is just
-# closing would fail after being written, which for a write reads as an unknown outcome.
-KEEPALIVE_SECONDS = 1.0
+# No cap on connections in use (as before pooling, when every call opened its own; a cap would
+# make calls of a busy thread pool wait), at most 20 kept idle, each for less than the idle
+# timeout of common servers (gunicorn's is 2 s): a request sent on a connection the server is
+# just closing fails after being written, which for a write reads as an unknown outcome.
+LIMITS = httpx2.Limits(max_connections=None, max_keepalive_connections=20, keepalive_expiry=1.0)
 
 
 def _no_cookies() -> CookieJar:
@@ -53,7 +54,7 @@ class SharedClient:
     def __init__(self, **options: Any) -> None:
         self._options = {
             "follow_redirects": False,
-            "limits": httpx2.Limits(keepalive_expiry=KEEPALIVE_SECONDS),
+            "limits": LIMITS,
             **options,
         }
         self._owner: tuple[int, httpx2.Client] | None = None
