@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx2
 from celery import current_app
 from django import forms
 from django.conf import settings
@@ -43,6 +42,7 @@ from django.utils.translation import gettext_lazy
 from approvals.models import NotificationChannel, NotificationCursor, NotificationDelivery
 from runs.models import Run, TimelineEvent
 from runs.verbs import Verb
+from taskpilots.httpclient import SharedClient
 
 logger = logging.getLogger("taskpilots.notifications")
 
@@ -249,29 +249,37 @@ def send(channel: NotificationChannel, payload: dict) -> None:
         post_json(channel.target, payload)
 
 
-class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
-    # A redirect could point anywhere (another host, an internal address): never follow one.
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        raise DeliveryError(f"the webhook answered {code} redirecting to {newurl}; not followed")
-
-
-_opener = urllib.request.build_opener(_RefuseRedirects)
+# Webhooks honour the environment's proxy settings (HTTPS_PROXY, NO_PROXY) and follow no redirect.
+_webhook_client = SharedClient()
 
 
 def post_json(url: str, payload: dict, *, timeout: float = WEBHOOK_TIMEOUT_SECONDS) -> int:
     validate_webhook_url(url)
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(payload, ensure_ascii=False).encode(),
-        headers={"Content-Type": "application/json", "User-Agent": "TaskPilots-notify/1"},
-        method="POST",
-    )
-    try:
-        with _opener.open(request, timeout=timeout) as response:
-            response.read(WEBHOOK_MAX_RESPONSE_BYTES)
-            return response.status
-    except urllib.error.HTTPError as exc:
-        raise RuntimeError(f"the webhook answered {exc.code}") from None
+    body = json.dumps(payload, ensure_ascii=False).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "TaskPilots-notify/1"}
+    with _webhook_client().stream(
+        "POST", url, content=body, headers=headers, timeout=timeout
+    ) as response:
+        if response.is_redirect:
+            # A redirect could point anywhere (another host, an internal address): never follow.
+            location = response.headers.get("location", "")
+            raise DeliveryError(
+                f"the webhook answered {response.status_code} redirecting to {location}; "
+                "not followed"
+            )
+        if not response.is_success:
+            raise RuntimeError(f"the webhook answered {response.status_code}")
+        _read_at_most(response, WEBHOOK_MAX_RESPONSE_BYTES)
+        return response.status_code
+
+
+def _read_at_most(response: httpx2.Response, limit: int) -> None:
+    # The answer is not used; reading (a bounded part of) it lets the receiver finish writing.
+    received = 0
+    for chunk in response.iter_raw():
+        received += len(chunk)
+        if received >= limit:
+            return
 
 
 def sweep(now: datetime | None = None, batch: int = 500) -> int:

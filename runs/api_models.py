@@ -7,8 +7,10 @@ A client holds two credentials, both shown once when it is created:
   password hash would only protect low-entropy passwords and cost every request ~100 ms.
 - the webhook signing secret for HMAC-SHA256 signatures on event callbacks. The server must hold
   a key it can recompute to verify an HMAC, so this secret is never stored at all: it is derived
-  from SECRET_KEY and the client's random `signing_salt` (SECRET_KEY_FALLBACKS are accepted while
-  a key rotation is under way). Rotating it means a new salt.
+  with Django's `salted_hmac` from SECRET_KEY and the client's random `signing_salt`
+  (SECRET_KEY_FALLBACKS are accepted while a key rotation is under way). Rotating it means a new
+  salt. `signing_version` says which derivation a client's secret came from: clients issued
+  before `salted_hmac` (version 1) keep theirs until their credentials are rotated.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 
 class ApiScope(models.TextChoices):
@@ -35,9 +38,17 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _derive_signing_secret(key: str, client_id: str, salt: str) -> str:
-    material = f"taskpilots.webhook:{client_id}:{salt}".encode()
-    return "whsec_" + hmac.new(key.encode(), material, hashlib.sha256).hexdigest()
+# Which derivation made a client's signing secret (ApiClient.signing_version).
+LEGACY_SIGNING_VERSION = 1  # HMAC-SHA256(key, "taskpilots.webhook:<client_id>:<salt>")
+SIGNING_VERSION = 2  # salted_hmac("taskpilots.webhook", "<client_id>:<salt>", key, SHA-256)
+
+
+def _derive_signing_secret(key: str, client_id: str, salt: str, version: int) -> str:
+    if version == LEGACY_SIGNING_VERSION:
+        material = f"taskpilots.webhook:{client_id}:{salt}".encode()
+        return "whsec_" + hmac.new(key.encode(), material, hashlib.sha256).hexdigest()
+    mac = salted_hmac("taskpilots.webhook", f"{client_id}:{salt}", key, algorithm="sha256")
+    return "whsec_" + mac.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,7 @@ class ApiClient(models.Model):
     client_id = models.CharField(max_length=40, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)
     signing_salt = models.CharField(max_length=64, editable=False)
+    signing_version = models.PositiveSmallIntegerField(default=SIGNING_VERSION, editable=False)
     scopes = models.JSONField(default=list, blank=True)
     description = models.CharField(max_length=500, blank=True, default="")
     created_by = models.ForeignKey(
@@ -126,8 +138,9 @@ class ApiClient(models.Model):
         secret = secrets.token_urlsafe(32)
         self.secret_hash = _hash_secret(secret)
         self.signing_salt = secrets.token_hex(16)
+        self.signing_version = SIGNING_VERSION
         if save:
-            self.save(update_fields=["client_id", "secret_hash", "signing_salt"])
+            self.save(update_fields=["client_id", "secret_hash", "signing_salt", "signing_version"])
         return IssuedCredentials(
             client_id=self.client_id,
             token=f"{self.client_id}.{secret}",
@@ -140,7 +153,10 @@ class ApiClient(models.Model):
     def signing_secrets(self) -> list[str]:
         """The current signing secret first, then those under SECRET_KEY_FALLBACKS."""
         keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
-        return [_derive_signing_secret(key, self.client_id, self.signing_salt) for key in keys]
+        return [
+            _derive_signing_secret(key, self.client_id, self.signing_salt, self.signing_version)
+            for key in keys
+        ]
 
     def revoke(self) -> bool:
         """Revoke the client; returns False when it already was (repeated calls change nothing)."""

@@ -9,7 +9,6 @@ never has to guess from an exception type.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -17,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import httpx2
 from django.conf import settings
 
 from runs.models import FailureClass, Risk
+from taskpilots.httpclient import NOT_SENT, SharedClient
 
 DEFAULT_REQUIRED_SNAPSHOT_FIELDS = ("target_resource", "permissions", "idempotency_key")
 
@@ -178,7 +179,10 @@ def get(name: str) -> Tool:
     if name not in _TOOLS:
         from runs.registry import load_lazily
 
-        load_lazily(name)
+        try:
+            load_lazily(name)
+        except ImportError as exc:  # e.g. an optional extra that is not installed
+            raise UnknownTool(f"tool {name!r} cannot be loaded: {exc}") from exc
     try:
         return _TOOLS[name]
     except KeyError:
@@ -259,6 +263,9 @@ def _guess_external_id(value: Any) -> str:
 # --------------------------------------------------------------------------------------------
 # Generic HTTP/JSON
 
+# Tool calls go straight to the system they name: no proxy or credentials from the environment.
+_http_client = SharedClient(trust_env=False)
+
 
 def _classify_status(status: int, *, write: bool, retry_after: float | None) -> str:
     if status in (401, 403):
@@ -269,6 +276,37 @@ def _classify_status(status: int, *, write: bool, retry_after: float | None) -> 
         return FailureClass.INVALID_INPUT
     # Any other 5xx: on a write the server may have committed before failing.
     return FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+
+
+def _classify_transport_error(
+    exc: Exception, *, netloc: str, timeout: float, write: bool
+) -> ToolError:
+    """What a failed exchange means: not sent (outage, transient, a request that cannot be
+    sent), or sent with no answer (unknown outcome for a write, transient for a read)."""
+    if isinstance(exc, httpx2.ConnectTimeout):
+        return ToolError(FailureClass.TRANSIENT, f"could not connect to {netloc} in {timeout}s")
+    if isinstance(exc, httpx2.PoolTimeout):
+        return ToolError(
+            FailureClass.TRANSIENT, f"no free connection to {netloc} within {timeout}s"
+        )
+    if isinstance(exc, httpx2.ConnectError):  # refused, DNS failure, unreachable, TLS handshake
+        if _caused_by(exc, ConnectionRefusedError):
+            return ToolError(FailureClass.OUTAGE, f"connection refused by {netloc}")
+        return ToolError(FailureClass.OUTAGE, f"cannot reach {netloc}: {exc}")
+    if isinstance(exc, NOT_SENT):  # an unsupported scheme, an invalid URL or header
+        return ToolError(FailureClass.INVALID_INPUT, f"cannot send to {netloc}: {exc}")
+    after_send = FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+    if isinstance(exc, httpx2.TimeoutException):
+        return ToolError(after_send, f"no answer from {netloc} within {timeout}s")
+    return ToolError(after_send, f"connection to {netloc} broke: {exc}")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    while exc is not None:
+        if isinstance(exc, kind):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 @dataclass
@@ -287,53 +325,28 @@ def http_request(
     timeout: float,
     write: bool,
 ) -> HttpResponse:
-    """One HTTP/JSON exchange with every failure classified.
+    """One HTTP/JSON exchange with every failure classified (see _classify_transport_error).
 
-    Connecting is separated from sending so that a refused or timed-out connection is known not
-    to have reached the server (not sent → outage/transient), while a timeout or reset after the
-    request went out is an unknown outcome for a write.
+    `timeout` bounds connecting, waiting for a pooled connection, and each read and write.
     """
-    parts = urlsplit(url)
-    conn_cls = (
-        http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    )
-    conn = conn_cls(parts.hostname, parts.port, timeout=timeout)
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
     payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
     all_headers = {"Accept": "application/json", **(headers or {})}
     if payload is not None:
         all_headers["Content-Type"] = "application/json"
     try:
-        try:
-            conn.connect()
-        except ConnectionRefusedError:
-            raise ToolError(FailureClass.OUTAGE, f"connection refused by {parts.netloc}") from None
-        except TimeoutError:
-            raise ToolError(
-                FailureClass.TRANSIENT, f"could not connect to {parts.netloc} in {timeout}s"
-            ) from None
-        except OSError as exc:  # DNS failure, unreachable network: nothing was sent
-            raise ToolError(FailureClass.OUTAGE, f"cannot reach {parts.netloc}: {exc}") from None
-        try:
-            conn.request(method, path, body=payload, headers=all_headers)
-            response = conn.getresponse()
-            raw = response.read()
-        except TimeoutError:
-            cls = FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
-            raise ToolError(cls, f"no answer from {parts.netloc} within {timeout}s") from None
-        except (ConnectionError, http.client.HTTPException, OSError) as exc:
-            cls = FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
-            raise ToolError(cls, f"connection to {parts.netloc} broke: {exc}") from None
-    finally:
-        conn.close()
-    response_headers = {k.lower(): v for k, v in response.getheaders()}
+        response = _http_client().request(
+            method, url, content=payload, headers=all_headers, timeout=timeout
+        )
+    except (httpx2.HTTPError, httpx2.InvalidURL) as exc:
+        netloc = urlsplit(url).netloc
+        raise _classify_transport_error(exc, netloc=netloc, timeout=timeout, write=write) from None
+    raw = response.content
     try:
         parsed = json.loads(raw) if raw else None
     except ValueError:
         parsed = raw.decode(errors="replace")[:2000]
-    return HttpResponse(response.status, response_headers, parsed)
+    response_headers = {name.lower(): value for name, value in response.headers.items()}
+    return HttpResponse(response.status_code, response_headers, parsed)
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
@@ -341,6 +354,86 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
         return float(headers.get("retry-after", ""))
     except ValueError:
         return None
+
+
+def _resolve(url: str | Callable[[], str]) -> str:
+    return url() if callable(url) else url
+
+
+@dataclass(frozen=True)
+class _HttpEndpoint:
+    """The call (and the lookup by key) behind an `http_tool`."""
+
+    name: str
+    method: str
+    url: str | Callable[[], str]
+    write: bool
+    use_query: bool
+    external_id_field: str
+    lookup_url: str | Callable[[], str] | None
+    classify: Callable[[HttpResponse, str], str | None] | None
+    extra_headers: Callable[[CallContext], Mapping[str, str]] | None
+
+    def headers_for(self, ctx: CallContext) -> dict[str, str]:
+        headers = {"X-TaskPilots-Run": ctx.run_id, "X-TaskPilots-Step": ctx.step}
+        if self.write:
+            headers["Idempotency-Key"] = ctx.idempotency_key
+        if self.extra_headers:
+            headers.update(self.extra_headers(ctx))
+        return headers
+
+    def invoke(self, params: dict, ctx: CallContext) -> ToolResult:
+        target, body = _resolve(self.url), params
+        if self.use_query:
+            target += ("&" if "?" in target else "?") + urlencode(params, doseq=True)
+            body = None
+        response = http_request(
+            self.method,
+            target,
+            body=body,
+            headers=self.headers_for(ctx),
+            timeout=ctx.timeout or settings.TASKPILOTS["TOOL_TIMEOUT_SECONDS"],
+            write=self.write,
+        )
+        if 200 <= response.status < 300:
+            ext = ""
+            if isinstance(response.body, dict) and response.body.get(self.external_id_field):
+                ext = str(response.body[self.external_id_field])
+            return ToolResult(response=response.body, external_id=ext)
+        raise self.error(response, target)
+
+    def error(self, response: HttpResponse, target: str) -> ToolError:
+        retry_after = _retry_after(response.headers)
+        cls = (self.classify(response, self.name) if self.classify else None) or _classify_status(
+            response.status, write=self.write, retry_after=retry_after
+        )
+        detail = response.body
+        if isinstance(detail, dict):
+            detail = detail.get("error") or detail
+        return ToolError(
+            cls,
+            f"{self.method} {urlsplit(target).path} answered {response.status}: "
+            f"{str(detail)[:300]}",
+            status=response.status,
+            retry_after=retry_after,
+            details=response.body,
+        )
+
+    def lookup(self, key: str, ctx: CallContext) -> LookupResult:
+        assert self.lookup_url is not None
+        target = _resolve(self.lookup_url)
+        target += ("&" if "?" in target else "?") + urlencode({"key": key})
+        timeout = ctx.timeout or settings.TASKPILOTS["TOOL_TIMEOUT_SECONDS"]
+        response = http_request("GET", target, timeout=timeout, write=False)
+        if response.status == 404:
+            return LookupResult(found=False)
+        if response.status == 200 and isinstance(response.body, dict):
+            return LookupResult(
+                found=bool(response.body.get("found", True)),
+                external_id=str(response.body.get(self.external_id_field) or ""),
+                response=response.body.get("response", response.body),
+            )
+        raise ToolError(FailureClass.TRANSIENT, f"lookup by key answered {response.status}")
 
 
 def http_tool(
@@ -363,66 +456,16 @@ def http_tool(
     call happened: 200 found, 404 not found. `classify` lets a tool override the class of an
     error response (return None to keep the default mapping).
     """
-    write = bool(meta.get("side_effect", False))
-    use_query = (method.upper() == "GET") if query_params is None else query_params
-
-    def resolve(u):
-        return u() if callable(u) else u
-
-    def headers_for(ctx: CallContext) -> dict[str, str]:
-        headers = {"X-TaskPilots-Run": ctx.run_id, "X-TaskPilots-Step": ctx.step}
-        if write:
-            headers["Idempotency-Key"] = ctx.idempotency_key
-        if extra_headers:
-            headers.update(extra_headers(ctx))
-        return headers
-
-    def invoke(params: dict, ctx: CallContext) -> ToolResult:
-        target = resolve(url)
-        body = params
-        if use_query:
-            target += ("&" if "?" in target else "?") + urlencode(params, doseq=True)
-            body = None
-        timeout = ctx.timeout or settings.TASKPILOTS["TOOL_TIMEOUT_SECONDS"]
-        response = http_request(
-            method, target, body=body, headers=headers_for(ctx), timeout=timeout, write=write
-        )
-        if 200 <= response.status < 300:
-            ext = ""
-            if isinstance(response.body, dict) and response.body.get(external_id_field):
-                ext = str(response.body[external_id_field])
-            return ToolResult(response=response.body, external_id=ext)
-        retry_after = _retry_after(response.headers)
-        cls = (classify(response, name) if classify else None) or _classify_status(
-            response.status, write=write, retry_after=retry_after
-        )
-        detail = response.body
-        if isinstance(detail, dict):
-            detail = detail.get("error") or detail
-        raise ToolError(
-            cls,
-            f"{method} {urlsplit(target).path} answered {response.status}: {str(detail)[:300]}",
-            status=response.status,
-            retry_after=retry_after,
-            details=response.body,
-        )
-
-    lookup = None
-    if lookup_url is not None:
-
-        def lookup(key: str, ctx: CallContext) -> LookupResult:
-            target = resolve(lookup_url)
-            target += ("&" if "?" in target else "?") + urlencode({"key": key})
-            timeout = ctx.timeout or settings.TASKPILOTS["TOOL_TIMEOUT_SECONDS"]
-            response = http_request("GET", target, timeout=timeout, write=False)
-            if response.status == 404:
-                return LookupResult(found=False)
-            if response.status == 200 and isinstance(response.body, dict):
-                return LookupResult(
-                    found=bool(response.body.get("found", True)),
-                    external_id=str(response.body.get(external_id_field) or ""),
-                    response=response.body.get("response", response.body),
-                )
-            raise ToolError(FailureClass.TRANSIENT, f"lookup by key answered {response.status}")
-
-    return Tool(name=name, invoke=invoke, lookup=lookup, **meta)
+    endpoint = _HttpEndpoint(
+        name=name,
+        method=method,
+        url=url,
+        write=bool(meta.get("side_effect", False)),
+        use_query=(method.upper() == "GET") if query_params is None else query_params,
+        external_id_field=external_id_field,
+        lookup_url=lookup_url,
+        classify=classify,
+        extra_headers=extra_headers,
+    )
+    lookup = endpoint.lookup if lookup_url is not None else None
+    return Tool(name=name, invoke=endpoint.invoke, lookup=lookup, **meta)

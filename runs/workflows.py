@@ -276,7 +276,10 @@ def get(name: str, version: int | None = None) -> Workflow:
     from runs.registry import load_lazily
 
     if not any(n == name for (n, _) in _WORKFLOWS):
-        load_lazily(name)
+        try:
+            load_lazily(name)
+        except ImportError as exc:  # e.g. an optional extra that is not installed
+            raise UnknownWorkflow(f"workflow {name!r} cannot be loaded: {exc}") from exc
     if version is None:
         versions = [v for (n, v) in _WORKFLOWS if n == name]
         if not versions:

@@ -34,6 +34,8 @@ from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
 
+import httpx2
+
 from taskpilots import devenv
 from taskpilots.env import var_dir
 
@@ -308,16 +310,14 @@ class Launcher:
 
 
 def _wait_for_url(url: str, timeout: float) -> bool:
-    import urllib.request
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return True
-        except OSError:
-            time.sleep(0.2)
+            if httpx2.get(url, timeout=1, trust_env=False).status_code == 200:
+                return True
+        except httpx2.TransportError:
+            pass
+        time.sleep(0.2)
     return False
 
 

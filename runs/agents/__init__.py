@@ -1,5 +1,6 @@
 """Agents under TaskPilots: the OpenAI Agents SDK runner (`runs.agents.sdk`) and MCP tools
-(`runs.agents.mcp`). See docs/agents.md.
+(`runs.agents.mcp`). See docs/agents.md. Both need the `agents` extra (openai-agents and mcp):
+`pip install 'taskpilots[agents]'`; without it they stop at import with `MissingExtra`.
 
 What the two share lives here: for a TaskPilots tool an agent can call, the JSON schema the
 model sees and whether a call needs a person's approval first. Both are kept beside the tool
@@ -11,6 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+AGENTS_EXTRA = "pip install 'taskpilots[agents]'"
+
+
+class MissingExtra(ImportError):
+    """A package of the optional `agents` extra is not installed; the message says what to do."""
+
+    def __init__(self, package: str) -> None:
+        super().__init__(
+            f"{package} is not installed: TaskPilots' agent integration needs the agents extra "
+            f"({AGENTS_EXTRA})",
+            name=package,
+        )
+
 
 # JSON-schema type → the flat type the engine's Tool.validate / the console's edit form check.
 _FLAT_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float, "boolean": bool}

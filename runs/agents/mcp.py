@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import json
 import os
 import sys
@@ -50,9 +51,14 @@ from typing import Any
 import anyio
 
 from runs import tools as tool_registry
-from runs.agents import AgentToolInfo, flat_schema, set_tool_info
+from runs.agents import AgentToolInfo, MissingExtra, flat_schema, set_tool_info
 from runs.models import FailureClass, Risk
 from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult
+
+# mcp is imported where it is used (importing it takes most of a second); that it is there at all
+# (the optional `agents` extra) is checked now, so a missing extra is found at import.
+if importlib.util.find_spec("mcp") is None:
+    raise MissingExtra("mcp")
 
 META_KEY = "taskpilots/idempotency-key"
 META_RUN = "taskpilots/run"

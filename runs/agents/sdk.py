@@ -36,18 +36,28 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import Agent, FunctionTool, RunContextWrapper
-from agents.exceptions import ModelBehaviorError
-from agents.models.interface import Model, ModelTracing
-from agents.tool_context import ToolContext
-
 from runs import tools as tool_registry
 from runs import workflows
-from runs.agents import AgentToolInfo, flat_schema, json_schema_from_flat, run_sync, tool_info
+from runs.agents import (
+    AgentToolInfo,
+    MissingExtra,
+    flat_schema,
+    json_schema_from_flat,
+    run_sync,
+    tool_info,
+)
 from runs.agents import set_tool_info as _set_tool_info
 from runs.models import FailureClass, Risk, StepKind, to_json_value
 from runs.tools import CallContext, LookupResult, ToolError, python_tool
 from runs.workflows import END, Context, DynamicStep, Workflow, compute
+
+try:
+    from agents import Agent, FunctionTool, RunContextWrapper
+    from agents.exceptions import ModelBehaviorError
+    from agents.models.interface import Model, ModelTracing
+    from agents.tool_context import ToolContext
+except ModuleNotFoundError as exc:  # the optional `agents` extra
+    raise MissingExtra("openai-agents") from exc
 
 START = "start"
 FINISH = "finish"

@@ -21,13 +21,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agents import Agent, ItemHelpers, function_tool
-from agents.items import ModelResponse
-from agents.models.interface import Model
-from agents.testing import assistant_message, function_call
-from agents.usage import Usage
 from django.conf import settings
 
+from runs.agents import MissingExtra
 from runs.agents.mcp import (
     McpServer,
     McpToolConfig,
@@ -36,6 +32,15 @@ from runs.agents.mcp import (
     register_mcp_tools,
 )
 from runs.agents.sdk import ToolPolicy, register_agent
+
+try:
+    from agents import Agent, ItemHelpers, function_tool
+    from agents.items import ModelResponse
+    from agents.models.interface import Model
+    from agents.testing import assistant_message, function_call
+    from agents.usage import Usage
+except ModuleNotFoundError as exc:  # the optional `agents` extra
+    raise MissingExtra("openai-agents") from exc
 
 SERVER_SCRIPT = Path(__file__).resolve().parent / "servers" / "sandbox.py"
 MANIFEST = SERVER_SCRIPT.with_name("sandbox.tools.json")

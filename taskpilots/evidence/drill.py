@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -528,7 +527,6 @@ class Drill:
                 ConnectionError,
                 OSError,
                 SandboxError,
-                urllib.error.URLError,
             ) as exc:
                 if time.monotonic() > deadline:
                     raise

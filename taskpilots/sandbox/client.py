@@ -1,6 +1,6 @@
 """Drive the sandbox from tests, drills and tool adapters: an HTTP client and a process handle.
 
-Standard library only (urllib, subprocess), so it works in any process, Django or not.
+No Django (httpx2 and the standard library), so it works in any process.
 """
 
 from __future__ import annotations
@@ -14,16 +14,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import urlencode
 
+import httpx2
+
+from taskpilots.httpclient import SharedClient
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_SECONDS = 10.0
+
+_http_client = SharedClient(trust_env=False)
 
 
 class SandboxError(Exception):
@@ -61,27 +65,27 @@ class SandboxClient:
     ) -> SandboxResponse:
         """Send one request; every HTTP status comes back as a SandboxResponse.
 
-        Transport failures are raised as the underlying OSError (ConnectionResetError,
-        ConnectionRefusedError, TimeoutError, ...) rather than urllib's URLError wrapper, because
-        callers classify them: refused means "not sent", a timeout or reset after sending means
-        "outcome unknown".
+        Transport failures are raised as OSError (ConnectionRefusedError when nothing was sent,
+        TimeoutError, ConnectionResetError when the server hung up after the request went out,
+        ...), because callers classify them: refused means "not sent", a timeout or reset after
+        sending means "outcome unknown".
         """
+        all_headers = {}
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base_url + path, data=data, method=method)
         if data is not None:
-            request.add_header("Content-Type", "application/json")
-        for name, value in (headers or {}).items():
-            request.add_header(name, value)
+            all_headers["Content-Type"] = "application/json"
+        all_headers.update(headers or {})
         try:
-            with urllib.request.urlopen(request, timeout=timeout or self.timeout) as response:
-                return _to_response(response.status, response.headers, response.read())
-        except urllib.error.HTTPError as error:
-            with error:
-                return _to_response(error.code, error.headers, error.read())
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, OSError):
-                raise error.reason from error
-            raise
+            response = _http_client().request(
+                method,
+                self.base_url + path,
+                content=data,
+                headers=all_headers,
+                timeout=timeout or self.timeout,
+            )
+        except httpx2.TransportError as error:
+            raise _as_os_error(error) from error
+        return _to_response(response.status_code, response.headers, response.content)
 
     def write(
         self,
@@ -161,6 +165,20 @@ class SandboxClient:
 
     def clear_faults(self) -> None:
         self._admin("DELETE", "faults")
+
+
+def _as_os_error(error: httpx2.TransportError) -> OSError:
+    """The OSError under httpx2's error (refused, reset...), or the one it stands for."""
+    if isinstance(error, httpx2.TimeoutException):
+        return TimeoutError(str(error))
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return type(cause)(*cause.args)
+        cause = cause.__cause__ or cause.__context__
+    # The server closed the connection without answering (what http.client calls
+    # RemoteDisconnected, a ConnectionResetError).
+    return ConnectionResetError(str(error))
 
 
 def _to_response(status: int, headers: Any, raw: bytes) -> SandboxResponse:

@@ -163,12 +163,15 @@ def test_a_claimed_delivery_is_not_sent_by_a_second_sender(support_channels, hoo
 def test_after_commit_a_task_is_hinted_per_delivery(
     support_channels, settings, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from approvals import tasks
+    from taskpilots.celery import app
 
     sent = []
-    monkeypatch.setattr(
-        tasks.deliver_notification, "apply_async", lambda args, **kw: sent.append(args[0])
-    )
+
+    def send_task(name, args, **kw):
+        assert name == "approvals.tasks.deliver_notification"
+        sent.append(args[0])
+
+    monkeypatch.setattr(app, "send_task", send_task)
     settings.TASKPILOTS = {**settings.TASKPILOTS, "DISPATCH": "celery"}
     run = approval_run()
     with django_capture_on_commit_callbacks(execute=True):

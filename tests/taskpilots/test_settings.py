@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from taskpilots.env import env_bool, env_float, env_int, env_list, env_secret, parse_database_url
+from taskpilots.env import (
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_secret,
+    format_database_url,
+    parse_database_url,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,6 +73,27 @@ def test_database_url_is_postgres_only():
     assert db["OPTIONS"] == {"sslmode": "require"}
     socket = parse_database_url("postgres://postgres@/tp?host=/var/run/pg")
     assert socket["HOST"] == "/var/run/pg"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres://alice:p%40ss@db.internal:6432/tp?sslmode=require&connect_timeout=5",
+        "postgres://postgres@/tp?host=/run/PostgreSQL",
+        "postgres://tp:s3cret@[::1]:5432/tp",
+    ],
+)
+def test_a_database_url_survives_the_round_trip(url):
+    # Scratch databases (drill, bench) are reached through format_database_url(parse(...)).
+    db = parse_database_url(url)
+    assert parse_database_url(format_database_url(db)) == db
+    other = parse_database_url(format_database_url(db, "tp_scratch"))
+    assert (other["NAME"], other["HOST"], other["PORT"]) == ("tp_scratch", db["HOST"], db["PORT"])
+
+
+def test_a_percent_encoded_socket_directory_keeps_its_case():
+    db = parse_database_url("postgres://tp@%2Frun%2FPostgreSQL:5433/tp")
+    assert (db["HOST"], db["PORT"], db["USER"]) == ("/run/PostgreSQL", "5433", "tp")
 
 
 def _manage(*args, env):

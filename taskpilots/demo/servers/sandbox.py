@@ -19,11 +19,10 @@ import argparse
 import json
 import logging
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
+import httpx2
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import CallToolResult, TextContent, ToolAnnotations
 
@@ -36,6 +35,9 @@ server = MCPServer(
 )
 
 READ = ToolAnnotations(readOnlyHint=True, openWorldHint=True)
+
+# One client (one connection pool) for the server's lifetime: it is its own process, never forked.
+_http = httpx2.Client(trust_env=False)
 
 
 def _base_url() -> str:
@@ -88,22 +90,24 @@ def _request(method: str, path: str, *, body: dict | None, ctx: Context | None) 
         headers["Idempotency-Key"] = str(meta[KEY])
         headers["Content-Type"] = "application/json"
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(_base_url() + path, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=_timeout()) as response:
-            return _answer(json.loads(response.read() or b"null"))
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode(errors="replace")[:500]
-        cls = _status_class(exc.code, bool(exc.headers.get("X-Sandbox-Outage")), write)
-        return _error(cls, f"{method} {path} answered {exc.code}: {detail}", exc.code)
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, ConnectionRefusedError):
-            return _error("outage", f"the sandbox refused the connection: {exc.reason}")
+        response = _http.request(
+            method, _base_url() + path, content=data, headers=headers, timeout=_timeout()
+        )
+    except httpx2.ConnectError as exc:  # nothing was sent: the write did not happen
+        return _error("outage", f"the sandbox could not be reached: {exc}")
+    except (httpx2.ConnectTimeout, httpx2.PoolTimeout) as exc:  # nothing was sent either
+        return _error("transient", f"no connection to the sandbox: {type(exc).__name__}")
+    except httpx2.TransportError as exc:
         cls = "unknown_outcome" if write else "transient"
-        return _error(cls, f"{method} {path} failed: {exc.reason}")
-    except (TimeoutError, ConnectionError) as exc:
-        cls = "unknown_outcome" if write else "transient"
-        return _error(cls, f"{method} {path}: no answer ({type(exc).__name__})")
+        return _error(cls, f"{method} {path}: no answer ({type(exc).__name__}: {exc})")
+    if not response.is_success:
+        detail = response.content.decode(errors="replace")[:500]
+        outage = bool(response.headers.get("X-Sandbox-Outage"))
+        status = response.status_code
+        cls = _status_class(status, outage, write)
+        return _error(cls, f"{method} {path} answered {status}: {detail}", status)
+    return _answer(json.loads(response.content or b"null"))
 
 
 def _get(path: str, query: dict, ctx: Context | None = None) -> CallToolResult:
