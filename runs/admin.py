@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from runs.api import admin as api_admin  # noqa: F401  (registers the API client admin)
 from runs.models import InboundEvent, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
 
 

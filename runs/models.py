@@ -20,6 +20,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from runs.api.models import ApiClient, ApiScope  # noqa: F401  (the API clients are the runs app's)
 from runs.verbs import Verb
 
 

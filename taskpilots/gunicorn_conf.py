@@ -2,7 +2,7 @@
 
 gunicorn refuses some requests before Django runs — request headers or a request line over its
 limits, malformed requests — with an HTML page of its own. The API documents one error shape
-for every response, so these workers write the same JSON as runs/api_middleware.py instead
+for every response, so these workers write the same JSON as runs/api/middleware.py instead
 (for the console too: the request was never parsed, so its path is not known).
 """
 

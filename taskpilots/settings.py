@@ -56,8 +56,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so it sees every final response under /api/v1/ (runs/api_middleware.py).
-    "runs.api_middleware.ApiErrorShapeMiddleware",
+    # First, so it sees every final response under /api/v1/ (runs/api/middleware.py).
+    "runs.api.middleware.ApiErrorShapeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

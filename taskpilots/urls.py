@@ -7,8 +7,8 @@ from django.views.generic import RedirectView
 
 from approvals.auth import LockoutLoginView, set_time_zone
 from approvals.metrics_views import prometheus
-from runs.api import api
 from taskpilots import views
+from taskpilots.api import api
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/", permanent=False)),

@@ -218,7 +218,7 @@ def test_an_unknown_outcome_settled_over_the_api_is_what_the_model_is_told(suppo
     # docs/api.md documents this output: the settled call's result, as the model reads it.
     from django.test import Client
 
-    from runs.api_models import ApiClient, ApiScope
+    from runs.api.models import ApiClient, ApiScope
 
     model = ScriptedModel(script(amount=10.0))
     agent = Agent(name="credit-bot", instructions="Help the customer.", model=model,

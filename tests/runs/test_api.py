@@ -19,8 +19,8 @@ from django.utils import timezone
 from approvals import actions
 from approvals.models import ApprovalRequest, HumanDecision
 from runs import engine, workflows
-from runs.api_auth import sign
-from runs.api_models import ApiClient, ApiScope
+from runs.api.auth import sign
+from runs.api.models import ApiClient, ApiScope
 from runs.models import InboundEvent, Run, SideEffect, Step, TimelineEvent
 from runs.workflows import Workflow, compute, wait_event
 from tests.factories import UserFactory
@@ -340,7 +340,7 @@ class TestInvisibleCharacters:
         assert status == 201
 
     def test_the_schema_pattern_names_exactly_the_control_and_format_characters(self):
-        from runs.api_errors import INVISIBLE_RANGES
+        from runs.api.errors import INVISIBLE_RANGES
 
         found, start = [], None
         for code in range(0x110000):

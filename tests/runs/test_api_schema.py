@@ -21,7 +21,7 @@ from schemathesis import GenerationMode
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from runs.api_models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope
 from taskpilots.wsgi import application
 from tests.runs.schemathesis_hooks import positive_data_acceptance_but_data
 

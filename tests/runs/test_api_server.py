@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from runs.api_models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope
 from runs.models import Run
 from taskpilots.evidence.workers import ROOT, database_url
 

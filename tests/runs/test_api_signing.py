@@ -18,8 +18,8 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
-from runs.api_auth import sign
-from runs.api_models import SIGNING_VERSION, ApiClient, ApiScope
+from runs.api.auth import sign
+from runs.api.models import SIGNING_VERSION, ApiClient, ApiScope
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from django.db import connections
 from django.test import Client
 
 from runs import engine, tools, workflows
-from runs.api_models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope
 from runs.models import Run, SideEffect
 from runs.tools import LookupResult, python_tool
 from runs.workflows import Workflow, compute, side_effect, wait_event

@@ -103,7 +103,7 @@ from pathlib import Path
 os.environ["DJANGO_SETTINGS_MODULE"] = "taskpilots.settings"
 import django
 django.setup()
-import runs.engine, runs.api, taskpilots.urls
+import runs.engine, taskpilots.api, taskpilots.urls
 from django.urls import reverse
 from taskpilots.celery import app
 app.loader.import_default_modules()

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError
 
-from runs.api_models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope
 
 
 class Command(BaseCommand):

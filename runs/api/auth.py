@@ -23,8 +23,8 @@ from django.http import HttpRequest
 from ninja.security import HttpBearer
 from ninja.security.base import AuthBase
 
-from runs.api_errors import ApiError, read_body
-from runs.api_models import ApiClient
+from runs.api.errors import ApiError, read_body
+from runs.api.models import ApiClient
 from taskpilots.env import env_int
 
 logger = logging.getLogger("taskpilots.api")

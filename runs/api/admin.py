@@ -6,7 +6,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
-from runs.api_models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope
 
 
 class ApiClientForm(forms.ModelForm):

@@ -1,7 +1,7 @@
 """What the API's OpenAPI schema states beyond the field types: every rule the server enforces
 that a schema can express, so a client (or a fuzzer) that follows the schema is never refused.
 
-- Identifiers: no control or format characters (the pattern of runs/api_errors.py).
+- Identifiers: no control or format characters (the pattern of runs/api/errors.py).
 - Free text and every string inside free JSON (`input`, `payload`, `edited_params`): no NUL,
   at most 32 768 characters (keys: 200), as the body guard refuses.
 - Integers: a JSON number with no fraction (`1.0`) is an integer, as JSON Schema says.
@@ -21,7 +21,7 @@ from uuid import UUID
 from pydantic import BeforeValidator, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from runs.api_errors import MAX_KEY_CHARS, MAX_STRING_CHARS
+from runs.api.errors import MAX_KEY_CHARS, MAX_STRING_CHARS
 
 # --------------------------------------------------------------------------------------------
 # Free text and free JSON

@@ -172,6 +172,3 @@ class ApiClient(models.Model):
         if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
             ApiClient.objects.filter(pk=self.pk).update(last_used_at=now)
             self.last_used_at = now
-
-
-from runs import api_admin  # noqa: E402,F401  (admin registration lives beside the model)

@@ -1,0 +1,304 @@
+"""The API's people endpoints: cancel a run, settle an unknown outcome, decide an approval — as
+a named support/admin user, with exactly the console's rules (approvals.permissions), through
+the same actions the console calls (approvals.actions)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from ninja import Field, Path, Router, Schema
+from ninja.decorators import decorate_view
+
+from approvals import actions
+from approvals.models import ApprovalRequest
+from runs.api.auth import BearerAuth
+from runs.api.base import (
+    BODY_ERRORS,
+    MAX_BIGINT,
+    Identifier,
+    RunOut,
+    RunVersion,
+    StrictIn,
+    api_client,
+    errors,
+    json_body,
+    run_out,
+)
+from runs.api.errors import ApiError
+from runs.api.models import ApiScope
+from runs.api.schema import JsonObject, free_text
+from runs.models import Run, RunStatus, Step, TimelineEvent
+from runs.verbs import Verb
+
+router = Router()
+
+
+class CancelIn(StrictIn):
+    reason: str = free_text(min_length=1, max_length=2000, blank=False)
+    user: Identifier | None = Field(
+        None, min_length=1, max_length=150, description="act as this support/admin user"
+    )
+    compensate: bool = True
+    expected_version: RunVersion | None = None
+
+
+class DecisionIn(StrictIn):
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    decision: Literal["approved", "approved_with_edits", "rejected"]
+    edited_params: JsonObject | None = None
+    comment: str = free_text("", max_length=4000)
+    expected_version: RunVersion | None = None
+
+
+class ApprovalOut(Schema):
+    id: int
+    run_id: UUID
+    run_status: RunStatus
+    status: str
+    decision: str
+    decided_by: str | None
+    decided_at: datetime | None
+    comment: str
+
+
+class OutcomeIn(StrictIn):
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    happened: bool = Field(..., description="true: it happened (give `proof`); false: it did not")
+    proof: str = free_text(
+        "",
+        max_length=2000,
+        description="required when happened: the external reference that proves it (message id, "
+        "record id, transaction id); it becomes the side effect's receipt",
+    )
+    comment: str = free_text("", max_length=4000)
+    idempotency_key: Identifier | None = Field(
+        None,
+        max_length=255,
+        description="the key you looked up in the external system; 409 when the run's unknown "
+        "outcome is another one",
+    )
+    expected_version: RunVersion | None = None
+
+
+class OutcomeOut(Schema):
+    run_id: UUID
+    run_status: RunStatus
+    step: str
+    idempotency_key: str
+    happened: bool
+    side_effect_status: Literal["committed", "not_committed"]
+    result: Any = Field(
+        None,
+        description="what the step now returns to the rest of the run (and, for an agent's tool "
+        "call, to the model): {id, external_id, confirmed_by} when it happened; null when it did "
+        "not (the step is tried again with the same key, and returns the tool's answer)",
+    )
+
+
+def _acting_user(username: str | None):
+    """The named user an action is taken as (None: the client on its own account)."""
+    if username is None:
+        return None
+    user = get_user_model().objects.filter(username=username, is_active=True).first()
+    if user is None:
+        raise ApiError(422, "unknown_user", f"No active user {username!r}.", field="user")
+    return user
+
+
+def _check_may_act(run: Run, user, action: str) -> None:
+    """The console's rule (approvals/permissions.py), checked first so that a user who may not
+    act hears that before anything about the body; the action checks it again under the lock."""
+    try:
+        actions.check_may_act(run, user, action)
+    except actions.ActionForbidden as exc:
+        raise _action_error(exc) from None
+
+
+def _action_error(exc: Exception) -> ApiError:
+    if isinstance(exc, actions.ActionForbidden):
+        return ApiError(403, exc.code, str(exc), field="user")
+    code = "conflict" if isinstance(exc, actions.DecisionConflict) else "refused"
+    return ApiError(409, code, str(exc))
+
+
+@router.post(
+    "/runs/{run_id}/cancel",
+    auth=BearerAuth(ApiScope.RUNS_WRITE),
+    response={200: RunOut, **errors(404, 409, *BODY_ERRORS)},
+    summary="Cancel a run (committed side effects are compensated unless compensate=false)",
+    description=(
+        "As a named support/admin `user`, or without one on the client's own account. The "
+        "console's rules apply: a taken-over run is cancelled only by its owner or an admin "
+        "(403 `taken_over`, also when no `user` is named)."
+    ),
+    tags=["runs"],
+)
+@decorate_view(json_body)
+def cancel_run(request, run_id: UUID, body: CancelIn):
+    client = api_client(request)
+    run = Run.objects.select_related("owner").filter(pk=run_id).first()
+    if run is None:
+        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    user = _acting_user(body.user)
+    _check_may_act(run, user, "cancel")
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run_id,
+                Verb.API_CANCEL_REQUESTED,
+                {"client": client.name, "user": body.user, "reason": body.reason},
+                actor=client.actor,
+            )
+            run = actions.cancel_run(
+                run_id,
+                user,
+                reason=body.reason,
+                compensate=body.compensate,
+                expected_version=body.expected_version,
+                actor=client.actor,
+            )
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    return run_out(run)
+
+
+@router.post(
+    "/runs/{run_id}/outcome",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: OutcomeOut, **errors(404, 409, *BODY_ERRORS)},
+    summary="Settle a run's unknown outcome as a named support/admin user",
+    description=(
+        "When a side effect may or may not have happened (the run waits with an unknown "
+        "outcome), a person checks the external system by its idempotency key and says which: "
+        "`happened` with the external reference as `proof` (recorded as the commit proof; the "
+        "run goes on), or not (the step is tried again with the same idempotency key). The "
+        "console's rules apply (role, takeover owner); 409 when the run has no unknown outcome, "
+        "it was settled already, or `idempotency_key` names another call."
+    ),
+    tags=["runs"],
+)
+@decorate_view(json_body)
+def settle_outcome(request, run_id: UUID, body: OutcomeIn):
+    client = api_client(request)
+    run = Run.objects.select_related("owner").filter(pk=run_id).first()
+    if run is None:
+        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    user = _acting_user(body.user)
+    _check_may_act(run, user, "settle an outcome of")
+    proof = body.proof.strip()
+    if body.happened and not proof:
+        message = (
+            "proof is required when it happened: give the external reference (message, record "
+            "or transaction id)."
+        )
+        raise ApiError(422, "missing_field", message, field="proof")
+    step = run.steps.filter(status=Step.Status.UNKNOWN_OUTCOME).order_by("position").first()
+    if step is None:
+        raise ApiError(409, "refused", f"Run {run.pk} has no unknown outcome to settle (it is "
+                       f"{run.status}).")  # fmt: skip
+    if body.idempotency_key is not None and body.idempotency_key != step.idempotency_key:
+        raise ApiError(409, "conflict", f"The run's unknown outcome is the call with key "
+                       f"{step.idempotency_key}, not {body.idempotency_key}.",
+                       field="idempotency_key")  # fmt: skip
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run.pk,
+                Verb.API_OUTCOME_REQUESTED,
+                {"client": client.name, "user": user.get_username(), "step": step.name,
+                 "key": step.idempotency_key, "happened": body.happened},
+                actor=client.actor,
+            )  # fmt: skip
+            step = actions.confirm_outcome(
+                step.pk,
+                user,
+                happened=body.happened,
+                proof=proof,
+                comment=body.comment,
+                expected_version=body.expected_version,
+            )
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    run.refresh_from_db(fields=["status"])
+    step.refresh_from_db(fields=["status", "result"])
+    return {
+        "run_id": run.pk,
+        "run_status": run.status,
+        "step": step.name,
+        "idempotency_key": step.idempotency_key,
+        "happened": body.happened,
+        "side_effect_status": "committed" if body.happened else "not_committed",
+        "result": step.result if body.happened else None,
+    }
+
+
+@router.post(
+    "/approvals/{approval_id}/decision",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: ApprovalOut, **errors(404, 409, *BODY_ERRORS)},
+    summary="Decide an approval as a named support/admin user (approving from another tool)",
+    description=(
+        "The decision is recorded as that user's, with their permissions: they must be in the "
+        "support or admin group, and only the owner or an admin decides a taken-over run. "
+        "A request that was already decided answers 409 naming who decided."
+    ),
+    tags=["approvals"],
+)
+@decorate_view(json_body)
+def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1, le=MAX_BIGINT)):
+    client = api_client(request)
+    approvals = ApprovalRequest.objects.select_related("run", "run__owner")
+    approval = approvals.filter(pk=approval_id).first()
+    if approval is None:
+        raise ApiError(404, "not_found", f"No approval {approval_id}.", field="approval_id")
+    user = _acting_user(body.user)
+    run = approval.run
+    _check_may_act(run, user, "decide")
+    if body.decision == "approved_with_edits":
+        if body.edited_params is None:
+            raise ApiError(422, "missing_field", "edited_params is required for "
+                           "approved_with_edits.", field="edited_params")  # fmt: skip
+        try:
+            actions.validate_params(
+                approval.tool, body.edited_params, proposed=approval.proposed_params
+            )
+        except actions.InvalidParams as exc:
+            field = f"edited_params.{exc.field}" if exc.field else "edited_params"
+            raise ApiError(422, "invalid_params", str(exc), field=field) from None
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run.pk,
+                Verb.API_DECISION_REQUESTED,
+                {"client": client.name, "user": user.get_username(), "approval": approval.pk,
+                 "decision": body.decision},
+                actor=client.actor,
+            )  # fmt: skip
+            approval = actions.decide_approval(
+                approval.pk,
+                user,
+                body.decision,
+                edited_params=body.edited_params,
+                comment=body.comment,
+                expected_version=body.expected_version,
+            )
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    run.refresh_from_db(fields=["status"])
+    return {
+        "id": approval.pk,
+        "run_id": approval.run_id,
+        "run_status": run.status,
+        "status": approval.status,
+        "decision": approval.decision,
+        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "decided_at": approval.decided_at,
+        "comment": approval.comment,
+    }
