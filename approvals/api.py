@@ -199,21 +199,31 @@ def settle_outcome(request, run_id: UUID, body: OutcomeIn):
         raise ApiError(422, "missing_field", message, field="proof")
     step = run.steps.filter(status=Step.Status.UNKNOWN_OUTCOME).order_by("position").first()
     if step is None:
-        raise ApiError(409, "refused", f"Run {run.pk} has no unknown outcome to settle (it is "
-                       f"{run.status}).")  # fmt: skip
+        raise ApiError(
+            409, "refused", f"Run {run.pk} has no unknown outcome to settle (it is {run.status})."
+        )
     if body.idempotency_key is not None and body.idempotency_key != step.idempotency_key:
-        raise ApiError(409, "conflict", f"The run's unknown outcome is the call with key "
-                       f"{step.idempotency_key}, not {body.idempotency_key}.",
-                       field="idempotency_key")  # fmt: skip
+        raise ApiError(
+            409,
+            "conflict",
+            f"The run's unknown outcome is the call with key "
+            f"{step.idempotency_key}, not {body.idempotency_key}.",
+            field="idempotency_key",
+        )
     try:
         with transaction.atomic():
             TimelineEvent.append(
                 run.pk,
                 Verb.API_OUTCOME_REQUESTED,
-                {"client": client.name, "user": user.get_username(), "step": step.name,
-                 "key": step.idempotency_key, "happened": body.happened},
+                {
+                    "client": client.name,
+                    "user": user.get_username(),
+                    "step": step.name,
+                    "key": step.idempotency_key,
+                    "happened": body.happened,
+                },
                 actor=client.actor,
-            )  # fmt: skip
+            )
             step = actions.confirm_outcome(
                 step.pk,
                 user,
@@ -262,8 +272,12 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
     _check_may_act(run, user, "decide")
     if body.decision == "approved_with_edits":
         if body.edited_params is None:
-            raise ApiError(422, "missing_field", "edited_params is required for "
-                           "approved_with_edits.", field="edited_params")  # fmt: skip
+            raise ApiError(
+                422,
+                "missing_field",
+                "edited_params is required for approved_with_edits.",
+                field="edited_params",
+            )
         try:
             actions.validate_params(
                 approval.tool, body.edited_params, proposed=approval.proposed_params
@@ -276,10 +290,14 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
             TimelineEvent.append(
                 run.pk,
                 Verb.API_DECISION_REQUESTED,
-                {"client": client.name, "user": user.get_username(), "approval": approval.pk,
-                 "decision": body.decision},
+                {
+                    "client": client.name,
+                    "user": user.get_username(),
+                    "approval": approval.pk,
+                    "decision": body.decision,
+                },
                 actor=client.actor,
-            )  # fmt: skip
+            )
             approval = actions.decide_approval(
                 approval.pk,
                 user,

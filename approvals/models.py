@@ -11,7 +11,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from runs import tools as tool_registry
@@ -611,6 +611,30 @@ class NotificationDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.status})"
+
+    @classmethod
+    def claim(cls, pk: int, now, *, hold: timedelta) -> NotificationDelivery | None:
+        """Take a due delivery for one send attempt (compare-and-set on its due time): a
+        second sender, or a second copy of the task, finds it held and does nothing."""
+        claimed = cls.objects.filter(
+            pk=pk, status=cls.Status.PENDING, next_attempt_at__lte=now
+        ).update(next_attempt_at=now + hold, attempts=F("attempts") + 1)
+        return cls.objects.select_related("channel").get(pk=pk) if claimed else None
+
+    def mark_sent(self) -> None:
+        self._settle(self.Status.SENT, sent_at=timezone.now(), last_error="")
+
+    def mark_failed(self, error: str, *, give_up: bool, retry_at) -> None:
+        """The attempt failed: try again at `retry_at`, or give up (the console shows it)."""
+        status = self.Status.FAILED if give_up else self.Status.PENDING
+        self._settle(status, last_error=error[:2000], next_attempt_at=retry_at)
+
+    def _settle(self, status: str, **fields: Any) -> None:
+        # A delivery is not a run's state: its history is the row itself (no timeline event).
+        NotificationDelivery.objects.filter(pk=self.pk).update(status=status, **fields)
+        self.status = status
+        for name, value in fields.items():
+            setattr(self, name, value)
 
 
 class NotificationCursor(models.Model):

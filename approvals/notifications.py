@@ -33,7 +33,6 @@ from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.core.validators import validate_email
 from django.db import transaction
-from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -82,8 +81,9 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
     if verb == Verb.RUN_NEEDS_HUMAN:
         return record(run_id, QUEUED, data.get("queue", ""), seq, channels=channels)
     if verb == Verb.RUN_SLA_BREACHED:
-        ids = record(run_id, SLA_BREACHED, data.get("from_queue", ""), seq, extra=data,
-                     channels=channels)  # fmt: skip
+        ids = record(
+            run_id, SLA_BREACHED, data.get("from_queue", ""), seq, extra=data, channels=channels
+        )
         if data.get("to_queue") and data.get("to_queue") != data.get("from_queue"):
             ids += record(run_id, ESCALATED, data["to_queue"], seq, extra=data, channels=channels)
         return ids
@@ -145,8 +145,9 @@ def scan_timeline(batch: int = 500) -> int:
         )
         recorded = 0
         for event in events:
-            recorded += len(record_event(event["run_id"], event["verb"], event["seq"],
-                                         event["data"], channels))  # fmt: skip
+            recorded += len(
+                record_event(event["run_id"], event["verb"], event["seq"], event["data"], channels)
+            )
         if events and events[-1]["at"] > cursor.position_at:
             NotificationCursor.objects.filter(pk=cursor.pk).update(position_at=events[-1]["at"])
     return recorded
@@ -159,10 +160,22 @@ def console_url(run_id) -> str:
 
 def build_payload(run_id, event: str, queue: str, extra: dict) -> dict[str, Any]:
     """Shaped for chat tools' incoming webhooks: `text` is what they show; the rest is data."""
-    run = Run.objects.filter(pk=run_id).values(
-        "id", "workflow", "workflow_version", "status", "stage", "queue", "attention_reason",
-        "attention_due_at", "escalation_level", "business_key",
-    ).get()  # fmt: skip
+    run = (
+        Run.objects.filter(pk=run_id)
+        .values(
+            "id",
+            "workflow",
+            "workflow_version",
+            "status",
+            "stage",
+            "queue",
+            "attention_reason",
+            "attention_due_at",
+            "escalation_level",
+            "business_key",
+        )
+        .get()
+    )
     name = f"{run['workflow']} run {str(run['id'])[:8]}"
     reason = (run["attention_reason"] or "")[:300]
     rule = (extra.get("rule") or {}).get("rule", "")
@@ -210,32 +223,22 @@ def deliver(delivery_id: int, now: datetime | None = None) -> str:
     """Send one delivery if it is due and nobody else holds it. Returns "sent", "retry",
     "failed" or "skipped" (not due, already sent, or claimed by another sender)."""
     now = now or timezone.now()
-    claimed = NotificationDelivery.objects.filter(
-        pk=delivery_id, status=NotificationDelivery.Status.PENDING, next_attempt_at__lte=now
-    ).update(next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS), attempts=F("attempts") + 1)
-    if not claimed:
+    delivery = NotificationDelivery.claim(delivery_id, now, hold=timedelta(seconds=CLAIM_SECONDS))
+    if delivery is None:
         return "skipped"
-    delivery = NotificationDelivery.objects.select_related("channel").get(pk=delivery_id)
     try:
         if not delivery.channel.enabled:
             raise DeliveryError("the channel was disabled")
         send(delivery.channel, delivery.payload)
     except Exception as exc:  # any failure of a channel is recorded, never raised into a run
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        gave_up = delivery.attempts >= MAX_ATTEMPTS or isinstance(exc, DeliveryError)
-        NotificationDelivery.objects.filter(pk=delivery_id).update(
-            status=NotificationDelivery.Status.FAILED
-            if gave_up
-            else NotificationDelivery.Status.PENDING,
-            last_error=error,
-            next_attempt_at=now + _backoff(delivery.attempts),
+        error = f"{type(exc).__name__}: {exc}"
+        give_up = delivery.attempts >= MAX_ATTEMPTS or isinstance(exc, DeliveryError)
+        delivery.mark_failed(error, give_up=give_up, retry_at=now + _backoff(delivery.attempts))
+        logger.warning(
+            "notification %s failed (attempt %s): %s", delivery.key, delivery.attempts, error
         )
-        logger.warning("notification %s failed (attempt %s): %s", delivery.key,
-                       delivery.attempts, error)  # fmt: skip
-        return "failed" if gave_up else "retry"
-    NotificationDelivery.objects.filter(pk=delivery_id).update(
-        status=NotificationDelivery.Status.SENT, sent_at=timezone.now(), last_error=""
-    )
+        return "failed" if give_up else "retry"
+    delivery.mark_sent()
     return "sent"
 
 
@@ -368,8 +371,9 @@ class ChannelForm(forms.ModelForm):
                 except ValidationError:
                     bad.append(address)
             if bad or not addresses:
-                self.add_error("target", _("Not an email address: %(bad)s")
-                               % {"bad": ", ".join(bad) or target})  # fmt: skip
+                self.add_error(
+                    "target", _("Not an email address: %(bad)s") % {"bad": ", ".join(bad) or target}
+                )
             else:
                 data["target"] = ", ".join(addresses)
         elif kind == NotificationChannel.Kind.WEBHOOK:

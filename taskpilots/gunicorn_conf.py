@@ -24,12 +24,22 @@ _CLIENT_ERRORS = (
     (errors.ExpectationFailed, 417, "Expectation Failed", "expectation_failed"),
     (errors.UnsupportedTransferCoding, 501, "Not Implemented", "unsupported_transfer_coding"),
     (
-        (errors.InvalidRequestLine, errors.InvalidRequestMethod, errors.InvalidHTTPVersion,
-         errors.InvalidHeader, errors.InvalidHeaderName, errors.ObsoleteFolding,
-         errors.InvalidChunkSize, errors.ChunkMissingTerminator, errors.InvalidSchemeHeaders),
-        400, "Bad Request", "bad_request",
+        (
+            errors.InvalidRequestLine,
+            errors.InvalidRequestMethod,
+            errors.InvalidHTTPVersion,
+            errors.InvalidHeader,
+            errors.InvalidHeaderName,
+            errors.ObsoleteFolding,
+            errors.InvalidChunkSize,
+            errors.ChunkMissingTerminator,
+            errors.InvalidSchemeHeaders,
+        ),
+        400,
+        "Bad Request",
+        "bad_request",
     ),
-)  # fmt: skip
+)
 
 
 class JsonErrorsMixin:

@@ -41,8 +41,12 @@ _DUMMY = ApiClient(secret_hash="0" * 64)
 def _refuse(request: HttpRequest, reason: str, client_id: str = "") -> None:
     logger.warning(
         "api: refused %s %s from %s (client %r): %s",
-        request.method, request.path, request.META.get("REMOTE_ADDR"), client_id[:40], reason,
-    )  # fmt: skip
+        request.method,
+        request.path,
+        request.META.get("REMOTE_ADDR"),
+        client_id[:40],
+        reason,
+    )
 
 
 def _require_scope(client: ApiClient, scope: str) -> ApiClient:
@@ -88,8 +92,9 @@ class SignatureAuth(AuthBase):
         client_id = request.headers.get(CLIENT_HEADER, "")
         timestamp = request.headers.get(TIMESTAMP_HEADER, "")
         signature = request.headers.get(SIGNATURE_HEADER, "")
-        if not any(name in request.headers for name in (CLIENT_HEADER, TIMESTAMP_HEADER,
-                                                          SIGNATURE_HEADER)):  # fmt: skip
+        if not any(
+            name in request.headers for name in (CLIENT_HEADER, TIMESTAMP_HEADER, SIGNATURE_HEADER)
+        ):
             return None  # not a signed request: let bearer authentication try
         # A request that sends any signature header (even empty) is a signed request: a bad
         # signature is refused, never rescued by a bearer token sent alongside.

@@ -26,9 +26,11 @@ def _operations(schema: dict) -> list[dict]:
             if op is None:
                 continue
             body = (
-                op.get("requestBody", {}).get("content", {}).get("application/json", {})
+                op.get("requestBody", {})
+                .get("content", {})
+                .get("application/json", {})
                 .get("schema")
-            )  # fmt: skip
+            )
             out.append(
                 {
                     "method": method.upper(),
@@ -56,7 +58,7 @@ def _operations(schema: dict) -> list[dict]:
                                 response.get("content", {})
                                 .get("application/json", {})
                                 .get("schema", {})
-                            ),  # fmt: skip
+                            ),
                         }
                         for status, response in op.get("responses", {}).items()
                     ],

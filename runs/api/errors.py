@@ -44,8 +44,9 @@ class ApiError(Exception):
         self.extra = extra
 
     def body(self) -> dict:
-        return {"error": {"code": self.code, "message": self.message, "field": self.field,
-                          **self.extra}}  # fmt: skip
+        return {
+            "error": {"code": self.code, "message": self.message, "field": self.field, **self.extra}
+        }
 
 
 def field_path(parts) -> str | None:
@@ -170,8 +171,9 @@ def _check_string(value: str, path: list, *, limit: int, what: str) -> None:
             400, "invalid_utf8", f"{what} contains an unpaired surrogate.", field=where
         ) from None
     if len(value) > limit:
-        raise ApiError(400, "string_too_long", f"{what} is longer than {limit} characters.",
-                       field=where)  # fmt: skip
+        raise ApiError(
+            400, "string_too_long", f"{what} is longer than {limit} characters.", field=where
+        )
 
 
 def check_json_value(data: Any) -> None:
@@ -180,8 +182,12 @@ def check_json_value(data: Any) -> None:
     while stack:
         value, path, depth = stack.pop()
         if isinstance(value, dict | list) and depth > MAX_JSON_DEPTH:
-            raise ApiError(400, "too_deep", f"JSON is nested deeper than {MAX_JSON_DEPTH} levels.",
-                           field=field_path(path))  # fmt: skip
+            raise ApiError(
+                400,
+                "too_deep",
+                f"JSON is nested deeper than {MAX_JSON_DEPTH} levels.",
+                field=field_path(path),
+            )
         if isinstance(value, dict):
             for key, item in value.items():
                 _check_string(key, [*path, key], limit=MAX_KEY_CHARS, what="A key")
@@ -220,12 +226,30 @@ def reject_nul(value: str) -> str:
 # one with U+200B looks like another key but is not. tests/runs/test_api.py checks this table
 # against `unicodedata`; `check_identifier` asks `unicodedata` itself.
 INVISIBLE_RANGES = (
-    (0x0000, 0x001F), (0x007F, 0x009F), (0x00AD, 0x00AD), (0x0600, 0x0605), (0x061C, 0x061C),
-    (0x06DD, 0x06DD), (0x070F, 0x070F), (0x0890, 0x0891), (0x08E2, 0x08E2), (0x180E, 0x180E),
-    (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x2064), (0x2066, 0x206F), (0xFEFF, 0xFEFF),
-    (0xFFF9, 0xFFFB), (0x110BD, 0x110BD), (0x110CD, 0x110CD), (0x13430, 0x1343F),
-    (0x1BCA0, 0x1BCA3), (0x1D173, 0x1D17A), (0xE0001, 0xE0001), (0xE0020, 0xE007F),
-)  # fmt: skip
+    (0x0000, 0x001F),
+    (0x007F, 0x009F),
+    (0x00AD, 0x00AD),
+    (0x0600, 0x0605),
+    (0x061C, 0x061C),
+    (0x06DD, 0x06DD),
+    (0x070F, 0x070F),
+    (0x0890, 0x0891),
+    (0x08E2, 0x08E2),
+    (0x180E, 0x180E),
+    (0x200B, 0x200F),
+    (0x202A, 0x202E),
+    (0x2060, 0x2064),
+    (0x2066, 0x206F),
+    (0xFEFF, 0xFEFF),
+    (0xFFF9, 0xFFFB),
+    (0x110BD, 0x110BD),
+    (0x110CD, 0x110CD),
+    (0x13430, 0x1343F),
+    (0x1BCA0, 0x1BCA3),
+    (0x1D173, 0x1D17A),
+    (0xE0001, 0xE0001),
+    (0xE0020, 0xE007F),
+)
 # The same rule as a JSON-schema pattern (the characters themselves, escaped by JSON). Unpaired
 # surrogates are refused too (400), but are left out: a pattern holding them is not valid
 # Unicode, and valid UTF-8 JSON cannot carry them anyway.
@@ -294,9 +318,11 @@ def install_handlers(api: NinjaAPI) -> None:
     @api.exception_handler(AuthenticationError)
     def unauthenticated(request, exc):
         logger.warning(
-            "api: unauthenticated %s %s from %s", request.method, request.path,
+            "api: unauthenticated %s %s from %s",
+            request.method,
+            request.path,
             request.META.get("REMOTE_ADDR"),
-        )  # fmt: skip
+        )
         error = ApiError(
             401,
             "unauthenticated",

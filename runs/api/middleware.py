@@ -35,8 +35,13 @@ CODES = {
 
 
 def error_response(status: int, message: str, *, code: str = "") -> HttpResponse:
-    body = {"error": {"code": code or CODES.get(status, "http_error"), "message": message,
-                      "field": None}}  # fmt: skip
+    body = {
+        "error": {
+            "code": code or CODES.get(status, "http_error"),
+            "message": message,
+            "field": None,
+        }
+    }
     return HttpResponse(json.dumps(body), status=status, content_type="application/json")
 
 

@@ -125,8 +125,12 @@ class ApiClient(models.Model):
     @classmethod
     def issue(cls, name: str, scopes, *, description: str = "", created_by=None):
         """Create a client and return (client, credentials); the credentials are never stored."""
-        client = cls(name=name, scopes=cls.clean_scopes(scopes), description=description,
-                     created_by=created_by)  # fmt: skip
+        client = cls(
+            name=name,
+            scopes=cls.clean_scopes(scopes),
+            description=description,
+            created_by=created_by,
+        )
         credentials = client.rotate_credentials(save=False)
         client.save()
         return client, credentials

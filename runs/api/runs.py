@@ -94,8 +94,9 @@ def _encode_cursor(run: Run) -> str:
 def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     position = api_schema.decode_cursor(cursor)
     if position is None:
-        raise ApiError(400, "invalid_cursor", "The cursor is not one this API gave out.",
-                       field="cursor")  # fmt: skip
+        raise ApiError(
+            400, "invalid_cursor", "The cursor is not one this API gave out.", field="cursor"
+        )
     return position
 
 

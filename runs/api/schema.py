@@ -93,8 +93,9 @@ def _iso_date_time(value: Any) -> Any:
     try:
         parsed = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T"))
     except ValueError as exc:
-        raise PydanticCustomError("date_time_format", "is not a valid date-time: {error}",
-                                  {"error": str(exc)}) from None  # fmt: skip
+        raise PydanticCustomError(
+            "date_time_format", "is not a valid date-time: {error}", {"error": str(exc)}
+        ) from None
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)  # a time without a zone is UTC, never server time
     try:
@@ -149,14 +150,20 @@ def refine(schema: dict, *, workflows: dict[str, list[int]]) -> dict:
         start["properties"]["workflow"]["enum"] = sorted(workflows)
         # Each workflow with its own versions: another version is refused (422 on `version`).
         start["anyOf"] = [
-            {"properties": {"workflow": {"const": name},
-                            "version": {"anyOf": [{"type": "null"}, {"enum": versions}]}}}
+            {
+                "properties": {
+                    "workflow": {"const": name},
+                    "version": {"anyOf": [{"type": "null"}, {"enum": versions}]},
+                }
+            }
             for name, versions in sorted(workflows.items())
-        ]  # fmt: skip
+        ]
     decision = components.get("DecisionIn")
     if decision is not None:
-        decision["if"] = {"properties": {"decision": {"const": "approved_with_edits"}},
-                          "required": ["decision"]}  # fmt: skip
+        decision["if"] = {
+            "properties": {"decision": {"const": "approved_with_edits"}},
+            "required": ["decision"],
+        }
         edits = {"$ref": "#/components/schemas/JsonObject"}
         decision["then"] = {"required": ["edited_params"], "properties": {"edited_params": edits}}
     outcome = components.get("OutcomeIn")
