@@ -10,11 +10,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import wraps
 from typing import Any
 
 from django import forms
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -26,7 +24,8 @@ from django.views.decorators.http import require_GET
 
 from approvals import console, viewer_time
 from approvals.models import ApprovalRequest, HumanDecision
-from approvals.views import _forbidden, _querystring
+from approvals.permissions import AUDIT, require_role
+from approvals.views import _querystring
 from runs import audit
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
@@ -62,23 +61,8 @@ OUTCOME_LABELS = {
 }
 
 
-def audit_view(view):
-    """Login required, then the auditor or admin role (support staff act; auditors audit)."""
-
-    @wraps(view)
-    @login_required
-    def wrapper(request, *args, **kwargs):
-        roles = console.roles_of(request.user)
-        if not roles & {console.AUDITOR, console.ADMIN}:
-            why = (
-                _("The audit pages are for auditors and admins.")
-                if roles
-                else _("You have no console role; ask an admin for access.")
-            )
-            return _forbidden(request, why)
-        return view(request, *args, **kwargs)
-
-    return wrapper
+# Login required, then the auditor or admin role (support staff act; auditors audit).
+audit_view = require_role(AUDIT)
 
 
 def _kind_of(verb: str) -> str:

@@ -1,4 +1,4 @@
-"""What the console shows: roles, the inbox and run-list queries, and a run's context for a person
+"""What the console shows: the inbox and run-list queries, and a run's context for a person
 (timeline, pending snapshot, why it stopped, the suggested next action, which actions apply).
 
 Views load rows and call these; nothing here changes state (approvals/actions.py does that).
@@ -23,15 +23,9 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from approvals import untrusted, viewer_time
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
-from approvals.permissions import (  # noqa: F401  (re-exported: views and tags read roles here)
-    ADMIN,
-    AUDITOR,
-    SUPPORT,
-    can_act,
-    can_read,
-    is_admin,
+from approvals.permissions import (
+    is_admin,  # noqa: F401  (approvals/metrics_views.py reads it here)
     may_act,
-    roles_of,
 )
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
@@ -147,12 +141,6 @@ def say(template: Any, **values: Any) -> SafeString:
 def sentences(*parts: Any) -> SafeString:
     """Sentences side by side, each escaped unless it is already safe (say() made it)."""
     return mark_safe(" ".join(str(conditional_escape(part)) for part in parts if part))
-
-
-# --------------------------------------------------------------------------------------------
-# Roles: one rule for the console and the API (approvals/permissions.py).
-
-may_act_on = may_act
 
 
 # --------------------------------------------------------------------------------------------
@@ -439,8 +427,8 @@ def build_run_context(run: Run, user) -> RunContext:
     routing = (current.routing if current else {}) or {}
     failure_class = (current.error_class if current else "") or routing.get("failure_class", "")
     reason = "approval" if approval else failure_class
-    may_act = may_act_on(user, run)
-    actions = available_actions(run, current, approval, effects) if may_act else set()
+    acts = may_act(user, run)
+    actions = available_actions(run, current, approval, effects) if acts else set()
     edit_fields = None
     if "approve_edits" in actions or "retry_edits" in actions:
         tool_name = approval.tool if approval else (current.tool if current else "")
@@ -463,7 +451,7 @@ def build_run_context(run: Run, user) -> RunContext:
         edit_fields=edit_fields,
         to_compensate=to_compensate,
         wait=wait,
-        can_act=may_act,
+        can_act=acts,
         viewer=user,
     )
     for item in timeline:

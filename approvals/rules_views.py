@@ -7,10 +7,8 @@ Admins only (others get a 403); thin views over approvals/rules.py and approvals
 from __future__ import annotations
 
 import logging
-from functools import wraps
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
@@ -18,22 +16,15 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from approvals import console, notifications, rules
+from approvals import notifications, rules
 from approvals.models import EscalationRule, NotificationChannel, NotificationDelivery
-from approvals.views import _forbidden
+from approvals.permissions import ADMINISTER, require_role
 
 logger = logging.getLogger("taskpilots.console")
 
 
-def admin_view(view):
-    @wraps(view)
-    @login_required
-    def wrapper(request, *args, **kwargs):
-        if not console.is_admin(request.user):
-            return _forbidden(request, _("Only admins may change escalation rules."))
-        return view(request, *args, **kwargs)
-
-    return wrapper
+# Login required, then the admin role.
+admin_view = require_role(ADMINISTER)
 
 
 # --------------------------------------------------------------------------------------------

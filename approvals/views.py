@@ -10,11 +10,9 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
@@ -25,7 +23,6 @@ from django.utils.html import escape
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import reswap, retarget
 
 from approvals import actions, console, untrusted
 from approvals.forms import (
@@ -41,47 +38,16 @@ from approvals.forms import (
     StepForm,
 )
 from approvals.models import ApprovalRequest
+from approvals.permissions import ACT, READ, forbidden, may_act, require_role
 from runs.models import Run, Snapshot, Step, TimelineEvent, TransitionError
 
 logger = logging.getLogger("taskpilots.console")
 
 
-def _forbidden(request: HttpRequest, why: str) -> HttpResponse:
-    logger.warning(
-        "console permission denied: user=%s method=%s path=%s why=%s",
-        request.user.get_username() or "-",
-        request.method,
-        request.path,
-        why,
-    )
-    response = render(request, "403.html", {"why": why}, status=403)
-    if request.htmx:
-        response = render(request, "console/flash.html", {"error": why}, status=403)
-        retarget(response, "#flash")
-        reswap(response, "innerHTML")
-    return response
-
-
 def console_view(*, act: bool = False):
-    """Login required, then a console role: any role to read, support or admin to act."""
-
-    def decorator(view):
-        @wraps(view)
-        @login_required
-        def wrapper(request, *args, **kwargs):
-            allowed = console.can_act(request.user) if act else console.can_read(request.user)
-            if not allowed:
-                return _forbidden(
-                    request,
-                    _("Your role may not act on runs.")
-                    if act and console.can_read(request.user)
-                    else _("You have no console role; ask an admin for access."),
-                )
-            return view(request, *args, **kwargs)
-
-        return wrapper
-
-    return decorator
+    """Login required, then a console role: any role to read, support or admin to act
+    (approvals/permissions.py says who may; approvals/metrics_views.py uses this too)."""
+    return require_role(ACT if act else READ)
 
 
 def _page(request: HttpRequest, queryset, size: int = console.PAGE_SIZE):
@@ -180,7 +146,6 @@ def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, A
         "tab": tab,
         "now": timezone.now(),
         "live": run.status in Run.RUNNABLE,
-        "is_admin": console.is_admin(request.user),
     }
     if tab == "rehydration":
         document = run.rehydration()
@@ -380,9 +345,9 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
     if spec is None:
         raise Http404("unknown action")
     run = _get_run(run_id)
-    if not console.may_act_on(request.user, run):
+    if not may_act(request.user, run):
         owner = run.owner.get_username() if run.owner else "?"
-        return _forbidden(
+        return forbidden(
             request,
             _("%(owner)s has taken this run over; only they or an admin can act on it.")
             % {"owner": owner},
@@ -400,7 +365,7 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
         return _answer(request, run, status=422, error=str(exc), bound={action: form})
     except actions.ActionForbidden as exc:
         # The run was taken over between loading the page and pressing the button.
-        return _forbidden(request, str(exc))
+        return forbidden(request, str(exc))
     logger.info("console action %s on run %s by %s", action, run.pk, request.user.get_username())
     run = _fresh(run)
     if spec.says_what_next:
