@@ -46,17 +46,14 @@ KIND_LABELS = {
     "wait": gettext_lazy("Wait"),
     "compensation": gettext_lazy("Compensation"),
 }
+# The outcomes the search filters on (runs/audit.py); run states and decisions are labelled as
+# everywhere else on the console.
 OUTCOME_LABELS = {
-    "succeeded": gettext_lazy("Succeeded"),
-    "failed": gettext_lazy("Failed"),
-    "cancelled": gettext_lazy("Cancelled"),
-    "compensated": gettext_lazy("Undone (compensated)"),
+    **{s: label for s, label in console.RUN_STATUS_LABELS.items() if s in Run.TERMINAL},
     "open": gettext_lazy("Not finished"),
-    "needs_human": gettext_lazy("Needs a person"),
+    Run.Status.NEEDS_HUMAN: console.RUN_STATUS_LABELS[Run.Status.NEEDS_HUMAN],
     "unknown_outcome": gettext_lazy("Unknown outcome (side effect)"),
-    "approved": gettext_lazy("Approved"),
-    "approved_with_edits": gettext_lazy("Approved with edits"),
-    "rejected": gettext_lazy("Rejected"),
+    **console.DECISION_LABELS,
     "human_decision": gettext_lazy("Any human decision"),
 }
 

@@ -22,7 +22,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from approvals import untrusted, viewer_time
-from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
+from approvals.models import ApprovalRequest, DecisionVerb, EscalationRule, HumanDecision
 from approvals.permissions import (
     is_admin,  # noqa: F401  (approvals/metrics_views.py reads it here)
     may_act,
@@ -36,6 +36,7 @@ from runs.models import (
     SideEffect,
     Snapshot,
     Step,
+    StepKind,
     Wait,
 )
 
@@ -48,39 +49,41 @@ JSON_PREVIEW_CHARS = 2000
 JSON_PREVIEW_DEPTH = 6
 
 # --------------------------------------------------------------------------------------------
-# Labels. The model choices carry plain English; the console shows these translatable ones.
+# Labels: the one place for what people read. The model choices carry plain English (for the
+# Django admin); the console, the audit pages and the forms show these translatable ones, keyed
+# by the same choices.
 
 RUN_STATUS_LABELS = {
-    "pending": gettext_lazy("Pending"),
-    "running": gettext_lazy("Running"),
-    "waiting": gettext_lazy("Waiting"),
-    "needs_human": gettext_lazy("Needs a person"),
-    "taken_over": gettext_lazy("Taken over"),
-    "compensating": gettext_lazy("Undoing side effects"),
-    "succeeded": gettext_lazy("Succeeded"),
-    "failed": gettext_lazy("Failed"),
-    "cancelled": gettext_lazy("Cancelled"),
-    "compensated": gettext_lazy("Undone (compensated)"),
+    Run.Status.PENDING: gettext_lazy("Pending"),
+    Run.Status.RUNNING: gettext_lazy("Running"),
+    Run.Status.WAITING: gettext_lazy("Waiting"),
+    Run.Status.NEEDS_HUMAN: gettext_lazy("Needs a person"),
+    Run.Status.TAKEN_OVER: gettext_lazy("Taken over"),
+    Run.Status.COMPENSATING: gettext_lazy("Undoing side effects"),
+    Run.Status.SUCCEEDED: gettext_lazy("Succeeded"),
+    Run.Status.FAILED: gettext_lazy("Failed"),
+    Run.Status.CANCELLED: gettext_lazy("Cancelled"),
+    Run.Status.COMPENSATED: gettext_lazy("Undone (compensated)"),
 }
 STEP_STATUS_LABELS = {
-    "pending": gettext_lazy("To do"),
-    "running": gettext_lazy("Running"),
-    "succeeded": gettext_lazy("Done"),
-    "degraded": gettext_lazy("Done with fallback"),
-    "retry_scheduled": gettext_lazy("Retry scheduled"),
-    "waiting": gettext_lazy("Waiting"),
-    "needs_human": gettext_lazy("Needs a person"),
-    "unknown_outcome": gettext_lazy("Outcome unknown"),
-    "failed": gettext_lazy("Failed"),
-    "skipped": gettext_lazy("Skipped"),
-    "compensated": gettext_lazy("Undone"),
+    Step.Status.PENDING: gettext_lazy("To do"),
+    Step.Status.RUNNING: gettext_lazy("Running"),
+    Step.Status.SUCCEEDED: gettext_lazy("Done"),
+    Step.Status.DEGRADED: gettext_lazy("Done with fallback"),
+    Step.Status.RETRY_SCHEDULED: gettext_lazy("Retry scheduled"),
+    Step.Status.WAITING: gettext_lazy("Waiting"),
+    Step.Status.NEEDS_HUMAN: gettext_lazy("Needs a person"),
+    Step.Status.UNKNOWN_OUTCOME: gettext_lazy("Outcome unknown"),
+    Step.Status.FAILED: gettext_lazy("Failed"),
+    Step.Status.SKIPPED: gettext_lazy("Skipped"),
+    Step.Status.COMPENSATED: gettext_lazy("Undone"),
 }
 EFFECT_STATUS_LABELS = {
-    "intended": gettext_lazy("About to be sent"),
-    "committed": gettext_lazy("Done"),
-    "unknown": gettext_lazy("Outcome unknown"),
-    "not_committed": gettext_lazy("Did not happen"),
-    "compensated": gettext_lazy("Undone"),
+    SideEffect.Status.INTENDED: gettext_lazy("About to be sent"),
+    SideEffect.Status.COMMITTED: gettext_lazy("Done"),
+    SideEffect.Status.UNKNOWN: gettext_lazy("Outcome unknown"),
+    SideEffect.Status.NOT_COMMITTED: gettext_lazy("Did not happen"),
+    SideEffect.Status.COMPENSATED: gettext_lazy("Undone"),
 }
 REASON_LABELS = {
     "approval": gettext_lazy("Approval"),
@@ -92,27 +95,33 @@ REASON_LABELS = {
     FailureClass.TIMEOUT: gettext_lazy("Wait timed out"),
 }
 STEP_KIND_LABELS = {
-    "compute": gettext_lazy("Compute"),
-    "read": gettext_lazy("Read"),
-    "side_effect": gettext_lazy("Side effect"),
-    "approval": gettext_lazy("Approval"),
-    "wait_event": gettext_lazy("Wait for event"),
-    "wait_timer": gettext_lazy("Wait for timer"),
+    StepKind.COMPUTE: gettext_lazy("Compute"),
+    StepKind.READ: gettext_lazy("Read"),
+    StepKind.SIDE_EFFECT: gettext_lazy("Side effect"),
+    StepKind.APPROVAL: gettext_lazy("Approval"),
+    StepKind.WAIT_EVENT: gettext_lazy("Wait for event"),
+    StepKind.WAIT_TIMER: gettext_lazy("Wait for timer"),
 }
+# What a person did, as the rest of a sentence that starts with their name.
 VERB_LABELS = {
-    "approve": gettext_lazy("approved"),
-    "approve_with_edits": gettext_lazy("approved with edits"),
-    "reject": gettext_lazy("rejected"),
-    "take_over": gettext_lazy("took over"),
-    "release": gettext_lazy("released"),
-    "confirm_happened": gettext_lazy("confirmed it happened"),
-    "confirm_not_happened": gettext_lazy("confirmed it did not happen"),
-    "retry": gettext_lazy("retried"),
-    "skip": gettext_lazy("skipped the step"),
-    "complete_by_hand": gettext_lazy("marked the step done by hand"),
-    "cancel": gettext_lazy("cancelled the run"),
+    DecisionVerb.APPROVE: gettext_lazy("approved"),
+    DecisionVerb.APPROVE_WITH_EDITS: gettext_lazy("approved with edits"),
+    DecisionVerb.REJECT: gettext_lazy("rejected"),
+    DecisionVerb.TAKE_OVER: gettext_lazy("took over"),
+    DecisionVerb.RELEASE: gettext_lazy("released"),
+    DecisionVerb.CONFIRM_HAPPENED: gettext_lazy("confirmed it happened"),
+    DecisionVerb.CONFIRM_NOT_HAPPENED: gettext_lazy("confirmed it did not happen"),
+    DecisionVerb.RETRY: gettext_lazy("retried"),
+    DecisionVerb.SKIP: gettext_lazy("skipped the step"),
+    DecisionVerb.COMPLETE_BY_HAND: gettext_lazy("marked the step done by hand"),
+    DecisionVerb.CANCEL: gettext_lazy("cancelled the run"),
 }
-
+# An approval request's decision.
+DECISION_LABELS = {
+    ApprovalRequest.Decision.APPROVED: gettext_lazy("Approved"),
+    ApprovalRequest.Decision.APPROVED_WITH_EDITS: gettext_lazy("Approved with edits"),
+    ApprovalRequest.Decision.REJECTED: gettext_lazy("Rejected"),
+}
 
 # Translatable in runs/models.py (the console shows them; rule chips use get_*_display).
 FAILURE_CLASS_LABELS = dict(FailureClass.choices)
@@ -470,7 +479,8 @@ def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
     if step is None or item.state not in ("failed", "skipped"):
         return ""
     if item.state == "failed":
-        rejected = next((d for d in decisions if d.step_id == step.pk and d.verb == "reject"), None)
+        rejections = (d for d in decisions if d.verb == DecisionVerb.REJECT)
+        rejected = next((d for d in rejections if d.step_id == step.pk), None)
         if rejected is not None:
             values = {"user": rejected.user.get_username(), "when": _when(rejected.created_at)}
             if rejected.comment:
@@ -835,8 +845,10 @@ def how_it_ended(ctx: RunContext) -> SafeString:
             when=when,
         )  # fmt: skip
     # Cancelled: by a person (a rejection or a cancel) or through the API.
-    ended_by = next((d for d in ctx.decisions if d.verb in ("reject", "cancel")), None)
-    if ended_by is not None and ended_by.verb == "reject":
+    ended_by = next(
+        (d for d in ctx.decisions if d.verb in (DecisionVerb.REJECT, DecisionVerb.CANCEL)), None
+    )
+    if ended_by is not None and ended_by.verb == DecisionVerb.REJECT:
         sentence = say(
             _("Nothing left to do: %(user)s rejected it at %(when)s, so the run was cancelled."),
             user=ended_by.user.get_username(),

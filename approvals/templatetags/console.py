@@ -21,6 +21,7 @@ _LABELS = {
     "reason": console.REASON_LABELS,
     "kind": console.STEP_KIND_LABELS,
     "verb": console.VERB_LABELS,
+    "decision": console.DECISION_LABELS,
     "risk": console.RISK_LABELS,
     "failure_class": console.FAILURE_CLASS_LABELS,
 }
