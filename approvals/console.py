@@ -29,6 +29,7 @@ from approvals.permissions import (
 )
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
+from runs.engine.context import build_context, prior_results_summary
 from runs.models import (
     FailureClass,
     Risk,
@@ -373,15 +374,10 @@ def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
     return [d for d in declared[last_index + 1 :] if d["name"] not in recorded]
 
 
-def _prior_results(steps: list[Step], before: Step | None) -> dict:
-    out = {}
-    for step in steps:
-        if before is not None and step.position >= before.position:
-            break
-        if step.status in Step.DONE and step.status != Step.Status.SKIPPED:
-            text = json.dumps(step.result, cls=DjangoJSONEncoder, ensure_ascii=False)
-            out[step.name] = text if len(text) <= 200 else text[:199] + "…"
-    return out
+def _prior_results(run: Run, steps: list[Step], before: Step | None) -> dict[str, str]:
+    """The earlier results as the engine summarises them in a snapshot (runs/engine/context.py)."""
+    earlier = [s for s in steps if before is None or s.position < before.position]
+    return prior_results_summary(build_context(run, earlier).results)
 
 
 def build_run_context(run: Run, user) -> RunContext:
@@ -517,7 +513,7 @@ def _pending(run, steps, current, approval) -> Pending | None:
             target=target,
             params=approval.proposed_params,
             permissions={"actor": run.principal, "scopes": run.scopes},
-            prior_results=_prior_results(steps, current),
+            prior_results=_prior_results(run, steps, current),
             created_at=approval.created_at,
         )
     if current is None or current.kind not in ("side_effect", "read"):
@@ -540,7 +536,7 @@ def _pending(run, steps, current, approval) -> Pending | None:
         target="",
         params=params,
         permissions={"actor": run.principal, "scopes": run.scopes},
-        prior_results=_prior_results(steps, current),
+        prior_results=_prior_results(run, steps, current),
         idempotency_key=current.idempotency_key,
     )
 
