@@ -34,8 +34,10 @@ admin_view = require_role(ADMINISTER)
 def _tester(request: HttpRequest) -> dict:
     form = rules.TesterForm(request.GET or None, failures=rules.recent_failures())
     query = form.query() if form.is_bound else None
-    return {"tester": form, "verdict": rules.which_rule(**query) if query else None,
-            "query": query, "tested": rules.tested(query) if query else []}  # fmt: skip
+    if not query:
+        return {"tester": form, "verdict": None, "query": query, "tested": []}
+    verdict = rules.which_rule(**query)
+    return {"tester": form, "verdict": verdict, "query": query, "tested": rules.tested(query)}
 
 
 @require_GET
@@ -54,9 +56,14 @@ def _form_page(request, form: rules.RuleForm, *, status: int = 200, error: str =
     versions = (
         list(rule.versions.select_related("changed_by").order_by("-version")[:50]) if rule else []
     )
-    context = {"form": form, "rule": rule, "versions": versions, "error": error,
-               "known_tools": sorted(rules.known_tools()),
-               "known_workflows": sorted(rules.known_workflows())}  # fmt: skip
+    context = {
+        "form": form,
+        "rule": rule,
+        "versions": versions,
+        "error": error,
+        "known_tools": sorted(rules.known_tools()),
+        "known_workflows": sorted(rules.known_workflows()),
+    }
     return render(request, "console/rules_form.html", context, status=status)
 
 

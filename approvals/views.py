@@ -219,61 +219,49 @@ def _step_of(run: Run, data: dict) -> Step:
     return get_object_or_404(Step, pk=data["step"], run=run)
 
 
+def _as_seen(data: dict) -> dict:
+    """What every action form carries: the person's comment and the run version they acted on."""
+    return {"comment": data["comment"], "expected_version": data["expected_version"]}
+
+
 def _approve(run, user, data, request):
-    actions.decide_approval(
-        _approval_of(run, data).pk, user, "approved",
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.decide_approval(_approval_of(run, data).pk, user, "approved", **_as_seen(data))
     return _("Approved.")
 
 
 def _approve_edits(run, user, data, request):
-    approval_id = data.get("approval")
-    if not approval_id:
+    if not data.get("approval"):
         raise actions.ActionRefused(_("There is no approval to decide."))
+    approval = _approval_of(run, data)
     actions.decide_approval(
-        _approval_of(run, data).pk, user, "approved_with_edits", edited_params=data["params"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+        approval.pk, user, "approved_with_edits", edited_params=data["params"], **_as_seen(data)
+    )
     return _("Approved with your edits: the call uses your parameters.")
 
 
 def _reject(run, user, data, request):
-    actions.decide_approval(
-        _approval_of(run, data).pk, user, "rejected",
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.decide_approval(_approval_of(run, data).pk, user, "rejected", **_as_seen(data))
     return _("Rejected.")
 
 
 def _confirm_happened(run, user, data, request):
-    actions.confirm_outcome(
-        _step_of(run, data).pk, user, happened=True, proof=data["proof"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    step = _step_of(run, data)
+    actions.confirm_outcome(step.pk, user, happened=True, proof=data["proof"], **_as_seen(data))
     return _("Recorded as done, with your reference as proof.")
 
 
 def _confirm_not_happened(run, user, data, request):
-    actions.confirm_outcome(
-        _step_of(run, data).pk, user, happened=False,
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.confirm_outcome(_step_of(run, data).pk, user, happened=False, **_as_seen(data))
     return _("Recorded as not done: the step will be sent again with the same idempotency key.")
 
 
 def _retry(run, user, data, request):
-    actions.retry_step(
-        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
-    )
+    actions.retry_step(run.pk, user, **_as_seen(data))
     return _("The step will be tried again.")
 
 
 def _retry_edits(run, user, data, request):
-    actions.retry_with_edits(
-        run.pk, user, data["params"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.retry_with_edits(run.pk, user, data["params"], **_as_seen(data))
     return _("The step will be tried again with your parameters.")
 
 
@@ -285,24 +273,17 @@ def _skip(run, user, data, request):
 
 
 def _complete(run, user, data, request):
-    actions.complete_by_hand(
-        run.pk, user, result=data["result"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.complete_by_hand(run.pk, user, result=data["result"], **_as_seen(data))
     return _("Step marked done by hand.")
 
 
 def _take_over(run, user, data, request):
-    actions.take_over(
-        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
-    )
+    actions.take_over(run.pk, user, **_as_seen(data))
     return _("You have taken this run over. Automation will not touch it until you release it.")
 
 
 def _release(run, user, data, request):
-    actions.release(
-        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
-    )
+    actions.release(run.pk, user, **_as_seen(data))
     return _("Released.")
 
 
