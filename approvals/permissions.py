@@ -1,4 +1,5 @@
-"""Who may act on a run: one rule for the console and the HTTP API.
+"""Who may do what: the console roles, what each console page needs, and who may act on a run
+(one rule for the console and the HTTP API).
 
 The console uses `may_act` to decide which actions to offer; every action in
 approvals/actions.py calls `check_may_act` again under the run's row lock, so the console, the
