@@ -10,11 +10,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import wraps
 from typing import Any
 
 from django import forms
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -27,7 +25,8 @@ from django.views.decorators.http import require_GET
 from approvals import console, viewer_time
 from approvals.audit_search import AuditQuery
 from approvals.models import ApprovalRequest, HumanDecision
-from approvals.views import _forbidden, _querystring
+from approvals.permissions import AUDIT, require_role
+from approvals.views import _querystring
 from runs import audit
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
@@ -48,38 +47,20 @@ KIND_LABELS = {
     "wait": gettext_lazy("Wait"),
     "compensation": gettext_lazy("Compensation"),
 }
+# The outcomes the search filters on (runs/audit.py); run states and decisions are labelled as
+# everywhere else on the console.
 OUTCOME_LABELS = {
-    "succeeded": gettext_lazy("Succeeded"),
-    "failed": gettext_lazy("Failed"),
-    "cancelled": gettext_lazy("Cancelled"),
-    "compensated": gettext_lazy("Undone (compensated)"),
+    **{s: label for s, label in console.RUN_STATUS_LABELS.items() if s in Run.TERMINAL},
     "open": gettext_lazy("Not finished"),
-    "needs_human": gettext_lazy("Needs a person"),
+    Run.Status.NEEDS_HUMAN: console.RUN_STATUS_LABELS[Run.Status.NEEDS_HUMAN],
     "unknown_outcome": gettext_lazy("Unknown outcome (side effect)"),
-    "approved": gettext_lazy("Approved"),
-    "approved_with_edits": gettext_lazy("Approved with edits"),
-    "rejected": gettext_lazy("Rejected"),
+    **console.DECISION_LABELS,
     "human_decision": gettext_lazy("Any human decision"),
 }
 
 
-def audit_view(view):
-    """Login required, then the auditor or admin role (support staff act; auditors audit)."""
-
-    @wraps(view)
-    @login_required
-    def wrapper(request, *args, **kwargs):
-        roles = console.roles_of(request.user)
-        if not roles & {console.AUDITOR, console.ADMIN}:
-            why = (
-                _("The audit pages are for auditors and admins.")
-                if roles
-                else _("You have no console role; ask an admin for access.")
-            )
-            return _forbidden(request, why)
-        return view(request, *args, **kwargs)
-
-    return wrapper
+# Login required, then the auditor or admin role (support staff act; auditors audit).
+audit_view = require_role(AUDIT)
 
 
 def _kind_of(verb: str) -> str:
@@ -109,9 +90,17 @@ RUN_STATE = {
     "taken_over": "human",
     "compensating": "compensating",
 }
-FAILURE_VERBS = {"step.failed", Verb.STEP_RETRY_SCHEDULED, Verb.STEP_UNKNOWN_OUTCOME,
-                 Verb.SIDE_EFFECT_UNKNOWN, Verb.STEP_ESCALATED, Verb.SIDE_EFFECT_RECHECK_SCHEDULED,
-                 Verb.RUN_FAILED, Verb.STEP_WAITING_FOR_TOOL}  # fmt: skip
+FAILURE_VERBS = {
+    "step.failed",
+    Verb.STEP_RETRY_SCHEDULED,
+    Verb.STEP_UNKNOWN_OUTCOME,
+    Verb.SIDE_EFFECT_UNKNOWN,
+    Verb.STEP_ESCALATED,
+    Verb.SIDE_EFFECT_RECHECK_SCHEDULED,
+    Verb.RUN_FAILED,
+    Verb.STEP_WAITING_FOR_TOOL,
+}
+# A bar's state as its tooltip names it; the legend says a little more where a word is too few.
 STATE_LABELS = {
     "running": gettext_lazy("running"),
     "queued": gettext_lazy("queued"),
@@ -119,6 +108,30 @@ STATE_LABELS = {
     "retry": gettext_lazy("retry backoff"),
     "human": gettext_lazy("waiting for a person"),
     "compensating": gettext_lazy("undoing side effects"),
+}
+MARKER_LABELS = {
+    "failure": gettext_lazy("failure"),
+    "decision": gettext_lazy("human decision"),
+    "commit": gettext_lazy("side effect committed"),
+}
+
+
+def marker_path(kind: str, x: float, y: float) -> str:
+    """A marker's SVG path around (x, y): a diamond for a person's decision, a triangle for a
+    failure, a small square for a commit."""
+    if kind == "decision":
+        return f"M{x},{y - 7} L{x + 6},{y} L{x},{y + 7} L{x - 6},{y} Z"
+    if kind == "failure":
+        return f"M{x},{y - 6} L{x + 6},{y + 5} L{x - 6},{y + 5} Z"
+    return f"M{x - 3.5},{y - 3.5} h7 v7 h-7 Z"
+
+
+LEGEND = {
+    "states": [
+        (state, gettext_lazy("waiting (event, timer, outage)") if state == "waiting" else text)
+        for state, text in STATE_LABELS.items()
+    ],
+    "markers": [(kind, text, marker_path(kind, 0, 0)) for kind, text in MARKER_LABELS.items()],
 }
 
 
@@ -177,96 +190,128 @@ def _duration(seconds: float) -> str:
 
 def build_lanes(run: Run, events: list[TimelineEvent], now: datetime) -> dict[str, Any]:
     """Lanes, bars, markers and axis ticks, already in SVG coordinates."""
-    run_lane = Lane(("run",), _("Run"), is_run=True)
-    lanes: dict[tuple, Lane] = {}
-    latest_by_name: dict[str, Lane] = {}
-
-    def lane_for(data: dict) -> Lane | None:
-        name = data.get("step") if isinstance(data, dict) else None
-        if not isinstance(name, str):
-            return None
-        iteration = data.get("iteration")
-        if isinstance(iteration, int):
-            key = (name, iteration)
-            if key not in lanes:
-                label = name if iteration == 0 else f"{name} #{iteration}"
-                lanes[key] = Lane(key, label)
-            latest_by_name[name] = lanes[key]
-            return lanes[key]
-        return latest_by_name.get(name)
-
+    lanes = _Lanes()
     for event in events:
-        data = event.data if isinstance(event.data, dict) else {}
-        to = data.get("to")
-        if event.verb.startswith("run.") and isinstance(to, str):
-            run_lane.change(RUN_STATE.get(to), event.at)
-        elif event.verb == Verb.RUN_CREATED:
-            run_lane.change("queued", event.at)
-        lane = None if event.verb.startswith("run.") else lane_for(data)
-        if lane is not None:
-            if event.verb in (Verb.STEP_STARTED, Verb.STEP_LEASE_RECLAIMED):
-                lane.change("running", event.at)
-            elif isinstance(to, str) and "from" in data and "key" not in data:
-                lane.change(STEP_STATE.get(to), event.at)
-        target = lane or run_lane
-        if event.actor.startswith("user:"):
-            target.markers.append(Marker("decision", event.at, event.seq, event.verb, event.actor))
-        elif event.verb in FAILURE_VERBS or to in ("failed", "unknown_outcome"):
-            target.markers.append(Marker("failure", event.at, event.seq, event.verb, event.actor))
-        elif event.verb == Verb.SIDE_EFFECT_COMMITTED:
-            target.markers.append(Marker("commit", event.at, event.seq, event.verb, event.actor))
-
-    start = run.created_at
-    end = run.finished_at or (events[-1].at if run.is_terminal and events else now)
-    if events:
-        start = min(start, events[0].at)
-        end = max(end, events[-1].at)
-    span = max((end - start).total_seconds(), 1.0)
-    plot = PLOT_RIGHT - PLOT_LEFT
-
-    def x_of(at: datetime) -> float:
-        return round(PLOT_LEFT + (at - start).total_seconds() / span * plot, 1)
-
-    ordered = [run_lane, *lanes.values()]
+        lanes.follow(event)
+    axis = _Axis.spanning(run, events, now)
+    ordered = [lanes.run, *lanes.steps.values()]
     for index, lane in enumerate(ordered):
-        lane.change(None, end)
-        lane.y = AXIS_HEIGHT + index * LANE_HEIGHT
-        lane.text_y, lane.bar_y, lane.mid_y = lane.y + 16, lane.y + 6, lane.y + 12
-        for bar in lane.bars:
-            bar.x = x_of(bar.start)
-            bar.width = max(round(x_of(bar.end) - bar.x, 1), 2.0)
-            bar.label = f"{lane.label}: {STATE_LABELS.get(bar.state, bar.state)} · " + _duration(
-                (bar.end - bar.start).total_seconds()
-            )
-        for marker in lane.markers:
-            marker.x = x_of(marker.at)
-            marker.label = f"#{marker.seq} {marker.verb} · {marker.actor}"
-            x, y = marker.x, lane.mid_y
-            if marker.kind == "decision":  # a diamond
-                marker.path = f"M{x},{y - 7} L{x + 6},{y} L{x},{y + 7} L{x - 6},{y} Z"
-            elif marker.kind == "failure":  # a triangle
-                marker.path = f"M{x},{y - 6} L{x + 6},{y + 5} L{x - 6},{y + 5} Z"
-            else:  # a small square
-                marker.path = f"M{x - 3.5},{y - 3.5} h7 v7 h-7 Z"
-    ticks = []
-    fmt = "H:i:s" if span < 86400 else "M j H:i"
-    for i in range(5):
-        at = start + timedelta(seconds=span * i / 4)
-        ticks.append({"x": x_of(at), "label": formats.date_format(timezone.localtime(at), fmt)})
+        lane.change(None, axis.end)
+        _place(lane, index, axis)
     return {
         "lanes": ordered,
-        "ticks": ticks,
+        "ticks": axis.ticks(),
         "width": CHART_WIDTH,
         "height": AXIS_HEIGHT + len(ordered) * LANE_HEIGHT + 6,
         "label_width": LABEL_WIDTH,
         "plot_left": PLOT_LEFT,
         "plot_right": PLOT_RIGHT,
         "lane_height": LANE_HEIGHT,
-        "span": _duration(span),
-        "zone": viewer_time.zone_label(timezone.localtime(start)),
-        "start": start,
-        "end": end,
+        "span": _duration(axis.span),
+        "zone": viewer_time.zone_label(timezone.localtime(axis.start)),
+        "start": axis.start,
+        "end": axis.end,
+        "legend": LEGEND,
     }
+
+
+class _Lanes:
+    """The run's lane and one lane per step iteration, moved along by the timeline's events."""
+
+    def __init__(self) -> None:
+        self.run = Lane(("run",), _("Run"), is_run=True)
+        self.steps: dict[tuple, Lane] = {}
+        self.latest_by_name: dict[str, Lane] = {}
+
+    def follow(self, event: TimelineEvent) -> None:
+        """The state the event moves a lane to, and the marker it leaves there."""
+        data = event.data if isinstance(event.data, dict) else {}
+        to = data.get("to")
+        about_run = event.verb.startswith("run.")
+        if about_run and isinstance(to, str):
+            self.run.change(RUN_STATE.get(to), event.at)
+        elif event.verb == Verb.RUN_CREATED:
+            self.run.change("queued", event.at)
+        lane = None if about_run else self.step_lane(data)
+        if lane is not None:
+            if event.verb in (Verb.STEP_STARTED, Verb.STEP_LEASE_RECLAIMED):
+                lane.change("running", event.at)
+            elif isinstance(to, str) and "from" in data and "key" not in data:
+                lane.change(STEP_STATE.get(to), event.at)
+        kind = _marker_kind(event, to)
+        if kind:
+            marker = Marker(kind, event.at, event.seq, event.verb, event.actor)
+            (lane or self.run).markers.append(marker)
+
+    def step_lane(self, data: dict) -> Lane | None:
+        """The lane of the step the event names; without an iteration, its latest one."""
+        name = data.get("step")
+        if not isinstance(name, str):
+            return None
+        iteration = data.get("iteration")
+        if not isinstance(iteration, int):
+            return self.latest_by_name.get(name)
+        key = (name, iteration)
+        if key not in self.steps:
+            self.steps[key] = Lane(key, name if iteration == 0 else f"{name} #{iteration}")
+        self.latest_by_name[name] = self.steps[key]
+        return self.steps[key]
+
+
+def _marker_kind(event: TimelineEvent, to: Any) -> str:
+    if event.actor.startswith("user:"):
+        return "decision"
+    if event.verb in FAILURE_VERBS or to in ("failed", "unknown_outcome"):
+        return "failure"
+    if event.verb == Verb.SIDE_EFFECT_COMMITTED:
+        return "commit"
+    return ""
+
+
+@dataclass
+class _Axis:
+    """Time along the plot: from the run's start to its end (or now, while it is open)."""
+
+    start: datetime
+    end: datetime
+    span: float
+
+    @classmethod
+    def spanning(cls, run: Run, events: list[TimelineEvent], now: datetime) -> _Axis:
+        start = run.created_at
+        end = run.finished_at or (events[-1].at if run.is_terminal and events else now)
+        if events:
+            start = min(start, events[0].at)
+            end = max(end, events[-1].at)
+        return cls(start, end, max((end - start).total_seconds(), 1.0))
+
+    def x(self, at: datetime) -> float:
+        offset = (at - self.start).total_seconds() / self.span
+        return round(PLOT_LEFT + offset * (PLOT_RIGHT - PLOT_LEFT), 1)
+
+    def ticks(self) -> list[dict]:
+        """Five times along the axis, the first at the start and the last at the end."""
+        fmt = "H:i:s" if self.span < 86400 else "M j H:i"
+        moments = [self.start + timedelta(seconds=self.span * i / 4) for i in range(5)]
+        return [
+            {"x": self.x(at), "label": formats.date_format(timezone.localtime(at), fmt)}
+            for at in moments
+        ]
+
+
+def _place(lane: Lane, index: int, axis: _Axis) -> None:
+    """The lane's row, its bars and markers in SVG coordinates, with their tooltips."""
+    lane.y = AXIS_HEIGHT + index * LANE_HEIGHT
+    lane.text_y, lane.bar_y, lane.mid_y = lane.y + 16, lane.y + 6, lane.y + 12
+    for bar in lane.bars:
+        bar.x = axis.x(bar.start)
+        bar.width = max(round(axis.x(bar.end) - bar.x, 1), 2.0)
+        state = STATE_LABELS.get(bar.state, bar.state)
+        bar.label = f"{lane.label}: {state} · " + _duration((bar.end - bar.start).total_seconds())
+    for marker in lane.markers:
+        marker.x = axis.x(marker.at)
+        marker.label = f"#{marker.seq} {marker.verb} · {marker.actor}"
+        marker.path = marker_path(marker.kind, marker.x, lane.mid_y)
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,6 +363,13 @@ def _get_run(run_id) -> Run:
     return get_object_or_404(Run.objects.select_related("owner"), pk=run_id)
 
 
+def _kind_chips(counts: dict[str, int]) -> list[dict]:
+    """The filter's chips: the known kinds in KIND_LABELS order, then any other."""
+    order = {kind: index for index, kind in enumerate(KIND_LABELS)}
+    ordered = sorted(counts.items(), key=lambda item: order.get(item[0], 99))
+    return [{"kind": k, "label": str(KIND_LABELS.get(k, k)), "count": n} for k, n in ordered]
+
+
 @require_GET
 @never_cache
 @audit_view
@@ -334,16 +386,11 @@ def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
     evidence = _evidence(run, list(page.object_list))
     rows = [(event, evidence.get(event.seq)) for event in page.object_list]
     report = audit.verify_run(run)
-    kinds = [
-        {"kind": k, "label": str(KIND_LABELS.get(k, k)), "count": n}
-        for k, n in sorted(counts.items(), key=lambda item: list(KIND_LABELS).index(item[0])
-                           if item[0] in KIND_LABELS else 99)
-    ]  # fmt: skip
     context = {
         "run": run,
         "rows": rows,
         "page": page,
-        "kinds": kinds,
+        "kinds": _kind_chips(counts),
         "kind": kind if kind in counts else "",
         "total": len(all_events),
         "report": report,

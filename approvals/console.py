@@ -1,4 +1,4 @@
-"""What the console shows: roles, the inbox and run-list queries, and a run's context for a person
+"""What the console shows: the inbox and run-list queries, and a run's context for a person
 (timeline, pending snapshot, why it stopped, the suggested next action, which actions apply).
 
 Views load rows and call these; nothing here changes state (approvals/actions.py does that).
@@ -22,19 +22,14 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from approvals import untrusted, viewer_time
-from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
-from approvals.permissions import (  # noqa: F401  (re-exported: views and tags read roles here)
-    ADMIN,
-    AUDITOR,
-    SUPPORT,
-    can_act,
-    can_read,
-    is_admin,
+from approvals.models import ApprovalRequest, DecisionVerb, EscalationRule, HumanDecision
+from approvals.permissions import (
+    is_admin,  # noqa: F401  (approvals/metrics_views.py reads it here)
     may_act,
-    roles_of,
 )
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
+from runs.engine.context import build_context, prior_results_summary
 from runs.models import (
     FailureClass,
     Risk,
@@ -42,6 +37,7 @@ from runs.models import (
     SideEffect,
     Snapshot,
     Step,
+    StepKind,
     Wait,
 )
 
@@ -54,39 +50,41 @@ JSON_PREVIEW_CHARS = 2000
 JSON_PREVIEW_DEPTH = 6
 
 # --------------------------------------------------------------------------------------------
-# Labels. The model choices carry plain English; the console shows these translatable ones.
+# Labels: the one place for what people read. The model choices carry plain English (for the
+# Django admin); the console, the audit pages and the forms show these translatable ones, keyed
+# by the same choices.
 
 RUN_STATUS_LABELS = {
-    "pending": gettext_lazy("Pending"),
-    "running": gettext_lazy("Running"),
-    "waiting": gettext_lazy("Waiting"),
-    "needs_human": gettext_lazy("Needs a person"),
-    "taken_over": gettext_lazy("Taken over"),
-    "compensating": gettext_lazy("Undoing side effects"),
-    "succeeded": gettext_lazy("Succeeded"),
-    "failed": gettext_lazy("Failed"),
-    "cancelled": gettext_lazy("Cancelled"),
-    "compensated": gettext_lazy("Undone (compensated)"),
+    Run.Status.PENDING: gettext_lazy("Pending"),
+    Run.Status.RUNNING: gettext_lazy("Running"),
+    Run.Status.WAITING: gettext_lazy("Waiting"),
+    Run.Status.NEEDS_HUMAN: gettext_lazy("Needs a person"),
+    Run.Status.TAKEN_OVER: gettext_lazy("Taken over"),
+    Run.Status.COMPENSATING: gettext_lazy("Undoing side effects"),
+    Run.Status.SUCCEEDED: gettext_lazy("Succeeded"),
+    Run.Status.FAILED: gettext_lazy("Failed"),
+    Run.Status.CANCELLED: gettext_lazy("Cancelled"),
+    Run.Status.COMPENSATED: gettext_lazy("Undone (compensated)"),
 }
 STEP_STATUS_LABELS = {
-    "pending": gettext_lazy("To do"),
-    "running": gettext_lazy("Running"),
-    "succeeded": gettext_lazy("Done"),
-    "degraded": gettext_lazy("Done with fallback"),
-    "retry_scheduled": gettext_lazy("Retry scheduled"),
-    "waiting": gettext_lazy("Waiting"),
-    "needs_human": gettext_lazy("Needs a person"),
-    "unknown_outcome": gettext_lazy("Outcome unknown"),
-    "failed": gettext_lazy("Failed"),
-    "skipped": gettext_lazy("Skipped"),
-    "compensated": gettext_lazy("Undone"),
+    Step.Status.PENDING: gettext_lazy("To do"),
+    Step.Status.RUNNING: gettext_lazy("Running"),
+    Step.Status.SUCCEEDED: gettext_lazy("Done"),
+    Step.Status.DEGRADED: gettext_lazy("Done with fallback"),
+    Step.Status.RETRY_SCHEDULED: gettext_lazy("Retry scheduled"),
+    Step.Status.WAITING: gettext_lazy("Waiting"),
+    Step.Status.NEEDS_HUMAN: gettext_lazy("Needs a person"),
+    Step.Status.UNKNOWN_OUTCOME: gettext_lazy("Outcome unknown"),
+    Step.Status.FAILED: gettext_lazy("Failed"),
+    Step.Status.SKIPPED: gettext_lazy("Skipped"),
+    Step.Status.COMPENSATED: gettext_lazy("Undone"),
 }
 EFFECT_STATUS_LABELS = {
-    "intended": gettext_lazy("About to be sent"),
-    "committed": gettext_lazy("Done"),
-    "unknown": gettext_lazy("Outcome unknown"),
-    "not_committed": gettext_lazy("Did not happen"),
-    "compensated": gettext_lazy("Undone"),
+    SideEffect.Status.INTENDED: gettext_lazy("About to be sent"),
+    SideEffect.Status.COMMITTED: gettext_lazy("Done"),
+    SideEffect.Status.UNKNOWN: gettext_lazy("Outcome unknown"),
+    SideEffect.Status.NOT_COMMITTED: gettext_lazy("Did not happen"),
+    SideEffect.Status.COMPENSATED: gettext_lazy("Undone"),
 }
 REASON_LABELS = {
     "approval": gettext_lazy("Approval"),
@@ -98,27 +96,33 @@ REASON_LABELS = {
     FailureClass.TIMEOUT: gettext_lazy("Wait timed out"),
 }
 STEP_KIND_LABELS = {
-    "compute": gettext_lazy("Compute"),
-    "read": gettext_lazy("Read"),
-    "side_effect": gettext_lazy("Side effect"),
-    "approval": gettext_lazy("Approval"),
-    "wait_event": gettext_lazy("Wait for event"),
-    "wait_timer": gettext_lazy("Wait for timer"),
+    StepKind.COMPUTE: gettext_lazy("Compute"),
+    StepKind.READ: gettext_lazy("Read"),
+    StepKind.SIDE_EFFECT: gettext_lazy("Side effect"),
+    StepKind.APPROVAL: gettext_lazy("Approval"),
+    StepKind.WAIT_EVENT: gettext_lazy("Wait for event"),
+    StepKind.WAIT_TIMER: gettext_lazy("Wait for timer"),
 }
+# What a person did, as the rest of a sentence that starts with their name.
 VERB_LABELS = {
-    "approve": gettext_lazy("approved"),
-    "approve_with_edits": gettext_lazy("approved with edits"),
-    "reject": gettext_lazy("rejected"),
-    "take_over": gettext_lazy("took over"),
-    "release": gettext_lazy("released"),
-    "confirm_happened": gettext_lazy("confirmed it happened"),
-    "confirm_not_happened": gettext_lazy("confirmed it did not happen"),
-    "retry": gettext_lazy("retried"),
-    "skip": gettext_lazy("skipped the step"),
-    "complete_by_hand": gettext_lazy("marked the step done by hand"),
-    "cancel": gettext_lazy("cancelled the run"),
+    DecisionVerb.APPROVE: gettext_lazy("approved"),
+    DecisionVerb.APPROVE_WITH_EDITS: gettext_lazy("approved with edits"),
+    DecisionVerb.REJECT: gettext_lazy("rejected"),
+    DecisionVerb.TAKE_OVER: gettext_lazy("took over"),
+    DecisionVerb.RELEASE: gettext_lazy("released"),
+    DecisionVerb.CONFIRM_HAPPENED: gettext_lazy("confirmed it happened"),
+    DecisionVerb.CONFIRM_NOT_HAPPENED: gettext_lazy("confirmed it did not happen"),
+    DecisionVerb.RETRY: gettext_lazy("retried"),
+    DecisionVerb.SKIP: gettext_lazy("skipped the step"),
+    DecisionVerb.COMPLETE_BY_HAND: gettext_lazy("marked the step done by hand"),
+    DecisionVerb.CANCEL: gettext_lazy("cancelled the run"),
 }
-
+# An approval request's decision.
+DECISION_LABELS = {
+    ApprovalRequest.Decision.APPROVED: gettext_lazy("Approved"),
+    ApprovalRequest.Decision.APPROVED_WITH_EDITS: gettext_lazy("Approved with edits"),
+    ApprovalRequest.Decision.REJECTED: gettext_lazy("Rejected"),
+}
 
 # Translatable in runs/models.py (the console shows them; rule chips use get_*_display).
 FAILURE_CLASS_LABELS = dict(FailureClass.choices)
@@ -147,12 +151,6 @@ def say(template: Any, **values: Any) -> SafeString:
 def sentences(*parts: Any) -> SafeString:
     """Sentences side by side, each escaped unless it is already safe (say() made it)."""
     return mark_safe(" ".join(str(conditional_escape(part)) for part in parts if part))
-
-
-# --------------------------------------------------------------------------------------------
-# Roles: one rule for the console and the API (approvals/permissions.py).
-
-may_act_on = may_act
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,80 +374,29 @@ def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
     return [d for d in declared[last_index + 1 :] if d["name"] not in recorded]
 
 
-def _prior_results(steps: list[Step], before: Step | None) -> dict:
-    out = {}
-    for step in steps:
-        if before is not None and step.position >= before.position:
-            break
-        if step.status in Step.DONE and step.status != Step.Status.SKIPPED:
-            text = json.dumps(step.result, cls=DjangoJSONEncoder, ensure_ascii=False)
-            out[step.name] = text if len(text) <= 200 else text[:199] + "…"
-    return out
+def _prior_results(run: Run, steps: list[Step], before: Step | None) -> dict[str, str]:
+    """The earlier results as the engine summarises them in a snapshot (runs/engine/context.py)."""
+    earlier = [s for s in steps if before is None or s.position < before.position]
+    return prior_results_summary(build_context(run, earlier).results)
 
 
 def build_run_context(run: Run, user) -> RunContext:
     """Everything the detail page shows, in a fixed number of queries."""
     steps = list(run.steps.order_by("position"))
     effects = list(run.side_effects.order_by("created_at", "id"))
-    by_step: dict[int, list[SideEffect]] = {}
-    for effect in effects:
-        by_step.setdefault(effect.step_id, []).append(effect)
-    current = next((s for s in steps if s.status in Step.UNFINISHED), None)
-    # A finished run has no current step: one it left unfinished (a cancel leaves the parked
-    # step as it was) is shown as not done, not as waiting for a person.
-    if run.is_terminal:
-        current = None
-
-    timeline: list[TimelineItem] = []
-    for step in steps:
-        if step is current:
-            state = "current"
-        elif run.is_terminal and step.status in Step.UNFINISHED:
-            state = "skipped"
-        elif step.status == Step.Status.FAILED:
-            state = "failed"
-        elif step.status in (Step.Status.SKIPPED, Step.Status.COMPENSATED):
-            state = "skipped"
-        elif step.status in Step.DONE:
-            state = "done"
-        else:
-            state = "upcoming"
-        timeline.append(
-            TimelineItem(step.name, step.kind, step.stage, step.tool, state, step,
-                         by_step.get(step.pk, []))
-        )  # fmt: skip
-    if not run.is_terminal:
-        for item in _upcoming(run, steps):
-            timeline.append(
-                TimelineItem(item["name"], item["kind"], item["stage"], item["tool"], "upcoming")
-            )
-
-    approval = None
-    if current is not None and current.kind == "approval":
-        approval = (
-            ApprovalRequest.objects.filter(step=current, status=ApprovalRequest.Status.PENDING)
-            .order_by("-id")
-            .first()
-        )
+    current = _current_step(run, steps)
+    approval = _open_approval(current)
     pending = _pending(run, steps, current, approval)
-    wait = None
-    if current is not None:
-        wait = Wait.objects.filter(step=current, status=Wait.Status.PENDING).first()
+    wait = _open_wait(current)
     decisions = list(run.decisions.select_related("user").order_by("-created_at", "-id")[:50])
     routing = (current.routing if current else {}) or {}
     failure_class = (current.error_class if current else "") or routing.get("failure_class", "")
-    reason = "approval" if approval else failure_class
-    may_act = may_act_on(user, run)
-    actions = available_actions(run, current, approval, effects) if may_act else set()
-    edit_fields = None
-    if "approve_edits" in actions or "retry_edits" in actions:
-        tool_name = approval.tool if approval else (current.tool if current else "")
-        edit_fields = {"tool": tool_name, "params": pending.params if pending else {}}
-    to_compensate = [e for e in effects if e.status == SideEffect.Status.COMMITTED]
+    acts = may_act(user, run)
+    actions = available_actions(run, current, approval, effects) if acts else set()
     ctx = RunContext(
         run=run,
         steps=steps,
-        timeline=timeline,
+        timeline=_timeline(run, steps, current, effects, decisions),
         current=current,
         approval=approval,
         pending=pending,
@@ -457,22 +404,85 @@ def build_run_context(run: Run, user) -> RunContext:
         decisions=decisions,
         routing=routing,
         failure_class=failure_class,
-        reason=reason,
+        reason="approval" if approval else failure_class,
         suggestion="",
         actions=actions,
-        edit_fields=edit_fields,
-        to_compensate=to_compensate,
+        edit_fields=_edit_fields(actions, approval, current, pending),
+        to_compensate=[e for e in effects if e.status == SideEffect.Status.COMMITTED],
         wait=wait,
-        can_act=may_act,
+        can_act=acts,
         viewer=user,
     )
-    for item in timeline:
-        item.reason = _step_reason(item, decisions)
-        if item.step is not None and item.step.status in Step.UNFINISHED and run.is_terminal:
-            item.status_label = _("Not done")
     ctx.suggestion = suggest_next_action(ctx)
     ctx.idle = idle_sentence(ctx)
     return ctx
+
+
+def _current_step(run: Run, steps: list[Step]) -> Step | None:
+    """The first unfinished step. A finished run has none: one it left unfinished (a cancel
+    leaves the parked step as it was) is shown as not done, not as waiting for a person."""
+    if run.is_terminal:
+        return None
+    return next((s for s in steps if s.status in Step.UNFINISHED), None)
+
+
+def _open_approval(current: Step | None) -> ApprovalRequest | None:
+    if current is None or current.kind != "approval":
+        return None
+    pending = ApprovalRequest.objects.filter(step=current, status=ApprovalRequest.Status.PENDING)
+    return pending.order_by("-id").first()
+
+
+def _open_wait(current: Step | None) -> Wait | None:
+    if current is None:
+        return None
+    return Wait.objects.filter(step=current, status=Wait.Status.PENDING).first()
+
+
+def _edit_fields(actions, approval, current, pending) -> dict | None:
+    """The tool and parameters an edit form starts from, when an edit is offered."""
+    if "approve_edits" not in actions and "retry_edits" not in actions:
+        return None
+    tool_name = approval.tool if approval else (current.tool if current else "")
+    return {"tool": tool_name, "params": pending.params if pending else {}}
+
+
+def _timeline(run, steps, current, effects, decisions) -> list[TimelineItem]:
+    """The recorded steps with their side effects (a failed or skipped one says why), then the
+    declared steps still to come."""
+    by_step: dict[int, list[SideEffect]] = {}
+    for effect in effects:
+        by_step.setdefault(effect.step_id, []).append(effect)
+    timeline = []
+    for step in steps:
+        state = _step_state(run, step, current)
+        item = TimelineItem(
+            step.name, step.kind, step.stage, step.tool, state, step, by_step.get(step.pk, [])
+        )
+        item.reason = _step_reason(item, decisions)
+        if run.is_terminal and step.status in Step.UNFINISHED:
+            item.status_label = _("Not done")
+        timeline.append(item)
+    if not run.is_terminal:
+        for spec in _upcoming(run, steps):
+            timeline.append(
+                TimelineItem(spec["name"], spec["kind"], spec["stage"], spec["tool"], "upcoming")
+            )
+    return timeline
+
+
+def _step_state(run: Run, step: Step, current: Step | None) -> str:
+    if step is current:
+        return "current"
+    if run.is_terminal and step.status in Step.UNFINISHED:
+        return "skipped"
+    if step.status == Step.Status.FAILED:
+        return "failed"
+    if step.status in (Step.Status.SKIPPED, Step.Status.COMPENSATED):
+        return "skipped"
+    if step.status in Step.DONE:
+        return "done"
+    return "upcoming"
 
 
 def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
@@ -482,7 +492,8 @@ def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
     if step is None or item.state not in ("failed", "skipped"):
         return ""
     if item.state == "failed":
-        rejected = next((d for d in decisions if d.step_id == step.pk and d.verb == "reject"), None)
+        rejections = (d for d in decisions if d.verb == DecisionVerb.REJECT)
+        rejected = next((d for d in rejections if d.step_id == step.pk), None)
         if rejected is not None:
             values = {"user": rejected.user.get_username(), "when": _when(rejected.created_at)}
             if rejected.comment:
@@ -519,7 +530,7 @@ def _pending(run, steps, current, approval) -> Pending | None:
             target=target,
             params=approval.proposed_params,
             permissions={"actor": run.principal, "scopes": run.scopes},
-            prior_results=_prior_results(steps, current),
+            prior_results=_prior_results(run, steps, current),
             created_at=approval.created_at,
         )
     if current is None or current.kind not in ("side_effect", "read"):
@@ -542,7 +553,7 @@ def _pending(run, steps, current, approval) -> Pending | None:
         target="",
         params=params,
         permissions={"actor": run.principal, "scopes": run.scopes},
-        prior_results=_prior_results(steps, current),
+        prior_results=_prior_results(run, steps, current),
         idempotency_key=current.idempotency_key,
     )
 
@@ -626,6 +637,12 @@ _UNKNOWN_BY_SYSTEM = {
 }
 
 
+_UNKNOWN_ANYWHERE = gettext_lazy(
+    "%(tool)s may or may not have done this. Check %(target)s for key %(key)s; then confirm it "
+    "happened (give its reference) or that it did not."
+)
+
+
 def suggest_next_action(ctx: RunContext) -> SafeString:
     run = ctx.run
     if run.is_terminal:
@@ -682,61 +699,15 @@ def _step_suggestion(ctx: RunContext) -> SafeString:
     if step is None:
         return say(_("No step is waiting; nothing to do."))
     tool = (ctx.pending.tool if ctx.pending else "") or step.tool or step.name
-    rule = ctx.routing.get("rule") or ""
     if ctx.approval is not None:
-        if ctx.to_compensate:
-            return say(
-                ngettext(
-                    "Check the proposed %(tool)s call below, then approve it, approve it with "
-                    "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
-                    "effect).",
-                    "Check the proposed %(tool)s call below, then approve it, approve it with "
-                    "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
-                    "effects).",
-                    len(ctx.to_compensate),
-                ),
-                tool=tool,
-                count=len(ctx.to_compensate),
-            )
-        return say(
-            _(
-                "Check the proposed %(tool)s call below, then approve it, approve it with "
-                "corrected parameters, or reject it."
-            ),
-            tool=tool,
-        )
-    cls = ctx.failure_class
-    if step.status == Step.Status.UNKNOWN_OUTCOME or cls == FailureClass.UNKNOWN_OUTCOME:
-        key = (ctx.pending.idempotency_key if ctx.pending else "") or step.idempotency_key
-        target = (ctx.pending.target if ctx.pending else "") or tool
-        template = _UNKNOWN_BY_SYSTEM.get(tool.split(".")[0])
-        if template is None:
-            template = gettext_lazy(
-                "%(tool)s may or may not have done this. Check %(target)s for key %(key)s; then "
-                "confirm it happened (give its reference) or that it did not."
-            )
-        return say(template, tool=tool, target=target, key=key)
+        return _approval_suggestion(ctx, tool)
+    if (
+        step.status == Step.Status.UNKNOWN_OUTCOME
+        or ctx.failure_class == FailureClass.UNKNOWN_OUTCOME
+    ):
+        return _unknown_outcome_suggestion(ctx, step, tool)
     if step.kind in ("wait_event", "wait_timer") and step.status == Step.Status.WAITING:
-        due = ctx.wait.due_at if ctx.wait else None
-        if step.kind == "wait_timer":
-            return say(
-                _("The run waits until %(due)s and goes on by itself; nothing to do."),
-                due=_when(due),
-            )
-        event = (ctx.wait.event_type if ctx.wait else "") or step.name
-        if due:
-            return say(
-                _(
-                    "The run waits for the event %(event)s (until %(due)s) and goes on by itself "
-                    "when it comes; nothing to do."
-                ),
-                event=event,
-                due=_when(due),
-            )
-        return say(
-            _("The run waits for the event %(event)s and goes on by itself when it comes."),
-            event=event,
-        )
+        return _wait_suggestion(ctx, step)
     if step.status in (Step.Status.WAITING, Step.Status.RETRY_SCHEDULED):
         return say(
             _(
@@ -745,32 +716,88 @@ def _step_suggestion(ctx: RunContext) -> SafeString:
             ),
             tool=tool,
         )
-    if cls == FailureClass.OUTAGE:
+    return _failure_suggestion(ctx, step, tool)
+
+
+def _approval_suggestion(ctx: RunContext, tool: str) -> SafeString:
+    if not ctx.to_compensate:
         return say(
             _(
-                "%(tool)s stayed down longer than rule “%(rule)s” waits. Check that it is back, "
-                "then retry the step now; or do the work by hand and mark the step done."
-            ),
-            tool=tool,
-            rule=rule,
-        )
-    if cls == FailureClass.INVALID_INPUT:
-        return say(
-            _(
-                "%(tool)s rejected the data it was given. Correct the parameters and retry, or "
-                "skip the step with a reason."
+                "Check the proposed %(tool)s call below, then approve it, approve it with "
+                "corrected parameters, or reject it."
             ),
             tool=tool,
         )
-    if cls == FailureClass.PERMISSION:
+    return say(
+        ngettext(
+            "Check the proposed %(tool)s call below, then approve it, approve it with "
+            "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
+            "effect).",
+            "Check the proposed %(tool)s call below, then approve it, approve it with "
+            "corrected parameters, or reject it (rejecting undoes %(count)s earlier side "
+            "effects).",
+            len(ctx.to_compensate),
+        ),
+        tool=tool,
+        count=len(ctx.to_compensate),
+    )
+
+
+def _unknown_outcome_suggestion(ctx: RunContext, step: Step, tool: str) -> SafeString:
+    """Where to look, in the words of the system the call went to."""
+    key = (ctx.pending.idempotency_key if ctx.pending else "") or step.idempotency_key
+    target = (ctx.pending.target if ctx.pending else "") or tool
+    template = _UNKNOWN_BY_SYSTEM.get(tool.split(".")[0], _UNKNOWN_ANYWHERE)
+    return say(template, tool=tool, target=target, key=key)
+
+
+def _wait_suggestion(ctx: RunContext, step: Step) -> SafeString:
+    """A timer or an awaited event: the run goes on by itself."""
+    due = ctx.wait.due_at if ctx.wait else None
+    if step.kind == "wait_timer":
+        return say(
+            _("The run waits until %(due)s and goes on by itself; nothing to do."),
+            due=_when(due),
+        )
+    event = (ctx.wait.event_type if ctx.wait else "") or step.name
+    if due:
         return say(
             _(
-                "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do "
-                "it by hand and mark the step done."
+                "The run waits for the event %(event)s (until %(due)s) and goes on by itself "
+                "when it comes; nothing to do."
             ),
-            tool=tool,
+            event=event,
+            due=_when(due),
         )
-    if cls == FailureClass.TRANSIENT:
+    return say(
+        _("The run waits for the event %(event)s and goes on by itself when it comes."),
+        event=event,
+    )
+
+
+# What to do about a step that failed, by its failure class (values: tool, rule).
+_FAILURE_ADVICE = {
+    FailureClass.OUTAGE: gettext_lazy(
+        "%(tool)s stayed down longer than rule “%(rule)s” waits. Check that it is back, then "
+        "retry the step now; or do the work by hand and mark the step done."
+    ),
+    FailureClass.INVALID_INPUT: gettext_lazy(
+        "%(tool)s rejected the data it was given. Correct the parameters and retry, or skip the "
+        "step with a reason."
+    ),
+    FailureClass.PERMISSION: gettext_lazy(
+        "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do it by "
+        "hand and mark the step done."
+    ),
+    FailureClass.TIMEOUT: gettext_lazy(
+        "The wait ran out with no answer. Check whether it happened; then mark the step done "
+        "with its result, or skip it with a reason."
+    ),
+}
+
+
+def _failure_suggestion(ctx: RunContext, step: Step, tool: str) -> SafeString:
+    if ctx.failure_class == FailureClass.TRANSIENT:
         return say(
             ngettext(
                 "%(tool)s kept failing after %(attempts)s attempt. Retry now, or take the run "
@@ -782,18 +809,12 @@ def _step_suggestion(ctx: RunContext) -> SafeString:
             tool=tool,
             attempts=step.attempts,
         )
-    if cls == FailureClass.TIMEOUT:
+    advice = _FAILURE_ADVICE.get(ctx.failure_class)
+    if advice is None:
         return say(
-            _(
-                "The wait ran out with no answer. Check whether it happened; then mark the step "
-                "done with its result, or skip it with a reason."
-            )
+            _("Read the error below; retry the step, mark it done by hand, or cancel the run.")
         )
-    return say(_("Read the error below; retry the step, mark it done by hand, or cancel the run."))
-
-
-def _done_effects(ctx: RunContext, status: str) -> int:
-    return sum(1 for effect in ctx.effects if effect.status == status)
+    return say(advice, tool=tool, rule=ctx.routing.get("rule") or "")
 
 
 def how_it_ended(ctx: RunContext) -> SafeString:
@@ -801,86 +822,99 @@ def how_it_ended(ctx: RunContext) -> SafeString:
     became of its side effects)."""
     run = ctx.run
     when = _when(run.finished_at or run.updated_at)
-    S = Run.Status
+    if run.status == Run.Status.SUCCEEDED:
+        return _ended_succeeded(ctx, when)
+    if run.status == Run.Status.COMPENSATED:
+        return _ended_undone(ctx, when)
+    if run.status == Run.Status.FAILED:
+        return _ended_failed(run, when)
+    return _ended_cancelled(ctx, when)
+
+
+def _done_effects(ctx: RunContext, status: str) -> int:
+    return sum(1 for effect in ctx.effects if effect.status == status)
+
+
+def _ended_succeeded(ctx: RunContext, when: SafeString) -> SafeString:
+    sentence = say(_("Nothing left to do: the run succeeded at %(when)s."), when=when)
     committed = _done_effects(ctx, SideEffect.Status.COMMITTED)
-    if run.status == S.SUCCEEDED:
-        sentence = say(_("Nothing left to do: the run succeeded at %(when)s."), when=when)
-        if committed:
-            sentence = sentences(
-                sentence,
-                say(
-                    ngettext(
-                        "It did %(n)s side effect; its receipt is in the steps below.",
-                        "It did %(n)s side effects; their receipts are in the steps below.",
-                        committed,
-                    ),
-                    n=committed,
-                ),
-            )
+    if not committed:
         return sentence
-    if run.status == S.COMPENSATED:
-        undone = _done_effects(ctx, SideEffect.Status.COMPENSATED)
+    receipts = ngettext(
+        "It did %(n)s side effect; its receipt is in the steps below.",
+        "It did %(n)s side effects; their receipts are in the steps below.",
+        committed,
+    )
+    return sentences(sentence, say(receipts, n=committed))
+
+
+def _ended_undone(ctx: RunContext, when: SafeString) -> SafeString:
+    undone = _done_effects(ctx, SideEffect.Status.COMPENSATED)
+    return say(
+        ngettext(
+            "Nothing left to do: the run was undone at %(when)s (%(n)s side effect compensated).",
+            "Nothing left to do: the run was undone at %(when)s (%(n)s side effects compensated).",
+            undone,
+        ),
+        when=when,
+        n=undone,
+    )
+
+
+def _ended_failed(run: Run, when: SafeString) -> SafeString:
+    if run.attention_reason:
         return say(
-            ngettext(
-                "Nothing left to do: the run was undone at %(when)s (%(n)s side effect "
-                "compensated).",
-                "Nothing left to do: the run was undone at %(when)s (%(n)s side effects "
-                "compensated).",
-                undone,
+            _(
+                "Nothing left to do: the run failed at %(when)s: %(reason)s. Start a new run "
+                "if the work still needs doing."
             ),
             when=when,
-            n=undone,
+            reason=run.attention_reason,
         )
-    if run.status == S.FAILED:
-        if run.attention_reason:
-            return say(
-                _(
-                    "Nothing left to do: the run failed at %(when)s: %(reason)s. Start a new run "
-                    "if the work still needs doing."
-                ),
-                when=when,
-                reason=run.attention_reason,
-            )
+    return say(
+        _(
+            "Nothing left to do: the run failed at %(when)s. Start a new run if the work still "
+            "needs doing."
+        ),
+        when=when,
+    )
+
+
+def _ended_cancelled(ctx: RunContext, when: SafeString) -> SafeString:
+    """Who cancelled it, and what became of the side effects already done (they stay)."""
+    committed = _done_effects(ctx, SideEffect.Status.COMMITTED)
+    if not committed:
+        undone = say(_("Nothing had been done to other systems, so nothing was undone."))
+        return sentences(_who_cancelled(ctx, when), undone)
+    stays = ngettext(
+        "%(n)s side effect done before it stays done.",
+        "%(n)s side effects done before it stay done.",
+        committed,
+    )
+    return sentences(_who_cancelled(ctx, when), say(stays, n=committed))
+
+
+def _who_cancelled(ctx: RunContext, when: SafeString) -> SafeString:
+    """A person (a rejection or a cancel), or the API."""
+    ended = (DecisionVerb.REJECT, DecisionVerb.CANCEL)
+    ended_by = next((d for d in ctx.decisions if d.verb in ended), None)
+    if ended_by is None:
         return say(
-            _("Nothing left to do: the run failed at %(when)s. Start a new run if the work still "
-              "needs doing."),
+            _("Nothing left to do: the run was cancelled at %(when)s (%(reason)s)."),
             when=when,
-        )  # fmt: skip
-    # Cancelled: by a person (a rejection or a cancel) or through the API.
-    ended_by = next((d for d in ctx.decisions if d.verb in ("reject", "cancel")), None)
-    if ended_by is not None and ended_by.verb == "reject":
-        sentence = say(
+            reason=ctx.run.attention_reason or "—",
+        )
+    if ended_by.verb == DecisionVerb.REJECT:
+        return say(
             _("Nothing left to do: %(user)s rejected it at %(when)s, so the run was cancelled."),
             user=ended_by.user.get_username(),
             when=_when(ended_by.created_at),
         )
-    elif ended_by is not None:
-        sentence = say(
-            _("Nothing left to do: %(user)s cancelled the run at %(when)s (“%(reason)s”)."),
-            user=ended_by.user.get_username(),
-            when=_when(ended_by.created_at),
-            reason=ended_by.comment,
-        )
-    else:
-        sentence = say(
-            _("Nothing left to do: the run was cancelled at %(when)s (%(reason)s)."),
-            when=when,
-            reason=run.attention_reason or "—",
-        )
-    if committed:
-        return sentences(
-            sentence,
-            say(
-                ngettext(
-                    "%(n)s side effect done before it stays done.",
-                    "%(n)s side effects done before it stay done.",
-                    committed,
-                ),
-                n=committed,
-            ),
-        )
-    return sentences(
-        sentence, say(_("Nothing had been done to other systems, so nothing was undone."))
+    return say(
+        _("Nothing left to do: %(user)s cancelled the run at %(when)s (“%(reason)s”)."),
+        user=ended_by.user.get_username(),
+        when=_when(ended_by.created_at),
+        reason=ended_by.comment,
     )
 
 

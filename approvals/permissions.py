@@ -1,4 +1,5 @@
-"""Who may act on a run: one rule for the console and the HTTP API.
+"""Who may do what: the console roles, what each console page needs, and who may act on a run
+(one rule for the console and the HTTP API).
 
 The console uses `may_act` to decide which actions to offer; every action in
 approvals/actions.py calls `check_may_act` again under the run's row lock, so the console, the
@@ -6,12 +7,29 @@ API and anything else that calls an action get exactly the same answer, also whe
 lands between loading a page and pressing its button.
 
 Roles are Django groups (created by approvals/migrations/0002): `support` and `admin` act on
-runs, `auditor` only reads; a superuser counts as an admin.
+runs, `auditor` only reads; a superuser counts as an admin. Console pages say what they need with
+`require_role(READ | ACT | AUDIT | ADMINISTER)`, and templates ask the same predicates (the
+`can_audit` and `is_console_admin` filters in approvals/templatetags/console.py).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils.functional import Promise
+from django.utils.translation import gettext_lazy
+from django_htmx.http import reswap, retarget
+
 from runs.models import Run
+
+logger = logging.getLogger("taskpilots.console")
 
 SUPPORT, AUDITOR, ADMIN = "support", "auditor", "admin"
 
@@ -52,8 +70,73 @@ def can_act(user) -> bool:
     return bool(roles_of(user) & {SUPPORT, ADMIN})
 
 
+def can_audit(user) -> bool:
+    return bool(roles_of(user) & {AUDITOR, ADMIN})
+
+
 def is_admin(user) -> bool:
     return ADMIN in roles_of(user)
+
+
+# --------------------------------------------------------------------------------------------
+# Console pages: what each needs of its user, and what it tells one who lacks it.
+
+NO_ROLE = gettext_lazy("You have no console role; ask an admin for access.")
+ONLY_ADMINS = gettext_lazy("Only admins may change escalation rules.")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    allows: Callable[[Any], bool]
+    # Told to a user with another console role, and to one with none.
+    refusal: Promise
+    refusal_without_role: Promise = NO_ROLE
+
+    def refusal_for(self, user) -> str:
+        """Why `user` may not open the page; "" when they may."""
+        if self.allows(user):
+            return ""
+        return str(self.refusal if can_read(user) else self.refusal_without_role)
+
+
+READ = Requirement(can_read, NO_ROLE)
+ACT = Requirement(can_act, gettext_lazy("Your role may not act on runs."))
+AUDIT = Requirement(can_audit, gettext_lazy("The audit pages are for auditors and admins."))
+ADMINISTER = Requirement(is_admin, ONLY_ADMINS, refusal_without_role=ONLY_ADMINS)
+
+
+def forbidden(request: HttpRequest, why: str) -> HttpResponse:
+    """The 403 page, or for htmx the refusal in the flash area; logged either way."""
+    logger.warning(
+        "console permission denied: user=%s method=%s path=%s why=%s",
+        request.user.get_username() or "-",
+        request.method,
+        request.path,
+        why,
+    )
+    if not request.htmx:
+        return render(request, "403.html", {"why": why}, status=403)
+    response = render(request, "console/flash.html", {"error": why}, status=403)
+    retarget(response, "#flash")
+    reswap(response, "innerHTML")
+    return response
+
+
+def require_role(requirement: Requirement):
+    """Login required, then what `requirement` asks of the user's console roles."""
+
+    def decorator(view):
+        @wraps(view)
+        @login_required
+        def wrapper(request, *args, **kwargs):
+            why = requirement.refusal_for(request.user)
+            if why:
+                return forbidden(request, why)
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
 
 
 def check_may_act(run: Run, user, action: str) -> None:

@@ -7,10 +7,8 @@ Admins only (others get a 403); thin views over approvals/rules.py and approvals
 from __future__ import annotations
 
 import logging
-from functools import wraps
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
@@ -18,22 +16,15 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from approvals import console, notifications, rules
+from approvals import notifications, rules
 from approvals.models import EscalationRule, NotificationChannel, NotificationDelivery
-from approvals.views import _forbidden
+from approvals.permissions import ADMINISTER, require_role
 
 logger = logging.getLogger("taskpilots.console")
 
 
-def admin_view(view):
-    @wraps(view)
-    @login_required
-    def wrapper(request, *args, **kwargs):
-        if not console.is_admin(request.user):
-            return _forbidden(request, _("Only admins may change escalation rules."))
-        return view(request, *args, **kwargs)
-
-    return wrapper
+# Login required, then the admin role.
+admin_view = require_role(ADMINISTER)
 
 
 # --------------------------------------------------------------------------------------------
@@ -43,8 +34,10 @@ def admin_view(view):
 def _tester(request: HttpRequest) -> dict:
     form = rules.TesterForm(request.GET or None, failures=rules.recent_failures())
     query = form.query() if form.is_bound else None
-    return {"tester": form, "verdict": rules.which_rule(**query) if query else None,
-            "query": query, "tested": rules.tested(query) if query else []}  # fmt: skip
+    if not query:
+        return {"tester": form, "verdict": None, "query": query, "tested": []}
+    verdict = rules.which_rule(**query)
+    return {"tester": form, "verdict": verdict, "query": query, "tested": rules.tested(query)}
 
 
 @require_GET
@@ -63,9 +56,14 @@ def _form_page(request, form: rules.RuleForm, *, status: int = 200, error: str =
     versions = (
         list(rule.versions.select_related("changed_by").order_by("-version")[:50]) if rule else []
     )
-    context = {"form": form, "rule": rule, "versions": versions, "error": error,
-               "known_tools": sorted(rules.known_tools()),
-               "known_workflows": sorted(rules.known_workflows())}  # fmt: skip
+    context = {
+        "form": form,
+        "rule": rule,
+        "versions": versions,
+        "error": error,
+        "known_tools": sorted(rules.known_tools()),
+        "known_workflows": sorted(rules.known_workflows()),
+    }
     return render(request, "console/rules_form.html", context, status=status)
 
 

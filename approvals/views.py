@@ -10,11 +10,9 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
@@ -25,7 +23,6 @@ from django.utils.html import escape
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import reswap, retarget
 
 from approvals import actions, console, untrusted
 from approvals.forms import (
@@ -41,47 +38,16 @@ from approvals.forms import (
     StepForm,
 )
 from approvals.models import ApprovalRequest
+from approvals.permissions import ACT, READ, forbidden, may_act, require_role
 from runs.models import Run, Snapshot, Step, TimelineEvent, TransitionError
 
 logger = logging.getLogger("taskpilots.console")
 
 
-def _forbidden(request: HttpRequest, why: str) -> HttpResponse:
-    logger.warning(
-        "console permission denied: user=%s method=%s path=%s why=%s",
-        request.user.get_username() or "-",
-        request.method,
-        request.path,
-        why,
-    )
-    response = render(request, "403.html", {"why": why}, status=403)
-    if request.htmx:
-        response = render(request, "console/flash.html", {"error": why}, status=403)
-        retarget(response, "#flash")
-        reswap(response, "innerHTML")
-    return response
-
-
 def console_view(*, act: bool = False):
-    """Login required, then a console role: any role to read, support or admin to act."""
-
-    def decorator(view):
-        @wraps(view)
-        @login_required
-        def wrapper(request, *args, **kwargs):
-            allowed = console.can_act(request.user) if act else console.can_read(request.user)
-            if not allowed:
-                return _forbidden(
-                    request,
-                    _("Your role may not act on runs.")
-                    if act and console.can_read(request.user)
-                    else _("You have no console role; ask an admin for access."),
-                )
-            return view(request, *args, **kwargs)
-
-        return wrapper
-
-    return decorator
+    """Login required, then a console role: any role to read, support or admin to act
+    (approvals/permissions.py says who may; approvals/metrics_views.py uses this too)."""
+    return require_role(ACT if act else READ)
 
 
 def _page(request: HttpRequest, queryset, size: int = console.PAGE_SIZE):
@@ -180,7 +146,6 @@ def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, A
         "tab": tab,
         "now": timezone.now(),
         "live": run.status in Run.RUNNABLE,
-        "is_admin": console.is_admin(request.user),
     }
     if tab == "rehydration":
         document = run.rehydration()
@@ -254,61 +219,49 @@ def _step_of(run: Run, data: dict) -> Step:
     return get_object_or_404(Step, pk=data["step"], run=run)
 
 
+def _as_seen(data: dict) -> dict:
+    """What every action form carries: the person's comment and the run version they acted on."""
+    return {"comment": data["comment"], "expected_version": data["expected_version"]}
+
+
 def _approve(run, user, data, request):
-    actions.decide_approval(
-        _approval_of(run, data).pk, user, "approved",
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.decide_approval(_approval_of(run, data).pk, user, "approved", **_as_seen(data))
     return _("Approved.")
 
 
 def _approve_edits(run, user, data, request):
-    approval_id = data.get("approval")
-    if not approval_id:
+    if not data.get("approval"):
         raise actions.ActionRefused(_("There is no approval to decide."))
+    approval = _approval_of(run, data)
     actions.decide_approval(
-        _approval_of(run, data).pk, user, "approved_with_edits", edited_params=data["params"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+        approval.pk, user, "approved_with_edits", edited_params=data["params"], **_as_seen(data)
+    )
     return _("Approved with your edits: the call uses your parameters.")
 
 
 def _reject(run, user, data, request):
-    actions.decide_approval(
-        _approval_of(run, data).pk, user, "rejected",
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.decide_approval(_approval_of(run, data).pk, user, "rejected", **_as_seen(data))
     return _("Rejected.")
 
 
 def _confirm_happened(run, user, data, request):
-    actions.confirm_outcome(
-        _step_of(run, data).pk, user, happened=True, proof=data["proof"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    step = _step_of(run, data)
+    actions.confirm_outcome(step.pk, user, happened=True, proof=data["proof"], **_as_seen(data))
     return _("Recorded as done, with your reference as proof.")
 
 
 def _confirm_not_happened(run, user, data, request):
-    actions.confirm_outcome(
-        _step_of(run, data).pk, user, happened=False,
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.confirm_outcome(_step_of(run, data).pk, user, happened=False, **_as_seen(data))
     return _("Recorded as not done: the step will be sent again with the same idempotency key.")
 
 
 def _retry(run, user, data, request):
-    actions.retry_step(
-        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
-    )
+    actions.retry_step(run.pk, user, **_as_seen(data))
     return _("The step will be tried again.")
 
 
 def _retry_edits(run, user, data, request):
-    actions.retry_with_edits(
-        run.pk, user, data["params"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.retry_with_edits(run.pk, user, data["params"], **_as_seen(data))
     return _("The step will be tried again with your parameters.")
 
 
@@ -320,24 +273,17 @@ def _skip(run, user, data, request):
 
 
 def _complete(run, user, data, request):
-    actions.complete_by_hand(
-        run.pk, user, result=data["result"],
-        comment=data["comment"], expected_version=data["expected_version"],
-    )  # fmt: skip
+    actions.complete_by_hand(run.pk, user, result=data["result"], **_as_seen(data))
     return _("Step marked done by hand.")
 
 
 def _take_over(run, user, data, request):
-    actions.take_over(
-        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
-    )
+    actions.take_over(run.pk, user, **_as_seen(data))
     return _("You have taken this run over. Automation will not touch it until you release it.")
 
 
 def _release(run, user, data, request):
-    actions.release(
-        run.pk, user, comment=data["comment"], expected_version=data["expected_version"]
-    )
+    actions.release(run.pk, user, **_as_seen(data))
     return _("Released.")
 
 
@@ -380,9 +326,9 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
     if spec is None:
         raise Http404("unknown action")
     run = _get_run(run_id)
-    if not console.may_act_on(request.user, run):
+    if not may_act(request.user, run):
         owner = run.owner.get_username() if run.owner else "?"
-        return _forbidden(
+        return forbidden(
             request,
             _("%(owner)s has taken this run over; only they or an admin can act on it.")
             % {"owner": owner},
@@ -400,7 +346,7 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
         return _answer(request, run, status=422, error=str(exc), bound={action: form})
     except actions.ActionForbidden as exc:
         # The run was taken over between loading the page and pressing the button.
-        return _forbidden(request, str(exc))
+        return forbidden(request, str(exc))
     logger.info("console action %s on run %s by %s", action, run.pk, request.user.get_username())
     run = _fresh(run)
     if spec.says_what_next:

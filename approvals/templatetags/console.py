@@ -1,5 +1,6 @@
 """Template helpers for the console: translated labels, bounded JSON, SLA wording, untrusted
-text (`|untrusted`, `|untrusted_plain`) and timestamps (`|when`)."""
+text (`|untrusted`, `|untrusted_plain`), timestamps (`|when`) and the roles that decide which
+entries the navigation shows (`|can_audit`, `|is_console_admin`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-from approvals import console, viewer_time
+from approvals import console, permissions, viewer_time
 from approvals import untrusted as untrusted_module
 
 register = template.Library()
@@ -20,6 +21,7 @@ _LABELS = {
     "reason": console.REASON_LABELS,
     "kind": console.STEP_KIND_LABELS,
     "verb": console.VERB_LABELS,
+    "decision": console.DECISION_LABELS,
     "risk": console.RISK_LABELS,
     "failure_class": console.FAILURE_CLASS_LABELS,
 }
@@ -28,6 +30,16 @@ _LABELS = {
 @register.filter
 def label(value: str, kind: str) -> str:
     return console.label(_LABELS[kind], value or "")
+
+
+@register.filter
+def can_audit(user) -> bool:
+    return permissions.can_audit(user)
+
+
+@register.filter
+def is_console_admin(user) -> bool:
+    return permissions.is_admin(user)
 
 
 @register.filter

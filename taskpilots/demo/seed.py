@@ -19,6 +19,7 @@ from runs import engine
 from runs.models import Run, Wait
 from taskpilots.sandbox.client import SandboxClient
 
+Say = Callable[[str], None]
 PREFIX = "demo-"
 CUSTOMERS = ["ann", "bo", "chen", "dara", "eli", "fay", "gus", "hana", "ivo", "jun"]
 MESSAGES = [
@@ -58,7 +59,7 @@ def _reply(n: int, **extra) -> dict:
     }
 
 
-def _wait(runs: list[Run], done: Callable[[Run], bool], say, what: str, timeout=90) -> None:
+def _wait(runs: list[Run], done: Callable[[Run], bool], say: Say, what: str, timeout=90) -> None:
     deadline = time.monotonic() + timeout
     ids = [r.pk for r in runs]
     while time.monotonic() < deadline:
@@ -74,10 +75,26 @@ def _at_rest(run: Run) -> bool:
     return run.status not in (Run.Status.PENDING, Run.Status.RUNNING)
 
 
-def seed(say: Callable[[str], None] = print) -> int:
+def _lead(email: str, name: str, company: str, employees: int) -> dict:
+    return {"email": email, "name": name, "company": company, "employees": employees}
+
+
+def seed(say: Say = print) -> int:
     if Run.objects.filter(business_key__startswith=PREFIX).exists():
         say("demo runs already present: nothing to seed")
         return 0
+    sandbox = _sandbox()
+    admin = get_user_model().objects.filter(username="admin").first()
+    settled = _seed_completed(say)
+    _seed_recoveries(sandbox, say)
+    _seed_paused(sandbox, say)
+    _settle_and_cancel(settled, admin, say)
+    _seed_outage(sandbox, say)
+    return _report(say)
+
+
+def _sandbox() -> SandboxClient:
+    """The simulated external systems, which the demo runs call: they must be up."""
     sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
     try:
         sandbox.health()
@@ -86,68 +103,54 @@ def seed(say: Callable[[str], None] = print) -> int:
             f"the simulated external systems do not answer at {sandbox.base_url} ({exc}); start "
             "them with `python manage.py sandbox` (make run does)"
         ) from None
-    admin = get_user_model().objects.filter(username="admin").first()
-    started: list[Run] = []
+    return sandbox
 
+
+def _seed_completed(say: Say) -> list[Run]:
+    """Runs that finish on their own; returns the small refunds, left waiting for settlement."""
     say("seeding completed runs (support replies, lead syncs, small refunds)")
-    for n in range(8):
-        started.append(_start("support.reply", f"reply-{n}", _reply(n)))
-    for n in range(4):
-        started.append(
-            _start(
-                "crm.lead_sync",
-                f"lead-{n}",
-                {
-                    "email": f"lead{n}@corp{n}.example",
-                    "name": f"Lead {n}",
-                    "company": ["Acme", "Globex", "Initech", "Umbrella"][n],
-                    "employees": [12, 900, 40, 5000][n],
-                },
-            )
-        )
+    started = [_start("support.reply", f"reply-{n}", _reply(n)) for n in range(8)]
+    companies = [("Acme", 12), ("Globex", 900), ("Initech", 40), ("Umbrella", 5000)]
+    for n, (company, employees) in enumerate(companies):
+        lead = _lead(f"lead{n}@corp{n}.example", f"Lead {n}", company, employees)
+        started.append(_start("crm.lead_sync", f"lead-{n}", lead))
     settled = [
         _start(
             "refund.approval",
             f"refund-small-{n}",
-            {"payment_id": f"pay_demo_{n}", "amount": [25.0, 60.0, 80.0][n]},
+            {"payment_id": f"pay_demo_{n}", "amount": amount},
         )
-        for n in range(3)
+        for n, amount in enumerate([25.0, 60.0, 80.0])
     ]
-    started += settled
-    _wait(started, _at_rest, say, "a resting state")
+    _wait(started + settled, _at_rest, say, "a resting state")
+    return settled
 
+
+UNTRUSTED_MESSAGE = (
+    'Refund please <script>alert("x")</script> <img src=x onerror=alert(1)> '
+    '<a href="javascript:alert(1)" hx-get="/console/">click</a>'
+)
+
+
+def _seed_recoveries(sandbox: SandboxClient, say: Say) -> None:
+    """Faults the engine recovers from by itself, and a message full of markup."""
     say("seeding recoveries: a flaky tag tool, a failing knowledge base, a half success")
     sandbox.inject("crm", "429", action="tag", count=2)
     sandbox.inject("kb", "503", action="search", count=2)
     sandbox.inject("mail", "commit_then_500", action="send", count=1)
+    flaky = _lead("flaky@corp.example", "Flaky Tag", "Hooli", 700)
     recovered = [
-        _start(
-            "crm.lead_sync",
-            "lead-flaky",
-            {
-                "email": "flaky@corp.example",
-                "name": "Flaky Tag",
-                "company": "Hooli",
-                "employees": 700,
-            },
-        ),
+        _start("crm.lead_sync", "lead-flaky", flaky),
         _start("support.reply", "reply-kb-down", _reply(20)),
         _start("support.reply", "reply-half-success", _reply(21)),
-        _start(
-            "support.reply",
-            "reply-untrusted",
-            _reply(
-                22,
-                message=(
-                    'Refund please <script>alert("x")</script> <img src=x onerror=alert(1)> '
-                    '<a href="javascript:alert(1)" hx-get="/console/">click</a>'
-                ),
-            ),
-        ),
+        _start("support.reply", "reply-untrusted", _reply(22, message=UNTRUSTED_MESSAGE)),
     ]
     _wait(recovered, _at_rest, say, "a resting state")
     sandbox.clear_faults()
 
+
+def _seed_paused(sandbox: SandboxClient, say: Say) -> None:
+    """Runs that wait for a person: approvals, an unknown outcome, invalid data, the agent."""
     say("seeding paused runs: approvals, an unknown outcome, invalid data")
     paused = [
         _start(
@@ -162,51 +165,41 @@ def seed(say: Callable[[str], None] = print) -> int:
         ),
     ]
     sandbox.inject("crm", "commit_then_500", action="create", count=1)
-    paused.append(
-        _start(
-            "crm.lead_sync",
-            "lead-unknown",
-            {
-                "email": "unknown@corp.example",
-                "name": "Quinn Unknown",
-                "company": "Stark",
-                "employees": 300,
-            },
-        )
-    )
+    unknown = _lead("unknown@corp.example", "Quinn Unknown", "Stark", 300)
+    paused.append(_start("crm.lead_sync", "lead-unknown", unknown))
     _wait(paused[-1:], _at_rest, say, "the unknown outcome")
     sandbox.clear_faults()
-    paused.append(
-        _start(
-            "crm.lead_sync",
-            "lead-invalid",
-            {
-                "email": "invalid@corp.example",
-                "name": "N" * 250,
-                "company": "Wayne",
-                "employees": 80,
-            },
-        )
-    )
+    invalid = _lead("invalid@corp.example", "N" * 250, "Wayne", 80)
+    paused.append(_start("crm.lead_sync", "lead-invalid", invalid))
+    agent = _start_agent(say)
+    if agent is not None:
+        paused.append(agent)
+    _wait(paused, _at_rest, say, "a person's queue")
+
+
+def _start_agent(say: Say) -> Run | None:
+    """The demo agent asks for a refund's approval (when its SDK is installed)."""
     try:
-        paused.append(
-            _start(
-                "demo.agent",
-                "agent-refund",
-                {
-                    "message": "My order arrived broken, please refund it.",
-                    "customer": "kim@example.com",
-                    "payment": "pay_demo_agent",
-                    "amount": 120.0,
-                    "ticket": "T-2001",
-                    "days_since_purchase": 10,
-                },
-            )
+        return _start(
+            "demo.agent",
+            "agent-refund",
+            {
+                "message": "My order arrived broken, please refund it.",
+                "customer": "kim@example.com",
+                "payment": "pay_demo_agent",
+                "amount": 120.0,
+                "ticket": "T-2001",
+                "days_since_purchase": 10,
+            },
         )
     except engine.StartError as exc:
         say(f"  the demo agent is not available: {exc}")
-    _wait(paused, _at_rest, say, "a person's queue")
+        return None
 
+
+def _settle_and_cancel(settled: list[Run], admin, say: Say) -> None:
+    """The first small refund's settlement arrives; an admin cancels the second (its refund is
+    voided)."""
     say("settling one refund, and cancelling another (its refund is voided)")
     first, second = settled[0], settled[1]
     for wait in Wait.objects.filter(run=first, kind="event", status="pending"):
@@ -224,6 +217,8 @@ def seed(say: Callable[[str], None] = print) -> int:
             say(f"  could not cancel {second.business_key}: {exc}")
     _wait([first, second], lambda r: r.is_terminal, say, "the end")
 
+
+def _seed_outage(sandbox: SandboxClient, say: Say) -> None:
     say(
         "seeding an outage: the ticket system is down for 20 minutes (the run waits, probes, "
         "then escalates)"
@@ -232,11 +227,12 @@ def seed(say: Callable[[str], None] = print) -> int:
     outage = _start("support.reply", "reply-outage", _reply(30))
     _wait([outage], lambda r: r.status == Run.Status.WAITING, say, "the outage wait")
 
-    total = Run.objects.filter(business_key__startswith=PREFIX).count()
+
+def _report(say: Say) -> int:
+    demo = Run.objects.filter(business_key__startswith=PREFIX)
+    total = demo.count()
     by_status: dict[str, int] = {}
-    for status in Run.objects.filter(business_key__startswith=PREFIX).values_list(
-        "status", flat=True
-    ):
+    for status in demo.values_list("status", flat=True):
         by_status[status] = by_status.get(status, 0) + 1
     say(f"demo data: {total} runs — " + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items())))
     return total

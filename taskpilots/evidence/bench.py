@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -158,16 +159,8 @@ def bench_engine(
     baseline = baseline_commits_per_s(workers)
     say(f"  {baseline:,.0f} commits/s")
 
-    pool = Workers(
-        extra_env={
-            "TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES,
-            "TASKPILOTS_INLINE_BUDGET_SECONDS": "30",
-        }
-    )
-    previous = (settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue)
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    celery_app.conf.task_default_queue = pool.queue
-    try:
+    env = {"TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES, "TASKPILOTS_INLINE_BUDGET_SECONDS": "30"}
+    with _worker_pool("none", env) as pool:
         say(f"starting {workers} Celery worker processes ({broker_name()})")
         for _ in range(workers):
             pool.start()
@@ -195,10 +188,6 @@ def bench_engine(
                 raise RuntimeError(f"only {done}/{runs} runs finished in 10 minutes")
         elapsed = time.perf_counter() - started
         commits = _commits() - before - polls - 1
-    finally:
-        pool.close()
-        pool.delete_queue()
-        settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue = previous
     steps = runs * 5
     durations = [
         (finished - begun).total_seconds() * 1000
@@ -310,117 +299,150 @@ def bench_snapshot(samples: int = 200, say: Say = print) -> dict:
 def bench_recovery(samples: int = 20, say: Say = print, lease_seconds: int = 3) -> dict:
     """Time from a worker SIGKILL to the run continuing on another worker (bounded by the lease
     and the sweep interval), and from an approval decision or event delivery to the next step."""
-    from django.contrib.auth import get_user_model
-    from django.contrib.auth.models import Group
-
-    from approvals import actions
-    from taskpilots.sandbox.client import SandboxClient
-
-    person, _ = get_user_model().objects.get_or_create(username="bench-operator")
-    # Human actions check the acting user's role like the console does.
-    person.groups.add(Group.objects.get_or_create(name="support")[0])
-    sandbox_process = _ensure_sandbox()
-    sandbox = SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
-    pool = Workers(
-        extra_env={
-            "TASKPILOTS_LEASE_SECONDS": str(lease_seconds),
-            "TASKPILOTS_TOOL_TIMEOUT_SECONDS": "5",
-        }
-    )
-    previous = (settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue)
-    settings.TASKPILOTS["DISPATCH"] = "celery"
-    celery_app.conf.task_default_queue = pool.queue
+    person = _bench_operator()
     tag = uuid.uuid4().hex[:6]
-
-    def first_at(run_id, verb, after=None, step=None):
-        events = TimelineEvent.objects.filter(run_id=run_id, verb=verb).order_by("seq")
-        for event in events:
-            if (after is None or event.at > after) and (
-                step is None or event.data.get("step") == step
-            ):
-                return event.at
-        return None
-
-    def wait(predicate, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.02)
-        raise RuntimeError("benchmark timed out")
-
-    kill, approve, event = [], [], []
-    try:
+    env = {"TASKPILOTS_LEASE_SECONDS": str(lease_seconds), "TASKPILOTS_TOOL_TIMEOUT_SECONDS": "5"}
+    with _sandbox() as sandbox, _worker_pool("celery", env) as pool:
         for _ in range(2):
             pool.start()
         say(f"approval → next step, {samples} runs")
-        for n in range(samples):
-            run, _ = engine.start_run(
-                "refund.approval",
-                {"payment_id": f"p{n}", "amount": 300},
-                business_key=f"rb-a-{tag}-{n}",
-            )
-            approval = wait(lambda r=run: r.approvals.filter(status="pending").first())
-            decided = timezone.now()
-            actions.decide_approval(approval.pk, person, "approved")
-            started = wait(
-                lambda r=run, d=decided: first_at(r.pk, Verb.STEP_STARTED, d, "issue_refund")
-            )
-            approve.append((started - decided).total_seconds() * 1000)
-            wait_row = wait(lambda r=run: r.waits.filter(kind="event", status="pending").first())
-            delivered = timezone.now()
-            engine.deliver_event(
-                f"rb-{tag}-{n}", wait_row.event_type, wait_row.correlation_key, {}, source="bench"
-            )
-            done = wait(lambda r=run, d=delivered: first_at(r.pk, Verb.RUN_SUCCEEDED, d))
-            event.append((done - delivered).total_seconds() * 1000)
+        approve, event = _approval_and_event_latencies(samples, tag, person)
+        kills = max(3, samples // 4)
         say(
-            f"worker SIGKILL → run continues elsewhere, {max(3, samples // 4)} runs "
+            f"worker SIGKILL → run continues elsewhere, {kills} runs "
             f"(lease {lease_seconds} s, sweeper every 1 s)"
         )
-        for n in range(max(3, samples // 4)):
-            sandbox.inject("mail", "latency", action="send", latency_ms=1500)
-            run, _ = engine.start_run(
-                "support.reply",
-                {"message": "refund", "email": f"k{n}@example.com", "ticket_id": f"T-{n}"},
-                business_key=f"rb-k-{tag}-{n}",
-            )
-            wait(lambda r=run: r.side_effects.filter(status="intended").exists())
-            killed = timezone.now()
-            for worker in pool.alive:
-                worker.kill()
-            pool.start()
-            pool.start()
-            while True:
-                engine.sweep()
-                resumed = first_at(run.pk, Verb.STEP_LEASE_RECLAIMED, killed)
-                if resumed:
-                    break
-                time.sleep(1.0)
-            kill.append((resumed - killed).total_seconds() * 1000)
-            wait(lambda r=run: Run.objects.get(pk=r.pk).status == "succeeded")
-    finally:
-        pool.close()
-        pool.delete_queue()
-        settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue = previous
-        if sandbox_process is not None:
-            sandbox_process.close()
-
-    def summary(values):
-        return {
-            "p50_ms": round(percentile(values, 50), 1),
-            "p95_ms": round(percentile(values, 95), 1),
-        }
-
+        kill = _kill_latencies(kills, tag, pool, sandbox)
     return {
         "benchmark": "recovery",
         "lease_seconds": lease_seconds,
         "broker": broker_name(),
-        "kill_to_resume": summary(kill),
-        "approval_to_next_step": summary(approve),
-        "event_to_next_step": summary(event),
+        "kill_to_resume": _latency_summary(kill),
+        "approval_to_next_step": _latency_summary(approve),
+        "event_to_next_step": _latency_summary(event),
     }
+
+
+def _bench_operator():
+    """The person who approves (human actions check the acting user's role like the console)."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+
+    person, _ = get_user_model().objects.get_or_create(username="bench-operator")
+    person.groups.add(Group.objects.get_or_create(name="support")[0])
+    return person
+
+
+def _approval_and_event_latencies(samples: int, tag: str, person) -> tuple[list, list]:
+    """Per refund run: from the approval to the refund step starting, and from the settlement
+    event's delivery to the run's success (ms)."""
+    from approvals import actions
+
+    approve, event = [], []
+    for n in range(samples):
+        run, _ = engine.start_run(
+            "refund.approval",
+            {"payment_id": f"p{n}", "amount": 300},
+            business_key=f"rb-a-{tag}-{n}",
+        )
+        approval = _wait_until(lambda r=run: r.approvals.filter(status="pending").first())
+        decided = timezone.now()
+        actions.decide_approval(approval.pk, person, "approved")
+        started = _wait_until(
+            lambda r=run, d=decided: _first_at(r.pk, Verb.STEP_STARTED, d, "issue_refund")
+        )
+        approve.append((started - decided).total_seconds() * 1000)
+        wait_row = _wait_until(lambda r=run: r.waits.filter(kind="event", status="pending").first())
+        delivered = timezone.now()
+        engine.deliver_event(
+            f"rb-{tag}-{n}", wait_row.event_type, wait_row.correlation_key, {}, source="bench"
+        )
+        done = _wait_until(lambda r=run, d=delivered: _first_at(r.pk, Verb.RUN_SUCCEEDED, d))
+        event.append((done - delivered).total_seconds() * 1000)
+    return approve, event
+
+
+def _kill_latencies(runs: int, tag: str, pool: Workers, sandbox) -> list[float]:
+    """Per run: every worker killed mid-call, two fresh ones started; from the kill until the
+    sweeper hands the step to another worker (ms)."""
+    kill = []
+    for n in range(runs):
+        sandbox.inject("mail", "latency", action="send", latency_ms=1500)
+        run, _ = engine.start_run(
+            "support.reply",
+            {"message": "refund", "email": f"k{n}@example.com", "ticket_id": f"T-{n}"},
+            business_key=f"rb-k-{tag}-{n}",
+        )
+        _wait_until(lambda r=run: r.side_effects.filter(status="intended").exists())
+        killed = timezone.now()
+        for worker in pool.alive:
+            worker.kill()
+        pool.start()
+        pool.start()
+        while True:
+            engine.sweep()
+            resumed = _first_at(run.pk, Verb.STEP_LEASE_RECLAIMED, killed)
+            if resumed:
+                break
+            time.sleep(1.0)
+        kill.append((resumed - killed).total_seconds() * 1000)
+        _wait_until(lambda r=run: Run.objects.get(pk=r.pk).status == "succeeded")
+    return kill
+
+
+def _first_at(run_id, verb, after=None, step=None):
+    """When the run's first `verb` event (after `after`, about `step`) happened, or None."""
+    events = TimelineEvent.objects.filter(run_id=run_id, verb=verb).order_by("seq")
+    for event in events:
+        if (after is None or event.at > after) and (step is None or event.data.get("step") == step):
+            return event.at
+    return None
+
+
+def _wait_until(predicate, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise RuntimeError("benchmark timed out")
+
+
+def _latency_summary(values: list[float]) -> dict:
+    return {
+        "p50_ms": round(percentile(values, 50), 1),
+        "p95_ms": round(percentile(values, 95), 1),
+    }
+
+
+@contextmanager
+def _worker_pool(dispatch: str, extra_env: dict[str, str]):
+    """Celery workers on a queue of their own, started by the caller; while it lasts, this
+    process sends its work there the way `dispatch` says."""
+    pool = Workers(extra_env=extra_env)
+    previous = (settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue)
+    settings.TASKPILOTS["DISPATCH"] = dispatch
+    celery_app.conf.task_default_queue = pool.queue
+    try:
+        yield pool
+    finally:
+        pool.close()
+        pool.delete_queue()
+        settings.TASKPILOTS["DISPATCH"], celery_app.conf.task_default_queue = previous
+
+
+@contextmanager
+def _sandbox():
+    """A client of the simulated systems, started for the benchmark when none is running."""
+    from taskpilots.sandbox.client import SandboxClient
+
+    sandbox_process = _ensure_sandbox()
+    try:
+        yield SandboxClient(settings.TASKPILOTS["SANDBOX_URL"], timeout=5)
+    finally:
+        if sandbox_process is not None:
+            sandbox_process.close()
 
 
 def _ensure_sandbox():

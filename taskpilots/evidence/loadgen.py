@@ -60,6 +60,8 @@ SCENARIOS = [
     ("resent", 1),
     ("in_flight", 1),
 ]
+# The scenarios whose trouble starts with transient failures the engine retries.
+RETRIED = ("transient", "failed", "escalated_taken_over", "needs_human")
 
 
 @dataclass
@@ -134,18 +136,40 @@ def _build_run_as(
     tl = Timeline(created, rng)
     tl.add(Verb.RUN_STARTED, {"from": "pending", "to": "running"})
     steps = WORKFLOWS[workflow]
+    story = _RunStory(batch, rng, now, run, tl, user=rng.choice(users), stop_at=len(steps))
     # Which step the scenario's trouble lands on: the first side effect.
     trouble = next(i for i, (_, kind, _) in enumerate(steps) if kind == "side_effect")
-    failures = 0
-    escalated = 0
-    status = "succeeded"
-    stop_at = len(steps)
-    user = rng.choice(users)
-    actor = f"user:{user.get_username()}"
-    run_ref = len(batch.runs)
     for position, (name, kind, tool) in enumerate(steps):
-        if position >= stop_at:
+        if position >= story.stop_at:
             break
+        story.write_step(position, name, kind, tool, scenario if position == trouble else None)
+    story.finish([name for name, _, _ in steps])
+
+
+class _RunStory:
+    """One run as it is written: its steps one by one (with the scenario's trouble on the step
+    it lands on), its timeline's clock, and how it stands when the story stops."""
+
+    def __init__(self, batch: Batch, rng, now, run: RunModel, tl: Timeline, *, user, stop_at):
+        self.batch, self.rng, self.now, self.run, self.tl = batch, rng, now, run, tl
+        self.user, self.actor = user, f"user:{user.get_username()}"
+        self.run_ref = len(batch.runs)
+        self.failures = self.escalated = 0
+        self.status, self.stop_at = "succeeded", stop_at
+
+    def stop(self, status: str, step: Step) -> None:
+        """The run stays `status` and its story ends with this step."""
+        self.status, self.stop_at = status, step.position + 1
+
+    def decide(self, step_ref: int | None, verb: str, **fields) -> None:
+        decision = HumanDecision(run=self.run, verb=verb, user=self.user, **fields)
+        self.batch.decisions.append((step_ref, decision))
+
+    def write_step(
+        self, position: int, name: str, kind: str, tool: str, trouble: str | None
+    ) -> None:
+        """Started; the trouble, if it lands here; what the step's kind writes; done."""
+        tl = self.tl
         step = Step(
             name=name,
             iteration=0,
@@ -158,163 +182,237 @@ def _build_run_as(
             created_at=tl.at,
             started_at=tl.at,
         )
-        step_ref = len(batch.steps)
-        batch.steps.append((run_ref, step))
+        step_ref = len(self.batch.steps)
+        self.batch.steps.append((self.run_ref, step))
         tl.add(Verb.STEP_STARTED, {"step": name, "iteration": 0, "kind": kind, "attempt": 1})
-        here = position == trouble
-        if here and scenario == "in_flight":
-            step.status = "running"
-            step.lease_owner = "loadgen"
-            step.lease_expires_at = now + timedelta(seconds=60)
-            status, stop_at = "running", position + 1
-            continue
-        if here and scenario in ("transient", "failed", "escalated_taken_over", "needs_human"):
-            tries = rng.randint(1, 3) if scenario == "transient" else 3
-            for attempt in range(tries):
-                _fail(tl, name, Verb.STEP_RETRY_SCHEDULED, "transient", attempt=attempt + 1)
-                step.attempts += 1
-                failures += 1
-                tl.add(Verb.STEP_STARTED, {"step": name, "iteration": 0, "attempt": step.attempts},
-                       after=2 ** attempt)  # fmt: skip
-            if scenario != "transient":
-                step.attempts -= 1  # the last start above is the failing final attempt
-                _fail(tl, name, Verb.STEP_ESCALATED, "transient")
-                failures += 1
-                escalated = 1
-                tl.add(Verb.RUN_NEEDS_HUMAN, {"from": "running", "to": "needs_human"})
-                if scenario == "needs_human":
-                    step.status, step.error_class = "needs_human", "transient"
-                    status, stop_at = "needs_human", position + 1
-                    run.queue, run.attention_reason = "ops", "Gave up after 3 attempts"
-                    continue
-                if scenario == "failed":
-                    tl.add(Verb.RUN_FAILED, {"from": "needs_human", "to": "failed"}, after=600)
-                    step.status, step.error_class = "failed", "transient"
-                    step.finished_at = tl.at
-                    status, stop_at = "failed", position + 1
-                    cancel = HumanDecision(run=run, verb="cancel", user=user)
-                    batch.decisions.append((step_ref, cancel))
-                    continue
-                # escalated, then taken over and retried by a person
-                taken = tl.add(Verb.RUN_TAKEN_OVER, {"from": "needs_human", "to": "taken_over"},
-                               after=rng.uniform(60, 3600), actor=actor)  # fmt: skip
-                batch.takeovers.append((run_ref, Takeover(run=run, user=user, started_at=taken)))
-                batch.decisions.append((None, HumanDecision(run=run, verb="take_over", user=user,
-                                                            created_at=taken)))  # fmt: skip
-                if rng.random() < 0.2:  # released, then someone had to come back
-                    released = tl.add(Verb.RUN_RELEASED, {}, after=300, actor=actor)
-                    batch.takeovers[-1][1].ended_at = released
-                    batch.decisions.append((None, HumanDecision(run=run, verb="release", user=user,
-                                                                created_at=released)))  # fmt: skip
-                    again = tl.add(Verb.RUN_TAKEN_OVER, {}, after=900, actor=actor)
-                    second = Takeover(run=run, user=user, started_at=again)
-                    batch.takeovers.append((run_ref, second))
-                retried = tl.add(Verb.STEP_RETRY_REQUESTED, {"step": name}, after=120, actor=actor)
-                batch.decisions.append((step_ref, HumanDecision(run=run, verb="retry", user=user,
-                                                                created_at=retried)))  # fmt: skip
-                batch.takeovers[-1][1].ended_at = retried
-                step.attempts += 1
-        if here and scenario == "outage":
-            tries = rng.randint(1, 4)
-            wait = Wait(kind="tool_recovery", event_type=tool, status="resolved",
-                        created_at=tl.at)  # fmt: skip
-            for _ in range(tries):
-                _fail(tl, name, Verb.STEP_WAITING_FOR_TOOL, "outage", after=0.5)
-                step.attempts += 1
-                failures += 1
-                tl.add(Verb.STEP_STARTED, {"step": name, "iteration": 0}, after=30)
-            wait.resolved_at, wait.due_at = tl.at, tl.at + timedelta(seconds=600)
-            batch.waits.append((step_ref, wait))
+        if trouble == "in_flight":
+            self.leave_in_flight(step)
+            return
+        if trouble in RETRIED and self.retry(step, step_ref, trouble):
+            return
+        if trouble == "outage":
+            self.wait_out_outage(step, step_ref)
         if kind == "approval":
-            asked = tl.add(Verb.APPROVAL_REQUESTED, {"step": name})
-            decided = tl.add(Verb.STEP_SUCCEEDED, {"step": name, "iteration": 0},
-                             after=rng.uniform(120, 4 * 3600), actor=actor)  # fmt: skip
-            batch.waits.append((step_ref, Wait(kind="approval", status="resolved",
-                                               created_at=asked, resolved_at=decided)))  # fmt: skip
-            approval = ApprovalRequest(
-                reason="Refund above the approval threshold", queue="support",
-                tool="payments.refund", proposed_params={"amount": 240}, status="decided",
-                decision="approved", decided_by=user, decided_at=decided, created_at=asked,
-            )  # fmt: skip
-            batch.approvals.append((step_ref, approval, HumanDecision(
-                run=run, verb="approve", user=user, created_at=decided)))  # fmt: skip
+            self.ask_approval(step, step_ref)
         if kind == "wait_event":
-            created_wait = tl.at
-            expired = rng.random() < 0.03
-            wait = Wait(kind="event", event_type="payment.settled", correlation_key=f"c{step_ref}",
-                        created_at=created_wait)  # fmt: skip
-            if expired:
-                wait.status, wait.resolved_at = "expired", tl.add(
-                    Verb.STEP_FAILED, {"step": name, "routing": {"failure_class": "timeout"}},
-                    after=3600)  # fmt: skip
-                step.status, step.error_class = "failed", "timeout"
-                status, stop_at = "failed", position + 1
-            else:
-                wait.status = "resolved"
-                wait.resolved_at = tl.add(Verb.WAIT_RESOLVED, {"kind": "event"},
-                                          after=rng.uniform(5, 900))  # fmt: skip
-            batch.waits.append((step_ref, wait))
+            self.await_event(step, step_ref)
         if kind == "side_effect":
-            key = f"tp-{run.id}-{name}"
-            step.idempotency_key = key
-            snap_at = tl.add(Verb.SNAPSHOT_WRITTEN, {"step": name, "key": key, "tool": tool})
-            missing = ["session_context_ref"] if rng.random() < 0.08 else []
-            snapshot = Snapshot(
-                attempt=step.attempts, workflow_version=1, stage=name, tool=tool,
-                params={"to": "customer@example.com", "ref": name}, target_resource=f"{tool}:x",
-                permissions={"actor": "agent:loadgen", "scopes": run.scopes},
-                idempotency_key=key, missing_fields=missing, created_at=snap_at,
-            )  # fmt: skip
-            snap_ref = len(batch.snapshots)
-            batch.snapshots.append((step_ref, snapshot))
-            effect = SideEffect(
-                idempotency_key=key, tool=tool, target=f"{tool}:x",
-                params_checksum=digest(snapshot.params), status="committed",
-                confirmed_by="tool", created_at=snap_at, attempted_at=snap_at,
-            )  # fmt: skip
-            tl.add(Verb.SIDE_EFFECT_INTENDED, {"step": name, "key": key, "tool": tool})
-            if here and scenario == "unknown_confirmed":
-                tl.add(Verb.SIDE_EFFECT_UNKNOWN, {"key": key, "tool": tool}, after=10)
-                _fail(tl, name, Verb.STEP_UNKNOWN_OUTCOME, "unknown_outcome")
-                failures += 1
-                tl.add(Verb.RUN_NEEDS_HUMAN, {"from": "running", "to": "needs_human"})
-                confirmed = tl.add(Verb.SIDE_EFFECT_COMMITTED, {"key": key, "confirmed_by": actor},
-                                   after=rng.uniform(120, 7200), actor=actor)  # fmt: skip
-                effect.confirmed_by, effect.committed_at = actor, confirmed
-                batch.decisions.append((step_ref, HumanDecision(
-                    run=run, verb="confirm_happened", user=user, created_at=confirmed,
-                    proof="msg-123")))  # fmt: skip
-            elif here and scenario == "resent":
-                tl.add(Verb.SIDE_EFFECT_UNKNOWN, {"key": key, "tool": tool}, after=10)
-                tl.add(Verb.SIDE_EFFECT_NOT_COMMITTED, {"key": key, "confirmed_by": "reconcile"})
-                tl.add(Verb.SIDE_EFFECT_INTENDED, {"key": key, "step": name})
-                step.attempts += 1
-                # The resend was right most of the time; sometimes the first attempt had landed
-                # and a later lookup by key finds it (a wrong retry).
-                confirmed_by = "reconcile" if rng.random() < 0.3 else "tool"
-                effect.committed_at = tl.add(
-                    Verb.SIDE_EFFECT_COMMITTED, {"key": key, "confirmed_by": confirmed_by}, after=20
-                )
-                effect.confirmed_by = confirmed_by
-            else:
-                effect.committed_at = tl.add(
-                    Verb.SIDE_EFFECT_COMMITTED, {"key": key, "confirmed_by": "tool"},
-                    after=rng.uniform(0.05, 0.8))  # fmt: skip
-            effect.updated_at = effect.committed_at
-            batch.effects.append((step_ref, snap_ref, effect))
+            self.side_effect(step, step_ref, trouble)
         if step.status == "succeeded":
             step.finished_at = tl.add(Verb.STEP_SUCCEEDED, {"step": name, "iteration": 0})
-    if status == "succeeded":
-        tl.add(Verb.RUN_SUCCEEDED, {"from": "running", "to": "succeeded"})
-        run.finished_at = tl.at
-    elif status == "failed":
-        run.finished_at = tl.at
-    run.status = status
-    run.stage = steps[min(stop_at, len(steps)) - 1][0]
-    run.failure_count, run.escalation_level = failures, escalated
-    run.updated_at = tl.at
-    batch.runs.append(run)
-    batch.events.append(tl.items)
+
+    def leave_in_flight(self, step: Step) -> None:
+        """A worker holds the step right now."""
+        step.status = "running"
+        step.lease_owner = "loadgen"
+        step.lease_expires_at = self.now + timedelta(seconds=60)
+        self.stop("running", step)
+
+    def retry(self, step: Step, step_ref: int, scenario: str) -> bool:
+        """Transient failures retried with backoff; in all but the transient scenario the last
+        attempt fails too and the step is escalated. True when the story stops here."""
+        tl, name = self.tl, step.name
+        tries = self.rng.randint(1, 3) if scenario == "transient" else 3
+        for attempt in range(tries):
+            _fail(tl, name, Verb.STEP_RETRY_SCHEDULED, "transient", attempt=attempt + 1)
+            step.attempts += 1
+            self.failures += 1
+            started = {"step": name, "iteration": 0, "attempt": step.attempts}
+            tl.add(Verb.STEP_STARTED, started, after=2**attempt)
+        if scenario == "transient":
+            return False
+        step.attempts -= 1  # the last start above is the failing final attempt
+        _fail(tl, name, Verb.STEP_ESCALATED, "transient")
+        self.failures += 1
+        self.escalated = 1
+        tl.add(Verb.RUN_NEEDS_HUMAN, {"from": "running", "to": "needs_human"})
+        if scenario == "needs_human":
+            self.park_for_a_person(step)
+            return True
+        if scenario == "failed":
+            self.fail_run(step, step_ref)
+            return True
+        self.take_over_and_retry(step, step_ref)
+        return False
+
+    def park_for_a_person(self, step: Step) -> None:
+        step.status, step.error_class = "needs_human", "transient"
+        self.stop("needs_human", step)
+        self.run.queue, self.run.attention_reason = "ops", "Gave up after 3 attempts"
+
+    def fail_run(self, step: Step, step_ref: int) -> None:
+        """Nobody could save it: a person cancels, the run fails."""
+        self.tl.add(Verb.RUN_FAILED, {"from": "needs_human", "to": "failed"}, after=600)
+        step.status, step.error_class = "failed", "transient"
+        step.finished_at = self.tl.at
+        self.stop("failed", step)
+        self.decide(step_ref, "cancel")
+
+    def take_over_and_retry(self, step: Step, step_ref: int) -> None:
+        """A person takes the run over (sometimes releases it and comes back), then retries."""
+        tl, rng, actor = self.tl, self.rng, self.actor
+        takeovers = self.batch.takeovers
+        to_person = {"from": "needs_human", "to": "taken_over"}
+        taken = tl.add(Verb.RUN_TAKEN_OVER, to_person, after=rng.uniform(60, 3600), actor=actor)
+        takeovers.append((self.run_ref, Takeover(run=self.run, user=self.user, started_at=taken)))
+        self.decide(None, "take_over", created_at=taken)
+        if rng.random() < 0.2:  # released, then someone had to come back
+            released = tl.add(Verb.RUN_RELEASED, {}, after=300, actor=actor)
+            takeovers[-1][1].ended_at = released
+            self.decide(None, "release", created_at=released)
+            again = tl.add(Verb.RUN_TAKEN_OVER, {}, after=900, actor=actor)
+            second = Takeover(run=self.run, user=self.user, started_at=again)
+            takeovers.append((self.run_ref, second))
+        retried = tl.add(Verb.STEP_RETRY_REQUESTED, {"step": step.name}, after=120, actor=actor)
+        self.decide(step_ref, "retry", created_at=retried)
+        takeovers[-1][1].ended_at = retried
+        step.attempts += 1
+
+    def wait_out_outage(self, step: Step, step_ref: int) -> None:
+        """The tool is down: the step waits for it, probing, until it is back."""
+        tl, name = self.tl, step.name
+        tries = self.rng.randint(1, 4)
+        wait = Wait(kind="tool_recovery", event_type=step.tool, status="resolved", created_at=tl.at)
+        for _ in range(tries):
+            _fail(tl, name, Verb.STEP_WAITING_FOR_TOOL, "outage", after=0.5)
+            step.attempts += 1
+            self.failures += 1
+            tl.add(Verb.STEP_STARTED, {"step": name, "iteration": 0}, after=30)
+        wait.resolved_at, wait.due_at = tl.at, tl.at + timedelta(seconds=600)
+        self.batch.waits.append((step_ref, wait))
+
+    def ask_approval(self, step: Step, step_ref: int) -> None:
+        """A person approves the refund, minutes to hours later."""
+        tl, name = self.tl, step.name
+        asked = tl.add(Verb.APPROVAL_REQUESTED, {"step": name})
+        pause = self.rng.uniform(120, 4 * 3600)
+        decided = tl.add(
+            Verb.STEP_SUCCEEDED, {"step": name, "iteration": 0}, after=pause, actor=self.actor
+        )
+        wait = Wait(kind="approval", status="resolved", created_at=asked, resolved_at=decided)
+        self.batch.waits.append((step_ref, wait))
+        approval = ApprovalRequest(
+            reason="Refund above the approval threshold",
+            queue="support",
+            tool="payments.refund",
+            proposed_params={"amount": 240},
+            status="decided",
+            decision="approved",
+            decided_by=self.user,
+            decided_at=decided,
+            created_at=asked,
+        )
+        decision = HumanDecision(run=self.run, verb="approve", user=self.user, created_at=decided)
+        self.batch.approvals.append((step_ref, approval, decision))
+
+    def await_event(self, step: Step, step_ref: int) -> None:
+        """The settlement event arrives; now and then it never does and the wait expires."""
+        tl = self.tl
+        expired = self.rng.random() < 0.03
+        wait = Wait(
+            kind="event",
+            event_type="payment.settled",
+            correlation_key=f"c{step_ref}",
+            created_at=tl.at,
+        )
+        if expired:
+            timed_out = {"step": step.name, "routing": {"failure_class": "timeout"}}
+            wait.status = "expired"
+            wait.resolved_at = tl.add(Verb.STEP_FAILED, timed_out, after=3600)
+            step.status, step.error_class = "failed", "timeout"
+            self.stop("failed", step)
+        else:
+            wait.status = "resolved"
+            pause = self.rng.uniform(5, 900)
+            wait.resolved_at = tl.add(Verb.WAIT_RESOLVED, {"kind": "event"}, after=pause)
+        self.batch.waits.append((step_ref, wait))
+
+    def side_effect(self, step: Step, step_ref: int, trouble: str | None) -> None:
+        """Snapshot, intent and receipt; an unknown outcome a person confirms, or a resend."""
+        tl, name, tool = self.tl, step.name, step.tool
+        key = f"tp-{self.run.id}-{name}"
+        step.idempotency_key = key
+        snap_at = tl.add(Verb.SNAPSHOT_WRITTEN, {"step": name, "key": key, "tool": tool})
+        missing = ["session_context_ref"] if self.rng.random() < 0.08 else []
+        snapshot = Snapshot(
+            attempt=step.attempts,
+            workflow_version=1,
+            stage=name,
+            tool=tool,
+            params={"to": "customer@example.com", "ref": name},
+            target_resource=f"{tool}:x",
+            permissions={"actor": "agent:loadgen", "scopes": self.run.scopes},
+            idempotency_key=key,
+            missing_fields=missing,
+            created_at=snap_at,
+        )
+        snap_ref = len(self.batch.snapshots)
+        self.batch.snapshots.append((step_ref, snapshot))
+        effect = SideEffect(
+            idempotency_key=key,
+            tool=tool,
+            target=f"{tool}:x",
+            params_checksum=digest(snapshot.params),
+            status="committed",
+            confirmed_by="tool",
+            created_at=snap_at,
+            attempted_at=snap_at,
+        )
+        tl.add(Verb.SIDE_EFFECT_INTENDED, {"step": name, "key": key, "tool": tool})
+        if trouble == "unknown_confirmed":
+            self.confirm_by_hand(step, step_ref, effect)
+        elif trouble == "resent":
+            self.resend(step, effect)
+        else:
+            receipt = {"key": key, "confirmed_by": "tool"}
+            pause = self.rng.uniform(0.05, 0.8)
+            effect.committed_at = tl.add(Verb.SIDE_EFFECT_COMMITTED, receipt, after=pause)
+        effect.updated_at = effect.committed_at
+        self.batch.effects.append((step_ref, snap_ref, effect))
+
+    def confirm_by_hand(self, step: Step, step_ref: int, effect: SideEffect) -> None:
+        """The call's outcome is unknown; a person finds it in the other system."""
+        tl, key, actor = self.tl, effect.idempotency_key, self.actor
+        tl.add(Verb.SIDE_EFFECT_UNKNOWN, {"key": key, "tool": effect.tool}, after=10)
+        _fail(tl, step.name, Verb.STEP_UNKNOWN_OUTCOME, "unknown_outcome")
+        self.failures += 1
+        tl.add(Verb.RUN_NEEDS_HUMAN, {"from": "running", "to": "needs_human"})
+        receipt = {"key": key, "confirmed_by": actor}
+        pause = self.rng.uniform(120, 7200)
+        confirmed = tl.add(Verb.SIDE_EFFECT_COMMITTED, receipt, after=pause, actor=actor)
+        effect.confirmed_by, effect.committed_at = actor, confirmed
+        self.decide(step_ref, "confirm_happened", created_at=confirmed, proof="msg-123")
+
+    def resend(self, step: Step, effect: SideEffect) -> None:
+        """The call's outcome is unknown; reconciliation says it did not land and it is sent
+        again with the same key."""
+        tl, key = self.tl, effect.idempotency_key
+        tl.add(Verb.SIDE_EFFECT_UNKNOWN, {"key": key, "tool": effect.tool}, after=10)
+        tl.add(Verb.SIDE_EFFECT_NOT_COMMITTED, {"key": key, "confirmed_by": "reconcile"})
+        tl.add(Verb.SIDE_EFFECT_INTENDED, {"key": key, "step": step.name})
+        step.attempts += 1
+        # The resend was right most of the time; sometimes the first attempt had landed and a
+        # later lookup by key finds it (a wrong retry).
+        confirmed_by = "reconcile" if self.rng.random() < 0.3 else "tool"
+        effect.committed_at = tl.add(
+            Verb.SIDE_EFFECT_COMMITTED, {"key": key, "confirmed_by": confirmed_by}, after=20
+        )
+        effect.confirmed_by = confirmed_by
+
+    def finish(self, step_names: list[str]) -> None:
+        """How the run stands where its story stopped; its rows go into the batch."""
+        run, tl = self.run, self.tl
+        if self.status == "succeeded":
+            tl.add(Verb.RUN_SUCCEEDED, {"from": "running", "to": "succeeded"})
+            run.finished_at = tl.at
+        elif self.status == "failed":
+            run.finished_at = tl.at
+        run.status = self.status
+        run.stage = step_names[min(self.stop_at, len(step_names)) - 1]
+        run.failure_count, run.escalation_level = self.failures, self.escalated
+        run.updated_at = tl.at
+        self.batch.runs.append(run)
+        self.batch.events.append(tl.items)
 
 
 def _insert(batch: Batch) -> None:
@@ -324,9 +422,18 @@ def _insert(batch: Batch) -> None:
         for seq, (at, actor, verb, data) in enumerate(items, start=1):
             data_digest = digest(data)
             h = TimelineEvent.compute_hash(seq, at, actor, verb, data_digest, prev)
-            events.append(TimelineEvent(run=run, seq=seq, at=at, actor=actor, verb=verb,
-                                        data=data, data_digest=data_digest, prev_hash=prev,
-                                        hash=h))  # fmt: skip
+            event = TimelineEvent(
+                run=run,
+                seq=seq,
+                at=at,
+                actor=actor,
+                verb=verb,
+                data=data,
+                data_digest=data_digest,
+                prev_hash=prev,
+                hash=h,
+            )
+            events.append(event)
             prev = h
         run.event_seq, run.event_hash = len(items), prev
     RunModel.objects.bulk_create(batch.runs, batch_size=5000)
