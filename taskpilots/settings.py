@@ -339,6 +339,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        # A line per HTTP request (tool calls, the sandbox client) at INFO: too much to read.
+        "httpx2": {"level": "WARNING"},
+        "httpcore2": {"level": "WARNING"},
         "celery": {"level": env_str("CELERY_LOG_LEVEL", "WARNING")},
     },
 }
