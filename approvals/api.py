@@ -125,6 +125,31 @@ def _action_error(exc: Exception) -> ApiError:
     return ApiError(409, code, str(exc))
 
 
+def _perform(client, run: Run, verb: Verb, request: dict, action):
+    """Record the client's request on the run's timeline and carry out the person's action in
+    the same transaction: both land or neither does. Refusals become the API's errors."""
+    try:
+        with transaction.atomic():
+            TimelineEvent.append(
+                run.pk, verb, {"client": client.name, **request}, actor=client.actor
+            )
+            result = action()
+    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
+        raise _action_error(exc) from None
+    client.touch()
+    return result
+
+
+def _run_to_act_on(run_id, username: str | None, action: str) -> tuple[Run, object]:
+    """The run (404 if none), the named user (422 if unknown) and the console's rule (403)."""
+    run = Run.objects.select_related("owner").filter(pk=run_id).first()
+    if run is None:
+        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
+    user = _acting_user(username)
+    _check_may_act(run, user, action)
+    return run, user
+
+
 @router.post(
     "/runs/{run_id}/cancel",
     auth=BearerAuth(ApiScope.RUNS_WRITE),
@@ -140,30 +165,21 @@ def _action_error(exc: Exception) -> ApiError:
 @decorate_view(json_body)
 def cancel_run(request, run_id: UUID, body: CancelIn):
     client = api_client(request)
-    run = Run.objects.select_related("owner").filter(pk=run_id).first()
-    if run is None:
-        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
-    user = _acting_user(body.user)
-    _check_may_act(run, user, "cancel")
-    try:
-        with transaction.atomic():
-            TimelineEvent.append(
-                run_id,
-                Verb.API_CANCEL_REQUESTED,
-                {"client": client.name, "user": body.user, "reason": body.reason},
-                actor=client.actor,
-            )
-            run = actions.cancel_run(
-                run_id,
-                user,
-                reason=body.reason,
-                compensate=body.compensate,
-                expected_version=body.expected_version,
-                actor=client.actor,
-            )
-    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
-        raise _action_error(exc) from None
-    client.touch()
+    run, user = _run_to_act_on(run_id, body.user, "cancel")
+    run = _perform(
+        client,
+        run,
+        Verb.API_CANCEL_REQUESTED,
+        {"user": body.user, "reason": body.reason},
+        lambda: actions.cancel_run(
+            run_id,
+            user,
+            reason=body.reason,
+            compensate=body.compensate,
+            expected_version=body.expected_version,
+            actor=client.actor,
+        ),
+    )
     return run_out(run)
 
 
@@ -185,11 +201,7 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
 @decorate_view(json_body)
 def settle_outcome(request, run_id: UUID, body: OutcomeIn):
     client = api_client(request)
-    run = Run.objects.select_related("owner").filter(pk=run_id).first()
-    if run is None:
-        raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
-    user = _acting_user(body.user)
-    _check_may_act(run, user, "settle an outcome of")
+    run, user = _run_to_act_on(run_id, body.user, "settle an outcome of")
     proof = body.proof.strip()
     if body.happened and not proof:
         message = (
@@ -210,31 +222,26 @@ def settle_outcome(request, run_id: UUID, body: OutcomeIn):
             f"{step.idempotency_key}, not {body.idempotency_key}.",
             field="idempotency_key",
         )
-    try:
-        with transaction.atomic():
-            TimelineEvent.append(
-                run.pk,
-                Verb.API_OUTCOME_REQUESTED,
-                {
-                    "client": client.name,
-                    "user": user.get_username(),
-                    "step": step.name,
-                    "key": step.idempotency_key,
-                    "happened": body.happened,
-                },
-                actor=client.actor,
-            )
-            step = actions.confirm_outcome(
-                step.pk,
-                user,
-                happened=body.happened,
-                proof=proof,
-                comment=body.comment,
-                expected_version=body.expected_version,
-            )
-    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
-        raise _action_error(exc) from None
-    client.touch()
+    request_data = {
+        "user": user.get_username(),
+        "step": step.name,
+        "key": step.idempotency_key,
+        "happened": body.happened,
+    }
+    step = _perform(
+        client,
+        run,
+        Verb.API_OUTCOME_REQUESTED,
+        request_data,
+        lambda: actions.confirm_outcome(
+            step.pk,
+            user,
+            happened=body.happened,
+            proof=proof,
+            comment=body.comment,
+            expected_version=body.expected_version,
+        ),
+    )
     run.refresh_from_db(fields=["status"])
     step.refresh_from_db(fields=["status", "result"])
     return {
@@ -285,30 +292,21 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
         except actions.InvalidParams as exc:
             field = f"edited_params.{exc.field}" if exc.field else "edited_params"
             raise ApiError(422, "invalid_params", str(exc), field=field) from None
-    try:
-        with transaction.atomic():
-            TimelineEvent.append(
-                run.pk,
-                Verb.API_DECISION_REQUESTED,
-                {
-                    "client": client.name,
-                    "user": user.get_username(),
-                    "approval": approval.pk,
-                    "decision": body.decision,
-                },
-                actor=client.actor,
-            )
-            approval = actions.decide_approval(
-                approval.pk,
-                user,
-                body.decision,
-                edited_params=body.edited_params,
-                comment=body.comment,
-                expected_version=body.expected_version,
-            )
-    except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
-        raise _action_error(exc) from None
-    client.touch()
+    request_data = {"user": user.get_username(), "approval": approval.pk, "decision": body.decision}
+    approval = _perform(
+        client,
+        run,
+        Verb.API_DECISION_REQUESTED,
+        request_data,
+        lambda: actions.decide_approval(
+            approval.pk,
+            user,
+            body.decision,
+            edited_params=body.edited_params,
+            comment=body.comment,
+            expected_version=body.expected_version,
+        ),
+    )
     run.refresh_from_db(fields=["status"])
     return {
         "id": approval.pk,

@@ -228,18 +228,7 @@ def _check_batch(heads: list[tuple], report: VerifyReport) -> None:
     events = (
         TimelineEvent.objects.filter(run_id__in=list(checkers))
         .order_by("run_id", "seq")
-        .values_list(
-            "run_id",
-            "seq",
-            "at",
-            "actor",
-            "verb",
-            "data",
-            "data_digest",
-            "pruned",
-            "prev_hash",
-            "hash",
-        )
+        .values_list("run_id", *EVENT_FIELDS[1:])
     )
     for (
         run_id,
