@@ -523,6 +523,12 @@ class ToolPause(models.Model):
         """The open pause of this tool, if any (one index lookup: tool_pause_one_open)."""
         return cls.objects.filter(tool=tool, resumed_at__isnull=True).first()
 
+    @classmethod
+    def open_statement(cls, tool: str) -> tuple[str, list]:
+        """`active_for` as one statement returning (id, reason), for batched round trips."""
+        sql = f"SELECT id, reason FROM {cls._meta.db_table} WHERE tool = %s AND resumed_at IS NULL"
+        return sql + " LIMIT 1", [tool]
+
 
 class SlaBreach(models.Model):
     """A run that stayed with a person past its due time, escalated once per due time."""

@@ -25,6 +25,9 @@ class People:
         pause = ToolPause.active_for(tool)
         return people.Pause(pause.pk, pause.reason) if pause is not None else None
 
+    def pause_statement(self, tool: str) -> tuple[str, list]:
+        return ToolPause.open_statement(tool)
+
     def ask(self, run: Run, step: Step, approval: people.Approval) -> int:
         return ApprovalRequest.open(run, step, approval).pk
 

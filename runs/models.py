@@ -19,6 +19,7 @@ from django.db import connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+from psycopg.types.json import Jsonb
 
 from runs.api.models import ApiClient, ApiScope  # noqa: F401  (the API clients are the runs app's)
 from runs.verbs import Verb
@@ -42,6 +43,20 @@ class ImmutableRecord(Exception):
     """Snapshots and timeline events are written once and never changed."""
 
 
+@dataclass(frozen=True)
+class Lease:
+    """A worker's claim on a running step: who holds it, and for which attempt.
+
+    The attempt is the fencing value: every claim and every reclaim of a step raises it, so a
+    worker that was only paused (SIGSTOP, a GC pause, a frozen VM) and whose step was taken back
+    meanwhile no longer matches, even when the new owner is another thread of the same process.
+    Recording an outcome, writing an intent and making the call are all conditional on it.
+    """
+
+    owner: str
+    attempt: int
+
+
 def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, prev: str) -> str:
     """An event's hash over its place in the chain and its content (the one definition: the
     append, the verifier and the offline export check all use it)."""
@@ -49,11 +64,14 @@ def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, p
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+# One encoder for every call (json.dumps would build one each time: the hot path encodes each
+# event three times).
+_CANONICAL = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def canonical_json(value: Any) -> str:
     """The one serialisation used for checksums and hashes: sorted keys, no spaces, UTF-8."""
-    return json.dumps(
-        value, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    )
+    return _CANONICAL.encode(value)
 
 
 def to_json_value(value: Any) -> Any:
@@ -248,8 +266,11 @@ class Run(models.Model):
                 name="run_inbox_idx",
                 condition=Q(status__in=["needs_human", "taken_over"]),
             ),
+            # The sweeper's runnable runs. Keyed on created_at, not updated_at: the engine moves
+            # updated_at with every transaction, and an update that changes no indexed column
+            # stays on its page (HOT) without touching any index (runs/migrations/0011).
             models.Index(
-                fields=["updated_at"],
+                fields=["created_at"],
                 name="run_runnable_idx",
                 condition=Q(status__in=["pending", "running", "compensating"]),
             ),
@@ -319,8 +340,7 @@ class Run(models.Model):
                 lock_version=F("lock_version") + 1, **updates
             )
             if count:
-                event_data = {"from": self.status, "to": target, **(data or {})}
-                self.record(verb, event_data, actor=actor)
+                self.record(verb, self.event_data(target, data), actor=actor)
         if count == 0:
             row = Run.objects.filter(pk=self.pk).values_list("status", "lock_version").first()
             if row is None:
@@ -333,6 +353,11 @@ class Run(models.Model):
         self.lock_version = (
             expected_version if expected_version is not None else self.lock_version
         ) + 1
+
+    def event_data(self, target: str, data: dict | None = None) -> dict:
+        """What a transition's timeline event says (the one definition: the verbs and the
+        engine's batched transactions, runs.engine.inline, write the same)."""
+        return {"from": self.status, "to": target, **(data or {})}
 
     def start(self) -> None:
         self._move(self.Status.RUNNING, Verb.RUN_STARTED)
@@ -426,6 +451,31 @@ class Run(models.Model):
             attention_due_at=None,
         )
 
+    # -- the same verbs as parts of one batched transaction (runs.batch: the engine's hot path).
+    # The batch changes the run's row first, by a compare-and-set on its chain head and on the
+    # status the verb moves from; these add the changes and the event of that one move.
+
+    def start_in(self, batch) -> None:
+        """`start`, from pending."""
+        batch.change_run(status=self.Status.RUNNING, lock_version=SqlValue("lock_version + 1"))
+        batch.event(Verb.RUN_STARTED, self.event_data(self.Status.RUNNING))
+
+    def succeed_in(self, batch, result: Any, now) -> None:
+        """`succeed`, from running."""
+        batch.change_run(
+            status=self.Status.SUCCEEDED,
+            result=db_json(result),
+            finished_at=now,
+            attention_reason="",
+            attention_due_at=None,
+            lock_version=SqlValue("lock_version + 1"),
+        )
+        batch.event(Verb.RUN_SUCCEEDED, self.event_data(self.Status.SUCCEEDED))
+
+    def enter_stage_in(self, batch, stage: str) -> None:
+        if stage and stage != self.stage:
+            batch.change_run(stage=stage)
+
     def fail(self, reason: str, *, actor: str = "system") -> None:
         self._move(
             self.Status.FAILED,
@@ -512,7 +562,8 @@ class Step(models.Model):
         S.COMPENSATED: set(),
     }
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # Indexed by step_unique_position (run, position): no index of its own to write per step.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     name = models.CharField(max_length=150)
     iteration = models.PositiveIntegerField(default=0)
     position = models.PositiveIntegerField()
@@ -575,12 +626,12 @@ class Step(models.Model):
         *,
         data: dict | None = None,
         actor: str = "system",
-        held_by: str | None = None,
+        held_by: Lease | None = None,
         **fields: Any,
     ) -> None:
         """Move the step to `target` with a compare-and-set on its status (and, for a worker
-        finishing its own attempt, on its lease: `held_by`), and record the event on the run's
-        timeline in the same transaction. Every verb below comes through here."""
+        finishing its own attempt, on its lease and attempt: `held_by`), and record the event on
+        the run's timeline in the same transaction. Every verb below comes through here."""
         now = timezone.now()
         updates: dict[str, Any] = {"status": target, **fields}
         if target in self.FINISHED:
@@ -593,15 +644,14 @@ class Step(models.Model):
             "status__in": _sources(self.TRANSITIONS, target),
         }
         if held_by is not None:
-            filters["lease_owner"] = held_by
+            filters["lease_owner"], filters["attempts"] = held_by.owner, held_by.attempt
         own_transaction = not connection.in_atomic_block
         with transaction.atomic(savepoint=False):
             if own_transaction:
                 Run.lock(self.run_id)  # the lock order; a caller's transaction took it already
             count = Step.objects.filter(**filters).update(**updates)
             if count:
-                event = {"step": self.name, "iteration": self.iteration, "from": self.status}
-                event.update({"to": target, **(data or {})})
+                event = self.event_data(target, data)
                 TimelineEvent.append(self.run_id, verb, event, actor=actor)
         if count == 0:
             row = Step.objects.filter(pk=self.pk).values_list("status", flat=True).first()
@@ -612,6 +662,20 @@ class Step(models.Model):
             raise InvalidTransition("step", self.pk, row, target)
         for name, value in updates.items():
             setattr(self, name, value)
+
+    def event_data(self, target: str, data: dict | None = None) -> dict:
+        """What a transition's timeline event says (see Run.event_data)."""
+        return {
+            "step": self.name,
+            "iteration": self.iteration,
+            "from": self.status,
+            "to": target,
+            **(data or {}),
+        }
+
+    @property
+    def lease(self) -> Lease:
+        return Lease(self.lease_owner, self.attempts)
 
     # -- the engine's verbs: a worker claims the step, then records what its attempt produced.
     # `held_by` is the claiming worker: its outcome lands only while it still holds the lease.
@@ -644,7 +708,7 @@ class Step(models.Model):
         }
         with transaction.atomic(savepoint=False):
             count = Step.objects.filter(
-                pk=self.pk, status=self.Status.RUNNING, lease_owner=previous
+                pk=self.pk, status=self.Status.RUNNING, lease_owner=previous, attempts=self.attempts
             ).update(**fields)
             if count:
                 TimelineEvent.append(
@@ -873,6 +937,63 @@ class Step(models.Model):
             Step.objects.filter(pk=self.pk).update(idempotency_key=key)
             self.idempotency_key = key
 
+    # -- the same verbs as parts of one batched transaction (runs.batch), fenced by the claim.
+
+    def open_in(self, batch) -> None:
+        """Create this (unsaved) step already running and leased, with `step.started` (its id
+        taken ahead: runs.batch.STEP_IDS; runs.engine.claim builds the row). A step whose call
+        is written in the same batch carries its idempotency key from the start."""
+        batch.must(
+            _STEP_OPEN,
+            [
+                self.pk,
+                self.run_id,
+                self.name,
+                self.iteration,
+                self.position,
+                self.kind,
+                self.stage,
+                self.tool,
+                db_json(self.spec),
+                self.attempts,
+                self.idempotency_key,
+                self.lease_owner,
+                self.lease_expires_at,
+                self.created_at,
+                self.started_at,
+            ],
+            "step position taken",
+        )
+        batch.event(Verb.STEP_STARTED, self.started_data())
+
+    def started_data(self) -> dict:
+        """`step.started` of a step created running (here and in runs.engine.claim)."""
+        return {
+            "step": self.name,
+            "iteration": self.iteration,
+            "kind": self.kind,
+            "attempt": self.attempts,
+            "stage": self.stage,
+            "from": "",
+            "to": self.Status.RUNNING,
+        }
+
+    def succeed_in(self, batch, result: Any, *, held_by: Lease, now) -> None:
+        """`succeed` of the claimed attempt, as the engine records it."""
+        batch.must(
+            _STEP_SUCCEEDED,
+            [db_json(result), now, self.pk, held_by.owner, held_by.attempt],
+            "the lease was taken back",
+        )
+        data = {"attempt": self.attempts}
+        batch.event(Verb.STEP_SUCCEEDED, self.event_data(self.Status.SUCCEEDED, data))
+
+    def remember_key_in(self, batch, key: str, *, held_by: Lease) -> None:
+        """`remember_key`, only while the claim holds the step (no intent for a lost claim)."""
+        batch.must(
+            _STEP_KEY, [key, self.pk, held_by.owner, held_by.attempt], "the lease was taken back"
+        )
+
 
 # --------------------------------------------------------------------------------------------
 # Snapshot: the structured record written before every side effect.
@@ -949,26 +1070,62 @@ class Snapshot(ImmutableModel):
         super().save(*args, **kwargs)
 
     @classmethod
+    def prepare(cls, step: Step, **fields: Any) -> Snapshot:
+        """The snapshot of the call `step` is about to make, unsaved: the fields it could not
+        fill are named, the payload normalised and the checksum computed."""
+        snapshot = cls(run_id=step.run_id, step=step, attempt=step.attempts, **fields)
+        snapshot.params = to_json_value(snapshot.params)
+        snapshot.prior_results_summary = to_json_value(snapshot.prior_results_summary)
+        snapshot.missing_fields = snapshot.missing()
+        snapshot.checksum = snapshot.compute_checksum()
+        return snapshot
+
+    @classmethod
     def write(cls, step: Step, **fields: Any) -> Snapshot:
         """Write the snapshot of the call `step` is about to make, with its event (the
         protocol's step 2, in the transaction that also writes the ledger row)."""
-        snapshot = cls(run_id=step.run_id, step=step, attempt=step.attempts, **fields)
-        snapshot.missing_fields = snapshot.missing()
+        snapshot = cls.prepare(step, **fields)
         snapshot.save()
-        TimelineEvent.append(
-            step.run_id,
-            Verb.SNAPSHOT_WRITTEN,
-            {
-                "step": step.name,
-                "snapshot": snapshot.pk,
-                "key": snapshot.idempotency_key,
-                "tool": snapshot.tool,
-                "target": snapshot.target_resource,
-                "checksum": snapshot.checksum,
-                "missing_fields": snapshot.missing_fields,
-            },
-        )
+        TimelineEvent.append(step.run_id, Verb.SNAPSHOT_WRITTEN, snapshot.written_event())
         return snapshot
+
+    def write_in(self, batch) -> None:
+        """`write` of this prepared snapshot (its id taken ahead: runs.batch.SNAPSHOT_IDS)."""
+        batch.must(
+            _SNAPSHOT_WRITE,
+            [
+                self.pk,
+                self.run_id,
+                self.step_id,
+                self.attempt,
+                self.workflow_version,
+                self.stage,
+                self.tool,
+                db_json(self.params),
+                self.target_resource,
+                db_json(self.permissions),
+                db_json(self.prior_results_summary),
+                self.session_context_ref,
+                self.idempotency_key,
+                db_json(self.missing_fields),
+                db_json(self.human_decision),
+                self.checksum,
+                self.created_at,
+            ],
+            "snapshot not written",
+        )
+        batch.event(Verb.SNAPSHOT_WRITTEN, self.written_event())
+
+    def written_event(self) -> dict:
+        return {
+            "step": self.step.name,
+            "snapshot": self.pk,
+            "key": self.idempotency_key,
+            "tool": self.tool,
+            "target": self.target_resource,
+            "checksum": self.checksum,
+            "missing_fields": self.missing_fields,
+        }
 
     def missing(self) -> list[str]:
         """The snapshot fields (SNAPSHOT_FIELDS) it could not fill: the missing-field rate."""
@@ -1007,10 +1164,18 @@ class SideEffect(models.Model):
         S.COMPENSATED: set(),
     }
 
-    idempotency_key = models.CharField(max_length=255, unique=True)
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="side_effects")
+    # Unique by side_effect_unique_key (a constraint: a unique CharField would also get a LIKE
+    # index nobody queries, written with every row).
+    idempotency_key = models.CharField(max_length=255)
+    # Indexed by side_effect_run_idx (run, created_at).
+    run = models.ForeignKey(
+        Run, on_delete=models.PROTECT, related_name="side_effects", db_index=False
+    )
     step = models.ForeignKey(Step, on_delete=models.PROTECT, related_name="side_effects")
-    snapshot = models.ForeignKey(Snapshot, on_delete=models.PROTECT, related_name="+")
+    # Never looked up from the snapshot's side: no index.
+    snapshot = models.ForeignKey(
+        Snapshot, on_delete=models.PROTECT, related_name="+", db_index=False
+    )
     tool = models.CharField(max_length=150)
     target = models.CharField(max_length=500, blank=True, default="")
     # Checksum of the parameters the key was first used with: the same key with other
@@ -1030,7 +1195,10 @@ class SideEffect(models.Model):
     committed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [_choices_check("status", SideEffectStatus, "side_effect_status_valid")]
+        constraints = [
+            _choices_check("status", SideEffectStatus, "side_effect_status_valid"),
+            models.UniqueConstraint(fields=["idempotency_key"], name="side_effect_unique_key"),
+        ]
         indexes = [
             models.Index(fields=["run", "created_at"], name="side_effect_run_idx"),
             models.Index(fields=["tool", "status"], name="side_effect_tool_idx"),
@@ -1063,14 +1231,26 @@ class SideEffect(models.Model):
                 pk=self.pk, status__in=_sources(self.TRANSITIONS, target)
             ).update(**updates)
             if count:
-                event = {"key": self.idempotency_key, "tool": self.tool, "from": self.status}
-                event.update({"to": target, **(data or {})})
-                TimelineEvent.append(self.run_id, verb, event, actor=actor)
+                TimelineEvent.append(self.run_id, verb, self.event_data(target, data), actor=actor)
         if count == 0:
             row = SideEffect.objects.filter(pk=self.pk).values_list("status", flat=True)
             raise InvalidTransition("side effect", self.pk, row.first() or "?", target)
         for name, value in updates.items():
             setattr(self, name, value)
+
+    def event_data(self, target: str, data: dict | None = None) -> dict:
+        """What a transition's timeline event says (see Run.event_data)."""
+        return {
+            "key": self.idempotency_key,
+            "tool": self.tool,
+            "from": self.status,
+            "to": target,
+            **(data or {}),
+        }
+
+    @staticmethod
+    def committed_data(receipt: Receipt, confirmed_by: str, data: dict | None = None) -> dict:
+        return {"external_id": receipt.external_id, "confirmed_by": confirmed_by, **(data or {})}
 
     @classmethod
     def intend(cls, snapshot: Snapshot, *, params_checksum: str) -> SideEffect:
@@ -1085,19 +1265,57 @@ class SideEffect(models.Model):
             target=snapshot.target_resource,
             params_checksum=params_checksum,
         )
-        TimelineEvent.append(
-            snapshot.run_id,
-            Verb.SIDE_EFFECT_INTENDED,
-            {
-                "step": snapshot.step.name,
-                "key": effect.idempotency_key,
-                "tool": effect.tool,
-                "target": effect.target,
-                "from": "",
-                "to": cls.Status.INTENDED,
-            },
-        )
+        TimelineEvent.append(snapshot.run_id, Verb.SIDE_EFFECT_INTENDED, effect.intended_event())
         return effect
+
+    def intend_in(self, batch) -> int:
+        """`intend` of this unsaved row (a new key: a key used before makes the batch fail on
+        the unique index); the index of its id among the batch's values."""
+        index = batch.insert(
+            _SIDE_EFFECT_INTEND,
+            [
+                self.idempotency_key,
+                self.run_id,
+                self.step_id,
+                self.snapshot_id,
+                self.tool,
+                self.target,
+                self.params_checksum,
+                self.created_at,
+                self.updated_at,
+                self.attempted_at,
+            ],
+        )
+        batch.event(Verb.SIDE_EFFECT_INTENDED, self.intended_event())
+        return index
+
+    def commit_in(self, batch, receipt: Receipt, *, confirmed_by: str, now, data=None) -> None:
+        """`commit`: the receipt of a call, from the status this worker knows."""
+        batch.must(
+            _SIDE_EFFECT_COMMIT,
+            [
+                now,
+                now,
+                receipt.external_id[:255],
+                db_json(receipt.as_json()),
+                confirmed_by,
+                self.pk,
+                self.status,
+            ],
+            "side effect settled elsewhere",
+        )
+        data = self.committed_data(receipt, confirmed_by, data)
+        batch.event(Verb.SIDE_EFFECT_COMMITTED, self.event_data(self.Status.COMMITTED, data))
+
+    def intended_event(self) -> dict:
+        return {
+            "step": self.step.name,
+            "key": self.idempotency_key,
+            "tool": self.tool,
+            "target": self.target,
+            "from": "",
+            "to": SideEffectStatus.INTENDED,
+        }
 
     def intend_again(self, snapshot: Snapshot) -> None:
         """A new attempt under the same key, once the previous one is known not to have landed."""
@@ -1125,7 +1343,7 @@ class SideEffect(models.Model):
             external_id=receipt.external_id[:255],
             receipt=receipt.as_json(),
             confirmed_by=confirmed_by,
-            data={"external_id": receipt.external_id, "confirmed_by": confirmed_by, **(data or {})},
+            data=self.committed_data(receipt, confirmed_by, data),
         )
 
     def mark_unknown(self, why: str) -> None:
@@ -1149,6 +1367,50 @@ class SideEffect(models.Model):
             Verb.SIDE_EFFECT_COMPENSATED,
             compensation_key=compensation_key,
         )
+
+
+# The batched verbs' statements (runs.batch): the same rows and compare-and-sets as the ORM
+# verbs above, fenced by the claim (lease owner and attempt) where the verb is.
+_STEP_OPEN = (
+    "INSERT INTO runs_step (id, run_id, name, iteration, position, kind, stage, tool, spec, "
+    "status, attempts, error_class, last_error, result, idempotency_key, routing, lease_owner, "
+    "lease_expires_at, next_attempt_at, created_at, started_at, finished_at) VALUES (%s, %s, %s, "
+    "%s, %s, %s, %s, %s, %s, 'running', %s, '', '', NULL, %s, '{}', %s, %s, NULL, %s, %s, NULL)"
+)
+_STEP_SUCCEEDED = (
+    "UPDATE runs_step SET status = 'succeeded', result = %s, error_class = '', last_error = '', "
+    "finished_at = %s, lease_owner = '', lease_expires_at = NULL "
+    "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
+)
+_STEP_KEY = (
+    "UPDATE runs_step SET idempotency_key = %s "
+    "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
+)
+_SNAPSHOT_WRITE = (
+    "INSERT INTO runs_snapshot (id, run_id, step_id, attempt, workflow_version, stage, tool, "
+    "params, target_resource, permissions, prior_results_summary, session_context_ref, "
+    "idempotency_key, missing_fields, human_decision, checksum, pruned, created_at) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false, %s)"
+)
+_SIDE_EFFECT_INTEND = (
+    "INSERT INTO runs_sideeffect (idempotency_key, run_id, step_id, snapshot_id, tool, target, "
+    "params_checksum, status, external_id, receipt, confirmed_by, compensation_key, created_at, "
+    "updated_at, attempted_at, committed_at) VALUES "
+    "(%s, %s, %s, %s, %s, %s, %s, 'intended', '', '{}', '', '', %s, %s, %s, NULL) RETURNING id"
+)
+_SIDE_EFFECT_COMMIT = (
+    "UPDATE runs_sideeffect SET status = 'committed', updated_at = %s, committed_at = %s, "
+    "external_id = %s, receipt = %s, confirmed_by = %s WHERE id = %s AND status = %s"
+)
+
+
+class SqlValue(str):
+    """A column's new value written as SQL, not as a parameter (e.g. `lock_version + 1`)."""
+
+
+def db_json(value: Any):
+    """A JSONField's value as the ORM stores it, for raw statements (None is SQL NULL)."""
+    return None if value is None else Jsonb(value, dumps=canonical_json)
 
 
 @dataclass(frozen=True)
@@ -1470,7 +1732,8 @@ def _document(run, current, last, waits, event_wait, deadlines, effects, decisio
 
 
 class TimelineEvent(ImmutableModel):
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events")
+    # Indexed by timeline_run_seq (run, seq).
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events", db_index=False)
     seq = models.PositiveIntegerField()
     at = models.DateTimeField()
     actor = models.CharField(max_length=200)
@@ -1485,9 +1748,18 @@ class TimelineEvent(ImmutableModel):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="timeline_run_seq")]
+        # Partial, so the engine's own events (most of them) write no index but the two above:
+        # the notification sweep reads the verbs that notify (approvals/notifications.py), the
+        # audit search the events of people and API clients.
         indexes = [
-            models.Index(fields=["verb", "at"], name="timeline_verb_idx"),
-            models.Index(fields=["actor", "at"], name="timeline_actor_idx"),
+            models.Index(
+                fields=["at"],
+                name="timeline_notify_idx",
+                condition=Q(verb__in=["run.needs_human", "run.sla_breached"]),
+            ),
+            models.Index(
+                fields=["actor", "at"], name="timeline_actor_idx", condition=~Q(actor="system")
+            ),
         ]
         ordering = ["run", "seq"]
 
@@ -1530,6 +1802,7 @@ class TimelineEvent(ImmutableModel):
         if row is None:
             raise Run.DoesNotExist(run_id)
         event_id, seq, prev_hash, event_hash = row
+        chain_heads.remember(run_id, seq, event_hash)
         event = cls(
             id=event_id,
             run_id=run_id,
@@ -1550,6 +1823,53 @@ class TimelineEvent(ImmutableModel):
         return self.compute_hash(
             self.seq, self.at, self.actor, self.verb, self.data_digest, self.prev_hash
         )
+
+    @staticmethod
+    def chained(seq: int, prev_hash: str, verb: str, data: dict, *, actor: str = "system"):
+        """The row of an event appended at `seq` after `prev_hash`, hashed here rather than in
+        PostgreSQL (the engine's one-round-trip transactions, runs.engine.batch, which hold the
+        chain head): (at, actor, verb, canonical data, digest, hash) — the same bytes and the
+        same hash `append` produces."""
+        at = timezone.now()
+        text = canonical_json(data)
+        data_digest = hashlib.sha256(text.encode()).hexdigest()
+        return (
+            at,
+            actor,
+            verb,
+            text,
+            data_digest,
+            chain_hash(seq, at.isoformat(), actor, verb, data_digest, prev_hash),
+        )
+
+
+class ChainHeads:
+    """The chain head (seq, hash) this process last wrote or read for each run.
+
+    A hint, never the truth: the engine's batched transactions hash their events from it and
+    commit only where the run row still holds exactly this head (a compare-and-set on
+    `event_seq` and `event_hash`), so a stale or missing head costs a retry through the
+    ordinary path, never a broken chain. Bounded: forgotten all at once when it grows large.
+    """
+
+    LIMIT = 20_000
+
+    def __init__(self) -> None:
+        self._heads: dict[str, tuple[int, str]] = {}
+
+    def remember(self, run_id, seq: int, event_hash: str) -> None:
+        if len(self._heads) >= self.LIMIT:
+            self._heads = {}
+        self._heads[str(run_id)] = (seq, event_hash)
+
+    def get(self, run_id) -> tuple[int, str] | None:
+        return self._heads.get(str(run_id))
+
+    def forget(self, run_id) -> None:
+        self._heads.pop(str(run_id), None)
+
+
+chain_heads = ChainHeads()
 
 
 _APPEND_SQL = """

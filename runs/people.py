@@ -64,6 +64,10 @@ class People(Protocol):
     def pause_of(self, tool: str) -> Pause | None:
         """The admin's open pause of `tool`, if any (checked before every call)."""
 
+    def pause_statement(self, tool: str) -> tuple[str, list] | None:
+        """`pause_of` as one SQL statement returning (id, reason) or no row, for the engine's
+        one-round-trip claims (runs.engine.inline); None when no tool can be paused."""
+
     def ask(self, run: Run, step: Step, approval: Approval) -> int:
         """Open the approval request, in the engine's transaction; returns its id."""
 
@@ -79,6 +83,9 @@ class NoPeople:
         return None
 
     def pause_of(self, tool: str) -> None:
+        return None
+
+    def pause_statement(self, tool: str) -> None:
         return None
 
     def ask(self, run: Run, step: Step, approval: Approval) -> int:

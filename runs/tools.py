@@ -10,6 +10,8 @@ never has to guess from an exception type.
 from __future__ import annotations
 
 import json
+import os
+import queue
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -234,22 +236,50 @@ def python_tool(
 def _call_with_timeout(fn, params, ctx):
     if ctx.timeout is None:
         return fn(params, ctx)
-    box: dict[str, Any] = {}
+    return _CALLERS.call(fn, params, ctx, ctx.timeout)
 
-    def target():
-        try:
-            box["value"] = fn(params, ctx)
-        except BaseException as exc:  # handed to the caller below
-            box["error"] = exc
 
-    thread = threading.Thread(target=target, daemon=True, name=f"tool-{ctx.step}")
-    thread.start()
-    thread.join(ctx.timeout)
-    if thread.is_alive():
-        raise TimeoutError
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+class _Callers:
+    """Daemon threads that make python_tool calls with a timeout, reused from call to call (a
+    thread started per call cost more than a quick tool). A call that overruns keeps its
+    thread — it cannot be killed, and its effect may still land, which is exactly what the
+    unknown outcome and reconciliation are for — and the next call gets a fresh thread."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def call(self, fn, params, ctx, timeout: float):
+        done = threading.Event()
+        box: dict[str, Any] = {}
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                threading.Thread(target=self._serve, daemon=True, name="tool-call").start()
+        self._jobs.put((fn, params, ctx, box, done))
+        if not done.wait(timeout):
+            raise TimeoutError
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    def _serve(self) -> None:
+        while True:
+            fn, params, ctx, box, done = self._jobs.get()
+            try:
+                box["value"] = fn(params, ctx)
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            with self._lock:
+                self._idle += 1
+            done.set()
+
+
+_CALLERS = _Callers()
+# A forked child (a prefork pool process) has none of its parent's threads: start afresh.
+os.register_at_fork(after_in_child=_CALLERS.__init__)
 
 
 def _guess_external_id(value: Any) -> str:

@@ -115,13 +115,21 @@ def parse_database_url(url: str) -> dict:
     return db
 
 
+# OPTIONS that are psycopg's or Django's, not libpq connection parameters: never in a URL.
+DRIVER_OPTIONS = frozenset({"prepare_threshold", "pool", "server_side_binding", "isolation_level"})
+
+
 def format_database_url(db: dict, name: str | None = None) -> str:
     """The URL of a DATABASES entry (the inverse of parse_database_url), optionally naming another
     database on the same server. A Unix socket directory goes into the `host` query parameter."""
     auth = quote(db.get("USER") or "postgres", safe="")
     if db.get("PASSWORD"):
         auth += ":" + quote(db["PASSWORD"], safe="")
-    options = {k: v for k, v in (db.get("OPTIONS") or {}).items() if isinstance(v, str | int)}
+    options = {
+        k: v
+        for k, v in (db.get("OPTIONS") or {}).items()
+        if isinstance(v, str | int) and k not in DRIVER_OPTIONS
+    }
     host = db.get("HOST") or ""
     if host.startswith("/"):
         options = {"host": host, **options}

@@ -119,6 +119,12 @@ DATABASES = {"default": parse_database_url(_database_url)}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TEST"] = {"NAME": env_str("TASKPILOTS_TEST_DATABASE", None)}
+# The engine's hot path (runs/engine/batch.py) sends its few statement shapes as prepared
+# statements, planned once per connection. Django's own queries are bound client-side and never
+# prepared. Off (TASKPILOTS_DB_PREPARED_STATEMENTS=0) behind a pooler that cannot keep them:
+# PgBouncer before 1.21, or without max_prepared_statements, in transaction mode.
+if env_bool("TASKPILOTS_DB_PREPARED_STATEMENTS", True):
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # A shared cache, so limits such as the login lockout hold across web processes: Redis when
@@ -298,6 +304,9 @@ TASKPILOTS = {
     "LEASE_SECONDS": env_int("TASKPILOTS_LEASE_SECONDS", 60, minimum=2),
     # How long one task may keep executing consecutive steps of a run before re-enqueueing.
     "INLINE_BUDGET_SECONDS": env_float("TASKPILOTS_INLINE_BUDGET_SECONDS", 5.0, minimum=0),
+    # The engine's one-round-trip transactions (runs/engine/inline.py). Off, every step goes
+    # through the model verbs one statement at a time: the same records, slower.
+    "HOT_PATH": env_bool("TASKPILOTS_HOT_PATH", True),
     # Default hard timeout of a tool call when the tool declares none.
     "TOOL_TIMEOUT_SECONDS": env_float("TASKPILOTS_TOOL_TIMEOUT_SECONDS", 10.0, minimum=0.1),
     # A runnable run with no live lease and no activity for this long is re-enqueued.

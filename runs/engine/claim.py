@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -12,13 +12,24 @@ from runs import workflows as workflow_registry
 from runs.engine.compensation import finish_compensation
 from runs.engine.context import build_context
 from runs.engine.dispatch import conf, worker_id
-from runs.models import FailureClass, Run, Step, TimelineEvent, Wait, to_json_value
+from runs.models import (
+    FailureClass,
+    Lease,
+    Run,
+    SideEffect,
+    Step,
+    TimelineEvent,
+    Wait,
+    to_json_value,
+)
+from runs.people import Pause
 from runs.verbs import Verb
 from runs.workflows import Context, DynamicStep, StepDef, Workflow
 
 # Where runs that cannot go on by themselves wait for a person (no rule is asked: nothing
 # failed, something is missing).
 OPS_QUEUE = "ops"
+UNCHECKED = object()
 
 
 @dataclass
@@ -32,6 +43,25 @@ class Claim:
     ctx: Context
     worker: str
     reclaimed: bool = False
+    # The run's steps as this worker knows them (the one claimed included), and whether this
+    # claim created the step: what the inline path needs to go on without reading them again.
+    steps: list[Step] = field(default_factory=list)
+    fresh: bool = False
+    # The open pause of the step's tool, read in the claim's own round trip (runs.engine.inline)
+    # so the call needs no second one; UNCHECKED when the claim did not read it.
+    pause: Pause | None | object = UNCHECKED
+    # The side effect's snapshot and intent when they were written with the claim, and the
+    # parameters they were written for (runs.engine.inline).
+    intent: tuple[SideEffect, dict] | None = None
+    # While the claim's own batch is being built (runs.engine.inline): where its pause and its
+    # intent are among the batch's parts.
+    pause_index: int | None = None
+    intent_parts: tuple | None = None
+
+    @property
+    def lease(self) -> Lease:
+        """What this worker holds: recording anything for the step is conditional on it."""
+        return Lease(self.worker, self.step.attempts)
 
 
 def lease_until(now: datetime) -> datetime:
@@ -71,7 +101,7 @@ def claim_next(run_id, *, worker: str | None = None, now: datetime | None = None
         ctx = build_context(run, steps)
         if current is None:
             return _open_next_step(run, workflow, steps, ctx, worker, now)
-        return _claim_existing(run, workflow, current, ctx, worker, now)
+        return _claim_existing(run, workflow, current, ctx, worker, now, steps)
 
 
 def _next_choice(run: Run, workflow: Workflow, steps: list[Step], ctx: Context):
@@ -101,6 +131,19 @@ def _open_next_step(run, workflow, steps, ctx, worker, now) -> Claim | None:
     if choice is None:
         run.succeed(ctx.results.get(steps[-1].name) if steps else None)
         return None
+    step, definition = new_step(run, workflow, steps, choice, worker, now)
+    # Created already running (one INSERT instead of INSERT + claim); its event follows in this
+    # same transaction.
+    step.save(force_insert=True)
+    if definition.stage and run.stage != definition.stage:
+        run.enter_stage(definition.stage)
+    TimelineEvent.append(run.pk, Verb.STEP_STARTED, step.started_data())
+    return claim_of(run, step, workflow, definition, ctx, worker, steps)
+
+
+def new_step(run, workflow, steps, choice, worker, now) -> tuple[Step, StepDef]:
+    """The row (unsaved, already running and leased to `worker`) of the step the workflow
+    chose after `steps`, and its definition."""
     spec = choice.spec()
     name = choice.name
     if isinstance(choice, DynamicStep) and steps:
@@ -108,13 +151,10 @@ def _open_next_step(run, workflow, steps, ctx, worker, now) -> Claim | None:
         after = previous.spec.get("after", "") if previous.spec.get("dynamic") else previous.name
         spec.setdefault("after", after)
     definition = workflow.definition_of(name, spec) if spec else choice
-    iteration = sum(1 for s in steps if s.name == name)
-    # Created already running (one INSERT instead of INSERT + claim); its event follows in this
-    # same transaction.
-    step = Step.objects.create(
+    step = Step(
         run=run,
         name=name,
-        iteration=iteration,
+        iteration=sum(1 for s in steps if s.name == name),
         position=(steps[-1].position + 1) if steps else 0,
         kind=definition.kind,
         stage=definition.stage,
@@ -125,25 +165,16 @@ def _open_next_step(run, workflow, steps, ctx, worker, now) -> Claim | None:
         lease_owner=worker,
         lease_expires_at=lease_until(now),
         started_at=now,
+        created_at=now,
     )
-    if definition.stage and run.stage != definition.stage:
-        run.enter_stage(definition.stage)
-    TimelineEvent.append(
-        run.pk,
-        Verb.STEP_STARTED,
-        {
-            "step": name,
-            "iteration": iteration,
-            "kind": step.kind,
-            "attempt": 1,
-            "stage": step.stage,
-            "from": "",
-            "to": Step.Status.RUNNING,
-        },
-    )
-    ctx.iteration = iteration
+    return step, definition
+
+
+def claim_of(run, step, workflow, definition, ctx, worker, steps) -> Claim:
+    """The claim of a step this worker just created (and leased)."""
+    ctx.iteration = step.iteration
     ctx.spec = step.spec
-    return Claim(run, step, workflow, definition, ctx, worker)
+    return Claim(run, step, workflow, definition, ctx, worker, steps=[*steps, step], fresh=True)
 
 
 def _not_claimable(run: Run, step: Step, now: datetime) -> tuple[bool, bool]:
@@ -178,7 +209,7 @@ def _not_claimable(run: Run, step: Step, now: datetime) -> tuple[bool, bool]:
     return False, False
 
 
-def _claim_existing(run, workflow, step, ctx, worker, now) -> Claim | None:
+def _claim_existing(run, workflow, step, ctx, worker, now, steps) -> Claim | None:
     skip, reclaimed = _not_claimable(run, step, now)
     if skip:
         return None
@@ -202,4 +233,4 @@ def _claim_existing(run, workflow, step, ctx, worker, now) -> Claim | None:
         )
     ctx.iteration = step.iteration
     ctx.spec = step.spec
-    return Claim(run, step, workflow, definition, ctx, worker, reclaimed=reclaimed)
+    return Claim(run, step, workflow, definition, ctx, worker, reclaimed=reclaimed, steps=steps)

@@ -6,8 +6,9 @@ import time
 
 from django.db import transaction
 
+from runs.engine import inline
 from runs.engine.claim import Claim, claim_next
-from runs.engine.dispatch import conf, enqueue
+from runs.engine.dispatch import conf, enqueue, worker_id
 from runs.engine.record import record_outcome
 from runs.engine.steps import execute
 from runs.models import Run
@@ -25,24 +26,38 @@ def advance(run_id, *, worker: str | None = None, budget: float | None = None) -
     """Execute the run's steps until it parks, finishes, or the time budget is spent.
 
     Returns the number of steps executed. Consecutive steps that need no wait run in this one
-    invocation, so a run costs database commits rather than broker round trips; past the budget
-    the run is handed back to the broker.
+    invocation, so a run costs database commits rather than broker round trips. The common case
+    of each protocol step takes one round trip (runs.engine.inline: a fresh run's first claim, a
+    success recorded with the next step's claim); anything else goes through the model verbs
+    (claim_next, record_outcome). Past the budget the run is handed back to the broker.
     """
+    worker = worker or worker_id()
     budget = conf("INLINE_BUDGET_SECONDS") if budget is None else budget
     deadline = time.monotonic() + budget
     executed = 0
-    while True:
+    claim = inline.claim_fresh(run_id, worker)
+    if claim is inline.ORDINARY:
         claim = claim_next(run_id, worker=worker)
-        if claim is None:
-            return executed
-        go_on = invoke_step(claim)
+    while claim is not None:
+        outcome = execute(claim)
         executed += 1
-        if not go_on:
+        go_on = time.monotonic() < deadline
+        following = inline.record_and_continue(claim, outcome, go_on=go_on)
+        if following is None:  # the ordinary path
+            if not record_outcome(claim, outcome):
+                return executed
+            if go_on:
+                claim = claim_next(run_id, worker=worker)
+                continue
+            following = inline.RECORDED
+        if following is inline.DONE:
             return executed
-        if time.monotonic() >= deadline:
+        if following is inline.RECORDED:
             with transaction.atomic():
                 enqueue(run_id)
             return executed
+        claim = following
+    return executed
 
 
 def run_until_quiet(run_id, *, max_steps: int = 1000) -> Run:

@@ -19,9 +19,11 @@ from enum import StrEnum
 from django.db import transaction
 from django.utils import timezone
 
+from runs.batch import SNAPSHOT_IDS, Batch, Refused
 from runs.engine.calls import build_params, call_context, check_scope
 from runs.engine.claim import Claim
 from runs.engine.context import prior_results_summary
+from runs.engine.dispatch import conf
 from runs.engine.outcomes import Failed, Outcome, Recheck, Succeeded, UnknownOutcome
 from runs.models import (
     FailureClass,
@@ -31,6 +33,7 @@ from runs.models import (
     Snapshot,
     Step,
     TimelineEvent,
+    chain_heads,
     digest,
     to_json_value,
 )
@@ -65,16 +68,20 @@ def execute_side_effect(claim: Claim, tool: Tool) -> Outcome:
     """The protocol for one attempt of a side-effect step (see the module docstring)."""
     if not tool.side_effect:
         raise ToolError(FailureClass.INVALID_INPUT, f"{tool.name} is not a side-effect tool")
-    params = build_params(claim, tool)
-    check_scope(claim, tool)
-    key = idempotency_key_for(claim.step)
-    try:
-        effect, done = write_intent(claim, tool, params, key)
-    except IdempotencyKeyConflict as exc:
-        conflict = (Verb.SIDE_EFFECT_KEY_CONFLICT, {"key": key, "step": claim.step.name})
-        return Failed(FailureClass.INVALID_INPUT, str(exc), events=[conflict])
-    if done is not None:
-        return done
+    if claim.intent is not None:  # written with the claim (runs.engine.inline)
+        effect, params = claim.intent
+        key = effect.idempotency_key
+    else:
+        params = build_params(claim, tool)
+        check_scope(claim, tool)
+        key = idempotency_key_for(claim.step)
+        try:
+            effect, done = write_intent(claim, tool, params, key)
+        except IdempotencyKeyConflict as exc:
+            conflict = (Verb.SIDE_EFFECT_KEY_CONFLICT, {"key": key, "step": claim.step.name})
+            return Failed(FailureClass.INVALID_INPUT, str(exc), events=[conflict])
+        if done is not None:
+            return done
     if effect.status == SideEffect.Status.UNKNOWN:
         settled = _settle_previous_attempt(claim, tool, effect)
         if settled is not None:
@@ -119,7 +126,7 @@ def _after_failed_call(claim: Claim, tool: Tool, effect: SideEffect, exc: ToolEr
     return unknown_outcome(tool, effect, exc.message)
 
 
-def _snapshot_fields(claim: Claim, tool: Tool, params: dict, key: str) -> dict:
+def snapshot_fields(claim: Claim, tool: Tool, params: dict, key: str) -> dict:
     run = claim.run
     return {
         "workflow_version": run.workflow_version,
@@ -157,6 +164,10 @@ def write_intent(
     """
     run, step = claim.run, claim.step
     checksum = digest(params)
+    fields = snapshot_fields(claim, tool, params, key)
+    fresh = _write_fresh_intent(claim, tool, fields, checksum, key)
+    if fresh is not None:
+        return fresh, None  # a new key on a first attempt: one round trip
     with transaction.atomic():
         Run.lock(run.pk)  # the lock order: the run before its ledger row
         effect = SideEffect.objects.select_for_update().filter(idempotency_key=key).first()
@@ -164,7 +175,7 @@ def write_intent(
             settled = _known_key(run, step, effect, checksum)
             if settled is not False:
                 return effect, settled
-        snapshot = Snapshot.write(step, **_snapshot_fields(claim, tool, params, key))
+        snapshot = Snapshot.write(step, **fields)
         missing = snapshot.missing_fields
         required_missing = [f for f in tool.required_snapshot_fields if f in missing]
         if required_missing:
@@ -178,6 +189,67 @@ def write_intent(
             effect.intend_again(snapshot)
         step.remember_key(key)
     return effect, None
+
+
+def prepare_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, key: str):
+    """The unsaved Snapshot and `intended` SideEffect of the first call of a freshly claimed
+    step (what write_intent writes), or None when the snapshot lacks a field the tool requires
+    (write_intent refuses the call and says which)."""
+    snapshot = Snapshot.prepare(claim.step, **fields)
+    if set(tool.required_snapshot_fields) & set(snapshot.missing_fields):
+        return None
+    now = timezone.now()
+    snapshot.id, snapshot.created_at = SNAPSHOT_IDS.next(), now
+    effect = SideEffect(
+        idempotency_key=key,
+        run=claim.run,
+        step=claim.step,
+        snapshot=snapshot,
+        tool=snapshot.tool,
+        target=snapshot.target_resource,
+        params_checksum=checksum,
+        created_at=now,
+        updated_at=now,
+        attempted_at=now,
+    )
+    return snapshot, effect
+
+
+def intent_in(batch, claim: Claim, snapshot: Snapshot, effect: SideEffect, *, new_step=False):
+    """The prepared snapshot and intent as parts of a batch (Snapshot.write_in,
+    SideEffect.intend_in, the step's key), only while the claim holds the step — or, when the
+    same batch creates the step, with the key on its row from the start (set it before
+    Step.open_in). A key used before makes the batch fail on its unique constraint. The index
+    of the ledger row's id among the batch's values."""
+    if not new_step:
+        claim.step.remember_key_in(batch, effect.idempotency_key, held_by=claim.lease)
+    snapshot.write_in(batch)
+    return effect.intend_in(batch)
+
+
+def intent_written(effect: SideEffect, index: int, values: list) -> SideEffect:
+    """After the batch committed: the ledger row as saved."""
+    effect.snapshot._state.adding = False
+    effect.id, effect._state.adding = values[index], False
+    effect.step.idempotency_key = effect.idempotency_key
+    return effect
+
+
+def _write_fresh_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, key: str):
+    """write_intent's common case in one round trip: a fresh step's first attempt. None when
+    the ordinary path must decide (nothing was written)."""
+    head = chain_heads.get(claim.run.pk)
+    if not conf("HOT_PATH") or not claim.fresh or claim.step.attempts != 1 or head is None:
+        return None
+    prepared = prepare_intent(claim, tool, fields, checksum, key)
+    if prepared is None:
+        return None
+    batch = Batch(claim.run.pk, head, expect_status=Run.Status.RUNNING)
+    index = intent_in(batch, claim, *prepared)
+    try:
+        return intent_written(prepared[1], index, batch.commit())
+    except Refused:
+        return None
 
 
 def _known_key(run: Run, step: Step, effect: SideEffect, checksum: str):

@@ -81,7 +81,7 @@ def _settle_ledger(claim: Claim, outcome: Outcome) -> None:
 
 
 def _apply(claim: Claim, outcome: Outcome) -> bool:
-    run, step, lease = claim.run, claim.step, claim.worker
+    run, step, lease = claim.run, claim.step, claim.lease
     match outcome:
         case Succeeded(result=result, degraded=degraded):
             recovered = bool(step.error_class) or step.attempts > 1

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from runs import tools as tool_registry
 from runs.engine.calls import build_params, call_context, check_scope
-from runs.engine.claim import Claim
+from runs.engine.claim import UNCHECKED, Claim
 from runs.engine.ledger import execute_side_effect
 from runs.engine.outcomes import (
     AskApproval,
@@ -57,7 +57,7 @@ def held_by_pause(claim: Claim, tool_name: str) -> HeldByPause | None:
     than the call it guards. Checked before the snapshot and intent are written, so a held side
     effect leaves nothing half-done (and no lookup-by-key call is made either).
     """
-    pause = people().pause_of(tool_name)
+    pause = claim.pause if claim.pause is not UNCHECKED else people().pause_of(tool_name)
     if pause is None:
         if claim.step.routing.get("paused_tool"):
             end_pause_hold(claim.run, claim.step)

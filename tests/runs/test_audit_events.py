@@ -70,12 +70,20 @@ ALLOWED = {
         "the lease-reclaim UPDATE(**fields) holds only the lease (attempts, owner, expiry); the "
         "status stays running and step.lease_reclaimed is appended with it"
     ),
-    ("runs/engine/claim.py", "_open_next_step"): (
-        "creates the step already running (one INSERT instead of INSERT + claim); the "
-        "step.started event is appended right after, in the same claim transaction"
+    ("runs/engine/claim.py", "new_step"): (
+        "builds the unsaved row of a step created already running (one INSERT instead of "
+        "INSERT + claim); whoever saves it appends step.started in the same transaction "
+        "(claim._open_next_step, or Step.open_in in a batch)"
     ),
     ("runs/models.py", "<module>"): (
-        "_APPEND_SQL, the timeline append itself: its UPDATE runs_run moves only the chain head"
+        "_APPEND_SQL, the timeline append itself (its UPDATE runs_run moves only the chain "
+        "head), and the statements of the batched verbs (Step.open_in, Step.succeed_in, "
+        "Step.remember_key_in, Snapshot.write_in, SideEffect.intend_in, SideEffect.commit_in): "
+        "each of those methods adds its event to the same batch, so both commit or neither does"
+    ),
+    ("runs/batch.py", "Batch._run_change"): (
+        "the run's row in a batch: the chain head, and the changes of Run.start_in / "
+        "Run.succeed_in, which add their events to the same statement"
     ),
     ("taskpilots/evidence/loadgen.py", "*"): (
         "synthetic history for the metrics benchmarks: builds whole finished runs together "

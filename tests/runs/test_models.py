@@ -10,6 +10,7 @@ from runs.models import (
     ConcurrentUpdate,
     ImmutableRecord,
     InvalidTransition,
+    Lease,
     Run,
     SideEffect,
     Snapshot,
@@ -129,9 +130,18 @@ class TestStepAndSideEffectTransitions:
             step._move(target, "test.step")
 
     def test_a_worker_that_lost_its_lease_cannot_record(self):
-        step = StepFactory(status=Step.Status.RUNNING, lease_owner="worker-b")
+        step = StepFactory(status=Step.Status.RUNNING, lease_owner="worker-b", attempts=2)
         with pytest.raises(ConcurrentUpdate):
-            step.succeed({}, held_by="worker-a")
+            step.succeed({}, held_by=Lease("worker-a", 2))
+
+    def test_an_earlier_attempt_of_the_same_worker_cannot_record(self):
+        # Two threads of one process share the worker's name: the attempt fences the older one.
+        step = StepFactory(status=Step.Status.RUNNING, lease_owner="worker-a", attempts=3)
+        with pytest.raises(ConcurrentUpdate):
+            step.succeed({}, held_by=Lease("worker-a", 2))
+        step.succeed({}, held_by=Lease("worker-a", 3))
+        step.refresh_from_db()
+        assert step.status == Step.Status.SUCCEEDED
 
     @pytest.mark.parametrize(("source", "target"), _all_pairs(SideEffect.TRANSITIONS))
     def test_every_allowed_side_effect_transition(self, source, target):

@@ -1,0 +1,218 @@
+"""One round trip per transaction: a state change of one run as one prepared SQL statement.
+
+The engine's hot path (runs.engine.inline) records the batched forms of the model verbs
+(`Run.start_in`, `Step.succeed_in`, `SideEffect.commit_in`, …: the same rows, the same
+compare-and-sets and the same hash-chained timeline events as the verbs) as one statement
+whose parts are data-modifying CTEs, sent with server-side binding as a prepared statement.
+PostgreSQL plans each of the hot path's few statement shapes once per connection and runs the
+statement as a transaction of its own (all of it or nothing); the worker pays for one execute
+instead of one per statement, and no ORM.
+
+1. The run's row is changed first (the final SELECT reads its part first: the lock order), by a
+   compare-and-set on the chain head the worker holds (`event_seq`, `event_hash`) and the status
+   it expects. The worker hashes the transaction's events itself, in order, from that head.
+2. Every other compare-and-set must touch exactly one row (`tp_assert`, runs/migrations/0010):
+   a row that is not in the state the worker expects (a lease taken back, a run cancelled or
+   taken over, a key used before) makes the statement raise, nothing is written, and `Refused`
+   tells the caller to take the ordinary path (the model verbs), which knows what to do in every
+   case.
+3. The events go in one INSERT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import psycopg
+from django.db import DatabaseError, connection, transaction
+
+from runs.models import SqlValue, TimelineEvent, chain_heads
+
+# tp_assert's SQLSTATE, and the unique violation (a key or position someone else took first).
+_REFUSALS = {"TP001", "23505"}
+
+# The events travel as one JSON array (cheaper to build and to send than eight arrays).
+_INSERT_EVENTS = (
+    "INSERT INTO runs_timelineevent "
+    "(run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash) "
+    "SELECT %s, e.seq, e.at, e.actor, e.verb, e.data, e.digest, false, e.prev, e.hash FROM "
+    "json_to_recordset(%s::json) AS e(seq int, at timestamptz, actor text, verb text, "
+    "data jsonb, digest text, prev text, hash text)"
+)
+
+
+_string = json.JSONEncoder(ensure_ascii=False).encode
+
+
+class Refused(Exception):
+    """The transaction did not apply: a row was not as expected. Nothing was written."""
+
+
+class Batch:
+    """The parts of one transaction of one run, sent as one statement by `commit()`."""
+
+    def __init__(self, run_id, head: tuple[int, str], *, expect_status: str | None = None):
+        self.run_id = run_id
+        self.head = head
+        self.seq, self.hash = head
+        self.expect_status = expect_status
+        self.run_changes: dict[str, Any] = {}
+        # (CTE body, params, what) — `what` names the guard of a change that must touch exactly
+        # one row; None for an INSERT whose id is returned.
+        self.parts: list[tuple[str, list, str | None]] = []
+        self.values: list[tuple[str, list]] = []  # scalar subqueries whose value is returned
+        self.checks: list[tuple[str, list, str]] = []
+        self.events: list[str] = []  # each a JSON object (see event)
+        self.last_at = None
+
+    def change_run(self, **changes: Any) -> None:
+        """Columns of the run's row to change together with its head."""
+        self.run_changes.update(changes)
+
+    def must(self, sql: str, params: list, what: str) -> None:
+        """An UPDATE or INSERT that must touch exactly one row, or nothing is written."""
+        self.parts.append((sql, params, what))
+
+    def insert(self, sql: str, params: list) -> int:
+        """An INSERT … RETURNING id; its id is among commit()'s values."""
+        self.parts.append((sql, params, None))
+        return self._value(f"(SELECT id FROM c{len(self.parts) - 1})", [])
+
+    def read(self, sql: str, params: list) -> int:
+        """A read in the same round trip: its first row as a dict of its columns (or None)."""
+        return self._value(f"(SELECT row_to_json(r) FROM ({sql}) r LIMIT 1)", params)
+
+    def check(self, condition: str, params: list, what: str) -> None:
+        """A condition that must hold when the statement runs, or nothing is written."""
+        self.checks.append((condition, params, what))
+
+    def _value(self, sql: str, params: list) -> int:
+        self.values.append((sql, params))
+        return len(self.values) - 1
+
+    def event(self, verb: str, data: dict, *, actor: str = "system") -> None:
+        """A timeline event of this transaction, chained after the previous one."""
+        self.seq += 1
+        at, actor, verb, text, data_digest, event_hash = TimelineEvent.chained(
+            self.seq, self.hash, verb, data, actor=actor
+        )
+        self.last_at = at
+        # `text` is canonical JSON already: it goes in as the object it encodes.
+        self.events.append(
+            f'{{"seq":{self.seq},"at":"{at.isoformat()}","actor":{_string(actor)},'
+            f'"verb":{_string(verb)},"data":{text},"digest":"{data_digest}",'
+            f'"prev":"{self.hash}","hash":"{event_hash}"}}'
+        )
+        self.hash = event_hash
+
+    def statement(self) -> tuple[str, list]:
+        """The one statement: the run's change, the parts, the events, then the guards and
+        the returned values."""
+        ctes, params, checks = [], [], []
+        run_sql, run_params = self._run_change()
+        ctes.append(f"run AS ({run_sql} RETURNING 1)")
+        params += run_params
+        checks.append("tp_assert((SELECT count(*) FROM run) = 1, 'run moved')")
+        for n, (sql, part_params, what) in enumerate(self.parts):
+            ctes.append(f"c{n} AS ({sql}{' RETURNING 1' if what else ''})")
+            params += part_params
+            if what:
+                checks.append(f"tp_assert((SELECT count(*) FROM c{n}) = 1, '{what}')")
+        ctes.append(f"events AS ({_INSERT_EVENTS})")
+        params += [self.run_id, f"[{','.join(self.events)}]"]
+        for condition, check_params, what in self.checks:
+            checks.append(f"tp_assert({condition}, '{what}')")
+            params += check_params
+        selected = checks + [sql for sql, _ in self.values]
+        for _, value_params in self.values:
+            params += value_params
+        return f"WITH {', '.join(ctes)} SELECT {', '.join(selected)}", params
+
+    def _run_change(self) -> tuple[str, list]:
+        sets = ["event_seq = %s", "event_hash = %s", "updated_at = %s"]
+        params: list[Any] = [self.seq, self.hash, self.last_at]
+        for column, value in self.run_changes.items():
+            if isinstance(value, SqlValue):
+                sets.append(f"{column} = {value}")
+            else:
+                sets.append(f"{column} = %s")
+                params.append(value)
+        where = "id = %s AND event_seq = %s AND event_hash = %s"
+        params += [self.run_id, *self.head]
+        if self.expect_status is not None:
+            where += " AND status = %s"
+            params.append(self.expect_status)
+        return f"UPDATE runs_run SET {', '.join(sets)} WHERE {where}", params
+
+    def commit(self) -> list:
+        """Run the statement (one round trip, its own transaction); the values of `insert` and
+        `read`, by the index they returned. Raises Refused when a guard failed."""
+        if not self.events:
+            raise ValueError("a batch records at least one event")
+        sql, params = self.statement()
+        try:
+            row = execute_one(sql, params)
+        except DatabaseError as exc:
+            sqlstate = getattr(exc.__cause__, "sqlstate", None)
+            if sqlstate in _REFUSALS:
+                raise Refused(str(exc.__cause__).splitlines()[0]) from exc
+            raise
+        chain_heads.remember(self.run_id, self.seq, self.hash)
+        checks = 1 + sum(1 for _, _, what in self.parts if what) + len(self.checks)
+        return list(row[checks:])
+
+
+def execute_one(sql: str, params: list, *, writes: bool = True):
+    """One prepared statement with server-side binding; its first row. Outside a transaction
+    (the engine's case) it is a transaction of its own; inside one (tests), a savepoint keeps a
+    refused statement from aborting the caller's transaction."""
+    connection.ensure_connection()
+    try:
+        if writes and connection.in_atomic_block:
+            with transaction.atomic():
+                return _execute(sql, params)
+        return _execute(sql, params)
+    finally:
+        if connection.queries_logged:  # what the tests' statement counts see
+            connection.queries_log.append({"sql": sql, "time": "0.000"})
+
+
+def _execute(sql: str, params: list):
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(sql, params, prepare=True)
+        return cursor.fetchone()
+
+
+class Ids:
+    """Ids taken from a table's sequence ahead of the INSERTs, so an event in the same statement
+    can name the row (a snapshot's `snapshot.written` event names its id). Per process: a block
+    at a time, fetched again after a fork."""
+
+    BLOCK = 64
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+        self.free: list[int] = []
+        self.pid = os.getpid()
+
+    def next(self) -> int:
+        if self.pid != os.getpid():
+            self.free, self.pid = [], os.getpid()
+        try:
+            return self.free.pop()
+        except IndexError:
+            pass
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+                [self.table, self.BLOCK],
+            )
+            block = [row[0] for row in cursor.fetchall()]
+        self.free = block[::-1][:-1] + self.free  # threads may refill at once: keep theirs
+        return block[0]
+
+
+SNAPSHOT_IDS = Ids("runs_snapshot")
+STEP_IDS = Ids("runs_step")

@@ -1,0 +1,262 @@
+"""The hot path: the common case of each protocol step as one round trip (runs.batch).
+
+- `claim_fresh`: a run that was just started — its start and its first step's claim, after
+  one read.
+- `record_and_continue`: a step that succeeded (a side effect with its receipt) and the run's
+  next step claimed, or the run's success.
+- `write_intent`: a fresh side-effect step's snapshot and `intended` ledger row.
+
+A claim made here also reads the open pause of the claimed step's tool in the same round trip,
+so the call needs no query of its own. Only the common case goes this way: a running run, a step
+that succeeded on its first attempt, a next step the workflow chooses from what this worker
+already holds, an idempotency key used for the first time. Anything else — and any guard that
+fails because a row moved (a lease taken back, a run cancelled or taken over, a key used before,
+a chain head another process moved) — takes the ordinary path through the model verbs, which
+write the same records one statement at a time and know what to do in every case. Both paths
+write the same rows and the same timeline events (tests/runs/test_inline.py compares them).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from django.db import connection
+from django.utils import timezone
+
+from runs import tools as tool_registry
+from runs import workflows as workflow_registry
+from runs.batch import STEP_IDS, Batch, Refused, execute_one
+from runs.engine.calls import build_params, check_scope
+from runs.engine.claim import UNCHECKED, Claim, claim_of, new_step
+from runs.engine.context import build_context
+from runs.engine.dispatch import conf
+from runs.engine.ledger import (
+    idempotency_key_for,
+    intent_in,
+    intent_written,
+    prepare_intent,
+    snapshot_fields,
+)
+from runs.engine.outcomes import Outcome, Succeeded
+from runs.models import Run, SideEffect, Step, StepKind, chain_heads, digest
+from runs.people import Pause, people
+from runs.tools import ToolError
+from runs.workflows import DynamicStep, StepDef
+
+# What recording found besides the next claim: the run ended with this step, or the step is
+# recorded and the run has more to do later (the time budget is spent).
+DONE = "done"
+RECORDED = "recorded"
+# claim_fresh: the run is not a fresh one; claim it through the ordinary path.
+ORDINARY = "ordinary"
+
+_RUN_FIELDS = Run._meta.concrete_fields
+_SELECT_RUN = (
+    f"SELECT {', '.join(f'r.{f.column}' for f in _RUN_FIELDS)}, "
+    "EXISTS (SELECT 1 FROM runs_step s WHERE s.run_id = r.id) FROM runs_run r WHERE r.id = %s"
+)
+
+
+def _run_from_row(row) -> Run:
+    values = [
+        f.from_db_value(value, None, connection) if hasattr(f, "from_db_value") else value
+        for f, value in zip(_RUN_FIELDS, row, strict=True)
+    ]
+    return Run.from_db("default", [f.attname for f in _RUN_FIELDS], values)
+
+
+# --------------------------------------------------------------------------------------------
+# Claiming a fresh run
+
+
+def claim_fresh(run_id, worker: str) -> Claim | str | None:
+    """Start a run that was just created and claim its first step, in one round trip after one
+    read. Returns the Claim, None when the run has nothing to do (gone or not runnable), or
+    ORDINARY when it is not a fresh run (the ordinary claim decides)."""
+    if not conf("HOT_PATH"):
+        return ORDINARY
+    row = execute_one(_SELECT_RUN, [run_id], writes=False)
+    if row is None:
+        return None
+    run, has_steps = _run_from_row(row[:-1]), row[-1]
+    if run.status not in Run.RUNNABLE:
+        return None
+    if run.status != Run.Status.PENDING or has_steps:
+        return ORDINARY
+    try:
+        workflow = workflow_registry.get(run.workflow, run.workflow_version)
+    except workflow_registry.UnknownWorkflow:
+        return ORDINARY  # the ordinary claim hands it to a person
+    step, definition = new_step(run, workflow, [], workflow.steps[0], worker, timezone.now())
+    batch = Batch(run.pk, (run.event_seq, run.event_hash), expect_status=Run.Status.PENDING)
+    run.start_in(batch)
+    claim = _claim_in(batch, run, workflow, step, definition, build_context(run, []), [], worker)
+    try:
+        values = batch.commit()
+    except Refused:
+        return ORDINARY
+    run.status, run.lock_version = Run.Status.RUNNING, run.lock_version + 1
+    return _claimed(claim, values)
+
+
+def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Claim:
+    """The claim of a new step (built by runs.engine.claim.new_step) as parts of `batch`: the
+    run's stage, the open pause of the step's tool read back, the step created running and
+    leased and, for a side effect, its first call's snapshot and intent (the parameters are
+    pure: built once, here). Complete once the batch has committed (_claimed)."""
+    step.id = STEP_IDS.next()
+    claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
+    run.enter_stage_in(batch, definition.stage)
+    pause = _pause_statement(definition)
+    claim.pause_index = None if pause is None else batch.read(*pause)
+    call = _prepare_call(claim) if definition.kind == StepKind.SIDE_EFFECT else None
+    if call is not None:
+        step.idempotency_key = call[1].idempotency_key
+    step.open_in(batch)
+    if call is not None:
+        index = intent_in(batch, claim, call[0], call[1], new_step=True)
+        if pause is not None:  # never an intent for a paused tool
+            batch.check(f"NOT EXISTS ({pause[0]})", pause[1], "tool paused")
+        claim.intent_parts = (call[1], index, call[2])
+    return claim
+
+
+def _prepare_call(claim: Claim):
+    """(snapshot, intent, parameters) of the claimed side effect's first call, unless building
+    them needs the ordinary path: a parameter or scope error, a missing snapshot field (it
+    says which), a tool that is not a side effect."""
+    try:
+        tool = tool_registry.get(claim.definition.tool)
+        if not tool.side_effect:
+            return None
+        params = build_params(claim, tool)
+        check_scope(claim, tool)
+    except (ToolError, tool_registry.UnknownTool):
+        return None
+    key = idempotency_key_for(claim.step)
+    fields = snapshot_fields(claim, tool, params, key)
+    prepared = prepare_intent(claim, tool, fields, digest(params), key)
+    return None if prepared is None else (*prepared, params)
+
+
+def _claimed(claim: Claim, values: list) -> Claim:
+    """The claim once its batch committed."""
+    claim.step._state.adding = False
+    claim.run.stage = claim.step.stage or claim.run.stage
+    claim.pause = _pause_from(values, claim.pause_index)
+    if claim.intent_parts is not None:
+        effect, index, params = claim.intent_parts
+        claim.intent = (intent_written(effect, index, values), params)
+    return claim
+
+
+def _pause_statement(definition: StepDef) -> tuple[str, list] | None:
+    """The read of the open pause of the step's tool (steps.held_by_pause), for its claim."""
+    if definition.kind not in (StepKind.READ, StepKind.SIDE_EFFECT) or not definition.tool:
+        return None
+    return people().pause_statement(definition.tool)
+
+
+def _pause_from(values: list, index: int | None):
+    if index is None:
+        return UNCHECKED
+    row = values[index]
+    return Pause(row["id"], row["reason"]) if row else None
+
+
+# --------------------------------------------------------------------------------------------
+# Recording a success and claiming the next step
+
+
+def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim | str | None:
+    """Record a succeeded step and, when `go_on`, claim the run's next step, in one round trip.
+
+    Returns the next Claim, DONE when the run succeeded with this step, RECORDED when `go_on`
+    is false (the step is recorded, nothing claimed), or None when this outcome must take the
+    ordinary path (nothing was written).
+    """
+    if not _inline(claim, outcome):
+        return None
+    run, step = claim.run, claim.step
+    head = chain_heads.get(run.pk)
+    if head is None:
+        return None
+    batch = Batch(run.pk, head, expect_status=Run.Status.RUNNING)
+    now = timezone.now()
+    result = outcome.result
+    if outcome.committed is not None:
+        effect, receipt = outcome.committed
+        effect.commit_in(batch, receipt, confirmed_by="tool", now=now, data={"step": step.name})
+    step.succeed_in(batch, result, held_by=claim.lease, now=now)
+    following = _plan_next(batch, claim, result, now) if go_on else None
+    if following is None and go_on:
+        return None
+    try:
+        values = batch.commit()
+    except Refused:
+        return None
+    _remember_success(claim, outcome, result, now)
+    if following is None:
+        return RECORDED
+    if following is DONE:
+        run.status, run.result = Run.Status.SUCCEEDED, result
+        run.lock_version += 1
+        chain_heads.forget(run.pk)
+        return DONE
+    # The claim's steps, with this worker's own row (now done) instead of its stand-in.
+    following.steps = [step if s.pk == step.pk else s for s in following.steps]
+    return _claimed(following, values)
+
+
+def _inline(claim: Claim, outcome: Outcome) -> bool:
+    return (
+        conf("HOT_PATH")
+        and isinstance(outcome, Succeeded)
+        and outcome.degraded is None
+        and not outcome.events
+        and claim.run.status == Run.Status.RUNNING
+        and not claim.step.spec.get("compensates")
+        and not claim.step.error_class
+        and claim.step.attempts == 1
+    )
+
+
+def _plan_next(batch: Batch, claim: Claim, result, now):
+    """Add the next step's claim (or the run's success) to the batch; None when choosing it
+    needs the ordinary path (an unfinished step after this one, or a next() that fails).
+    Returns DONE, or the next step's Claim (complete once the batch has committed)."""
+    run, step, workflow = claim.run, claim.step, claim.workflow
+    if any(s.status in Step.UNFINISHED for s in claim.steps if s.pk != step.pk):
+        return None
+    # The claim's own step changes only once the batch has committed: the context sees it done.
+    done = SimpleNamespace(
+        name=step.name,
+        iteration=step.iteration,
+        status=Step.Status.SUCCEEDED,
+        result=result,
+        kind=step.kind,
+        tool=step.tool,
+        position=step.position,
+        spec=step.spec,
+        pk=step.pk,
+    )
+    steps = [done if s.pk == step.pk else s for s in claim.steps]
+    ctx = build_context(run, steps)
+    try:
+        choice: StepDef | DynamicStep | None = workflow.following(ctx, step.name, step.spec)
+    except Exception:
+        return None  # the ordinary claim asks a person, with the error
+    if choice is None:
+        run.succeed_in(batch, result, now)
+        return DONE
+    following, definition = new_step(run, workflow, steps, choice, claim.worker, now)
+    return _claim_in(batch, run, workflow, following, definition, ctx, steps, claim.worker)
+
+
+def _remember_success(claim: Claim, outcome: Succeeded, result, now) -> None:
+    step = claim.step
+    step.status, step.result, step.finished_at = Step.Status.SUCCEEDED, result, now
+    step.lease_owner, step.lease_expires_at = "", None
+    if outcome.committed is not None:
+        effect = outcome.committed[0]
+        effect.status, effect.committed_at = SideEffect.Status.COMMITTED, now
