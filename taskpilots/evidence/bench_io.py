@@ -38,6 +38,7 @@ from django.utils import timezone
 
 from runs import engine
 from runs.models import Run, SideEffect, Step
+from runs.tasks import advance_run
 from taskpilots.evidence import scratch
 from taskpilots.evidence.bench import BENCH_MODULES, Say, _worker_pool, broker_name, percentile
 from taskpilots.evidence.workers import ROOT, database_url
@@ -81,6 +82,8 @@ def bench_io(
         "max_connections": max_connections,
         **dbos,
     }
+    if sampler.error:  # the memory and connection peaks stopped there
+        result["sampler_error"] = sampler.error
     if dbos.get("dbos_makespan_s") and ours.get("makespan_s"):
         result["vs_dbos"] = round(dbos["dbos_makespan_s"] / ours["makespan_s"], 3)
     else:
@@ -108,8 +111,6 @@ def _taskpilots(
         **config.env,
     }
     tag = uuid.uuid4().hex[:8]
-    from runs.tasks import advance_run
-
     # Runs are created without hints (dispatch "none" here); the workers send their own.
     with _worker_pool("none", env) as workers:
         say(f"starting a Celery worker: {' '.join(config.options())} ({broker_name()})")
@@ -142,39 +143,55 @@ def _taskpilots(
         cpu_after = _group_cpu_s(worker.process.pid)
         sampler.pause()
         worker_output = worker.output[-30:]
-    finished = Run.objects.filter(pk__in=ids, finished_at__isnull=False).aggregate(
-        Max("finished_at")
+    tally = _tally(ids, statuses, started_at, tool.stats("taskpilots", keys=True))
+    makespan, succeeded = tally["makespan_s"], statuses[SUCCEEDED]
+    say(
+        f"TaskPilots: {succeeded}/{runs} runs succeeded in "
+        f"{makespan if makespan is not None else polled_s:.2f} s, peak {tally['peak_in_flight']} "
+        f"calls in flight, {sampler.peak_rss_mb:.0f} MB, {sampler.peak_connections} connections"
     )
-    last = finished["finished_at__max"]
+    if succeeded != runs:
+        say("the worker's last lines:\n" + "".join(worker_output))
+    return {
+        **tally,
+        "start_s": round(start_s, 3),
+        "hints_s": round(hints_s, 3),
+        "polled_s": round(polled_s, 3),
+        # CPU the worker processes spent from the first hint to the end (Linux only).
+        "worker_cpu_s": _rounded(cpu_after - cpu_before)
+        if cpu_before is not None and cpu_after is not None
+        else None,
+        "worker_rss_mb": round(sampler.peak_rss_mb, 1),
+        "worker_processes": sampler.peak_processes,
+        "db_connections_peak": sampler.peak_connections,
+        "server_connections_peak": sampler.peak_server_connections,
+    }
+
+
+def _tally(ids: list, statuses: Counter, started_at, landed: dict) -> dict:
+    """What the database and the tool say about the runs: outcomes, makespan, and the ledger's
+    committed keys against the keys that landed."""
+    runs = len(ids)
+    last = Run.objects.filter(pk__in=ids).aggregate(last=Max("finished_at"))["last"]
     complete = statuses[SUCCEEDED] + sum(statuses[s] for s in FAILED) == runs
     makespan = (last - started_at).total_seconds() if complete and last else None
-    landed = tool.stats("taskpilots", keys=True)
     committed = set(
         SideEffect.objects.filter(run_id__in=ids, status=SideEffect.Status.COMMITTED).values_list(
             "idempotency_key", flat=True
         )
     )
     received = set(landed.get("keys", []))
-    succeeded = statuses[SUCCEEDED]
     # Claim to outcome recorded, the call included: beyond L ms it is the engine's time, or
     # time spent waiting for the interpreter, a connection or the database.
     steps_ms = [
-        (finished - begun).total_seconds() * 1000
-        for begun, finished in Step.objects.filter(
+        (recorded - claimed).total_seconds() * 1000
+        for claimed, recorded in Step.objects.filter(
             run_id__in=ids, started_at__isnull=False, finished_at__isnull=False
         ).values_list("started_at", "finished_at")
     ]
-    say(
-        f"TaskPilots: {succeeded}/{runs} runs succeeded in "
-        f"{makespan if makespan is not None else polled_s:.2f} s, peak {landed['peak_in_flight']} "
-        f"calls in flight, {sampler.peak_rss_mb:.0f} MB, {sampler.peak_connections} connections"
-    )
-    if succeeded != runs:
-        say("the worker's last lines:\n" + "".join(worker_output))
+    succeeded = statuses[SUCCEEDED]
     return {
-        "makespan_s": round(makespan, 3) if makespan is not None else None,
-        "start_s": round(start_s, 3),
-        "hints_s": round(hints_s, 3),
+        "makespan_s": _rounded(makespan, 3),
         "peak_in_flight": landed["peak_in_flight"],
         "calls": landed["calls"],
         "duplicates": landed["duplicate_keys"],
@@ -184,19 +201,10 @@ def _taskpilots(
         "runs_needs_human": sum(statuses[s] for s in PARKED),
         # Neither finished nor parked when the benchmark gave up on them.
         "runs_lost": runs - succeeded - sum(statuses[s] for s in (*FAILED, *PARKED)),
-        "polled_s": round(polled_s, 3),
         "landed_without_receipt": len(received - committed),
         "receipt_without_landing": len(committed - received),
         "step_p50_ms": _rounded(percentile(steps_ms, 50)),
         "step_p95_ms": _rounded(percentile(steps_ms, 95)),
-        # CPU the worker processes spent from the first hint to the end (Linux only).
-        "worker_cpu_s": _rounded(cpu_after - cpu_before)
-        if cpu_before is not None and cpu_after is not None
-        else None,
-        "worker_rss_mb": round(sampler.peak_rss_mb, 1),
-        "worker_processes": sampler.peak_processes,
-        "db_connections_peak": sampler.peak_connections,
-        "server_connections_peak": sampler.peak_server_connections,
     }
 
 
@@ -387,6 +395,7 @@ class Sampler:
         self.rss_mb = self.peak_rss_mb = 0.0
         self.peak_processes = 0
         self.active = False
+        self.error = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-io-sampler", daemon=True)
 
@@ -405,21 +414,24 @@ class Sampler:
         while not self._stop.wait(self.INTERVAL):
             if self.database is None:
                 continue
-            rows = self.conn.execute(
-                "SELECT datname, count(*) FROM pg_stat_activity "
-                "WHERE backend_type = 'client backend' GROUP BY datname"
-            ).fetchall()
-            counts = dict(rows)
-            self.connections = counts.get(self.database, 0)
-            rss_mb, processes = _group_rss_mb(self.process_group)
-            self.rss_mb = rss_mb
-            if self.active:
-                self.peak_connections = max(self.peak_connections, self.connections)
-                self.peak_server_connections = max(
-                    self.peak_server_connections, sum(counts.values())
-                )
-                self.peak_rss_mb = max(self.peak_rss_mb, rss_mb)
-                self.peak_processes = max(self.peak_processes, processes)
+            try:
+                self._sample()
+            except Exception as exc:  # a sampler that stops must not stop the benchmark
+                self.error = f"{type(exc).__name__}: {exc}"
+
+    def _sample(self) -> None:
+        rows = self.conn.execute(
+            "SELECT datname, count(*) FROM pg_stat_activity "
+            "WHERE backend_type = 'client backend' GROUP BY datname"
+        ).fetchall()
+        counts = dict(rows)
+        self.connections = counts.get(self.database, 0)
+        self.rss_mb, processes = _group_rss_mb(self.process_group)
+        if self.active:
+            self.peak_connections = max(self.peak_connections, self.connections)
+            self.peak_server_connections = max(self.peak_server_connections, sum(counts.values()))
+            self.peak_rss_mb = max(self.peak_rss_mb, self.rss_mb)
+            self.peak_processes = max(self.peak_processes, processes)
 
     def __enter__(self) -> Sampler:
         self._thread.start()
