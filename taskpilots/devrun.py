@@ -9,8 +9,9 @@ Steps, in order:
 3. ``manage.py migrate``, ``collectstatic --noinput``, ``demo_setup``.
 4. Children, each in its own process group with its output prefixed by its name: ``sandbox`` (the
    simulated external systems, when the command exists), ``web`` (gunicorn, 2 workers, static files
-   from WhiteNoise), ``worker`` (Celery) and ``beat`` (Celery beat, schedule under var/). Then
-   ``seed_demo`` (real demo runs, executed by that worker against that sandbox; once).
+   from WhiteNoise), ``worker`` (Celery, its pool and concurrency from ``taskpilots.workerconf``)
+   and ``beat`` (Celery beat, schedule under var/). Then ``seed_demo`` (real demo runs, executed by
+   that worker against that sandbox; once).
 5. Wait. Ctrl-C or SIGTERM stops web and beat, then the worker (warm shutdown, up to 20 s, then
    SIGKILL), then the sandbox, then the embedded database — only if this launcher started it.
    A child that dies on its own stops everything, naming it, with exit status 1.
@@ -38,6 +39,7 @@ import httpx2
 
 from taskpilots import devenv
 from taskpilots.env import var_dir
+from taskpilots.workerconf import worker_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -114,7 +116,7 @@ class Launcher:
 
     # --- children
 
-    def spawn(self, name: str, args: list[str]) -> Child:
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
         process = subprocess.Popen(
             args,
             cwd=BASE_DIR,
@@ -125,7 +127,7 @@ class Launcher:
             errors="replace",
             bufsize=1,
             start_new_session=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
         )
         child = Child(name, process)
         self.children.append(child)
@@ -240,8 +242,11 @@ class Launcher:
                 "--no-control-socket",
             ],
         )
+        worker = worker_config()
         self.spawn(
-            "worker", [*celery, "worker", "-l", "info", "--concurrency", "2", "-n", "worker1@%h"]
+            "worker",
+            [*celery, "worker", "-l", "info", *worker.options(), "-n", "worker1@%h"],
+            env=worker.env,
         )
         self.spawn(
             "beat",

@@ -1,11 +1,14 @@
-"""The benchmark workflow: 5 steps (2 compute, 1 read, 2 side effects) against in-process no-op
-tools, so what is measured is TaskPilots' own cost per step."""
+"""The benchmark workflows: `bench.five`, 5 steps (2 compute, 1 read, 2 side effects) against
+in-process no-op tools, so what is measured is TaskPilots' own cost per step; `bench.io`, two side
+effects on a tool that only waits, so what is measured is how many waiting runs a worker holds."""
 
 from __future__ import annotations
 
+import os
+
 from runs import tools, workflows
 from runs.models import Risk
-from runs.tools import python_tool
+from runs.tools import http_tool, python_tool
 from runs.workflows import Workflow, compute, read, side_effect
 
 
@@ -40,6 +43,47 @@ FIVE = workflows.register(
             side_effect("write_a", "bench.write", params=lambda ctx: {"n": ctx.input["n"]}),
             side_effect("write_b", "bench.write", params=lambda ctx: {"n": ctx.input["n"] + 1}),
             compute("finish", lambda ctx: {"ok": True}),
+        ],
+    ),
+    replace=True,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# bench io: two side effects on a tool that waits (taskpilots/evidence/waiting_tool.py), whose
+# address the benchmark passes to its workers in TASKPILOTS_BENCH_IO_URL.
+
+
+def _waiting_tool(path: str) -> str:
+    return os.environ.get("TASKPILOTS_BENCH_IO_URL", "http://127.0.0.1:9") + path
+
+
+tools.register(
+    http_tool(
+        "bench.wait",
+        "POST",
+        lambda: _waiting_tool("/call/taskpilots"),
+        # It can say by key whether a call landed; it does not dedupe, so a second call with
+        # the same key is counted as a duplicate effect where the calls land.
+        lookup_url=lambda: _waiting_tool("/lookup/taskpilots"),
+        side_effect=True,
+        risk=Risk.LOW,
+        target=lambda p: f"bench-io:{p['n']}:{p['call']}",
+    ),
+    replace=True,
+)
+
+IO = workflows.register(
+    Workflow(
+        "bench.io",
+        1,
+        [
+            side_effect(
+                "call_a", "bench.wait", params=lambda ctx: {"n": ctx.input["n"], "call": "a"}
+            ),
+            side_effect(
+                "call_b", "bench.wait", params=lambda ctx: {"n": ctx.input["n"], "call": "b"}
+            ),
         ],
     ),
     replace=True,

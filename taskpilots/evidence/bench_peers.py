@@ -4,6 +4,11 @@
         the same 5-step workflow on DBOS Transact (the peer)
     python -m taskpilots.evidence.bench_peers inserts --dsn URL --table T --seconds S --start-at T
         single-row INSERT commits from plain psycopg (the physical baseline)
+    python -m taskpilots.evidence.bench_peers dbos-io --url postgresql://... --workflows N
+            --call-url http://127.0.0.1:PORT [--timeout S]
+        bench io's workflow on DBOS Transact: two steps, each a call to the waiting tool. All N
+        workflows are started (recorded durably, a thread each over DBOS's bounded pool, held
+        at a barrier), then released at once; the clock runs from the release to the last result
 
 Each prints one JSON line with what it did and how long it took.
 """
@@ -31,6 +36,111 @@ def inserts(args) -> None:
         print(json.dumps({"commits": count, "elapsed_s": time.perf_counter() - started}))
 
 
+def dbos_io(args) -> None:
+    import resource
+    import sys
+    import threading
+
+    from dbos import DBOS, DBOSConfig
+
+    from taskpilots.httpclient import SharedClient
+
+    client = SharedClient(trust_env=False)
+    config: DBOSConfig = {
+        "name": "taskpilots-bench-io",
+        "system_database_url": args.url,
+        "log_level": "WARNING",
+    }
+    dbos = DBOS(config=config)
+
+    @DBOS.step()
+    def call(side: str, n: int, which: str, key: str) -> dict:
+        response = client().post(
+            f"{args.call_url}/call/{side}",
+            json={"n": n, "call": which},
+            headers={"Idempotency-Key": key},
+            timeout=args.timeout,
+        )
+        response.raise_for_status()
+        return response.json()
+
+    # The counterpart of TaskPilots' runs created before their hints are sent: started workflows
+    # wait here (holding no connection) until every one of them is recorded.
+    release = threading.Event()
+
+    @DBOS.workflow()
+    def io(side: str, n: int) -> None:
+        release.wait()
+        call(side, n, "a", f"{DBOS.workflow_id}-a")
+        call(side, n, "b", f"{DBOS.workflow_id}-b")
+
+    DBOS.launch()
+    release.set()
+    io("dbos-warmup", -1)  # connections, schema
+    release.clear()
+    threads_peak = threading.active_count()
+    sampling = True
+
+    def sample_threads() -> None:
+        nonlocal threads_peak
+        while sampling:
+            threads_peak = max(threads_peak, threading.active_count())
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample_threads, daemon=True)
+    sampler.start()
+    begun = time.perf_counter()
+    handles = [DBOS.start_workflow(io, "dbos", n) for n in range(args.workflows)]
+    started = time.perf_counter()
+    start_s = started - begun
+    cpu_before = _cpu_s()
+    release.set()
+    failed = []
+    for handle in handles:
+        try:
+            handle.get_result()
+        except Exception as exc:  # counted, and the first few named
+            failed.append(f"{type(exc).__name__}: {exc}"[:200])
+    elapsed = time.perf_counter() - started
+    cpu_s = _cpu_s() - cpu_before
+    sampling = False
+    sampler.join()
+    # ru_maxrss: the peak resident set of this process, in KiB on Linux and bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_mb = peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+    print(
+        json.dumps(
+            {
+                "workflows": args.workflows,
+                "failed": len(failed),
+                "failures": failed[:5],
+                "elapsed_s": elapsed,
+                "start_s": start_s,
+                "rss_mb": rss_mb,
+                "cpu_s": cpu_s,
+                "threads_peak": threads_peak,
+                "sys_db_pool_size": _dbos_pool_size(dbos),
+            }
+        ),
+        flush=True,
+    )
+    DBOS.destroy()
+
+
+def _cpu_s() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _dbos_pool_size(dbos) -> int | None:
+    try:
+        return dbos._sys_db.engine.pool.size()
+    except Exception:  # a private attribute: the figure is informative only
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="peer", required=True)
@@ -43,9 +153,17 @@ def main() -> None:
     ins.add_argument("--table", required=True)
     ins.add_argument("--seconds", type=float, default=3.0)
     ins.add_argument("--start-at", type=float, default=0.0)
+    dbos_io_parser = sub.add_parser("dbos-io")
+    dbos_io_parser.add_argument("--url", required=True)
+    dbos_io_parser.add_argument("--workflows", type=int, required=True)
+    dbos_io_parser.add_argument("--call-url", required=True)
+    dbos_io_parser.add_argument("--timeout", type=float, default=10.0)
     args = parser.parse_args()
     if args.peer == "inserts":
         inserts(args)
+        return
+    if args.peer == "dbos-io":
+        dbos_io(args)
         return
 
     from dbos import DBOS, DBOSConfig

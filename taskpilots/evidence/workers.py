@@ -40,11 +40,14 @@ class WorkerProcess:
         env: dict[str, str],
         concurrency: int = 1,
         pool: str | None = None,
+        options: list[str] | None = None,
     ):
         self.name, self.queue, self.env, self.concurrency = name, queue, env, concurrency
         # prefork, as in production. (The solo pool with gossip and mingle off stalls on this
         # Celery version after its first task: measured, see the drill's history.)
         self.pool = pool or "prefork"
+        # The pool options as a whole (taskpilots.workerconf's), in place of pool + concurrency.
+        self.options = options or ["--pool", self.pool, "--concurrency", str(self.concurrency)]
         self.process: subprocess.Popen | None = None
         self.output: list[str] = []
         self._ready = threading.Event()
@@ -61,10 +64,7 @@ class WorkerProcess:
             self.queue,
             "-n",
             f"{self.name}@%h",
-            "--pool",
-            self.pool,
-            "--concurrency",
-            str(self.concurrency),
+            *self.options,
             "-l",
             "INFO",
             "--without-gossip",
@@ -147,6 +147,7 @@ class Workers:
         concurrency: int = 1,
         pool: str | None = None,
         wait: bool = True,
+        options: list[str] | None = None,
         **env: str,
     ) -> WorkerProcess:
         worker = WorkerProcess(
@@ -155,6 +156,7 @@ class Workers:
             self.env(**env),
             concurrency,
             pool,
+            options,
         )
         self.started.append(worker)
         return worker.start(wait=wait)

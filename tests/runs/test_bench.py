@@ -1,6 +1,7 @@
 """Short versions of the benchmarks, so a regression in what a step costs fails CI.
 
-Timings vary between machines; the guards are on what does not: statements and commits per step.
+Timings vary between machines; the guards are on what does not: statements and commits per step,
+and for bench io runs done, effects counted where they land, connections within the limit.
 The full runs and their figures are in docs/benchmarks.md.
 """
 
@@ -81,3 +82,41 @@ def test_the_recovery_benchmark_measures_kill_approval_and_event(sandbox):
         assert result[key]["p50_ms"] > 0, key
     # Bounded by the lease (2 s) plus a sweep: anything far beyond means recovery stalls.
     assert result["kill_to_resume"]["p95_ms"] < 20_000
+
+
+def test_the_waiting_tool_counts_a_key_received_twice():
+    # bench io reports "0 duplicates" from these counters: they must see a duplicate.
+    from taskpilots.evidence.bench_io import WaitingTool
+
+    with WaitingTool.start(latency_ms=0) as tool:
+        for _ in range(2):
+            answer = tool.client.post(f"{tool.url}/call/t", headers={"Idempotency-Key": "k-1"})
+            assert answer.status_code == 200
+        tool.client.post(f"{tool.url}/call/t", headers={"Idempotency-Key": "k-2"})
+        stats = tool.stats("t", keys=True)
+        assert (stats["calls"], stats["distinct_keys"], stats["duplicate_keys"]) == (3, 2, 1)
+        assert stats["keys"] == ["k-1", "k-2"]
+        assert tool.client.get(f"{tool.url}/lookup/t", params={"key": "k-2"}).status_code == 200
+        assert tool.client.get(f"{tool.url}/lookup/t", params={"key": "k-3"}).status_code == 404
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
+def test_the_io_benchmark_loses_nothing_and_sends_nothing_twice():
+    """make run's worker configuration and DBOS, a few runs: guarded on counts, never on times."""
+    from taskpilots.evidence.bench_io import bench_io
+
+    result = bench_io(runs=6, latency_ms=50, say=lambda line: None)
+    assert result["runs_succeeded"] == 6, result
+    assert (result["runs_failed"], result["runs_lost"], result["runs_needs_human"]) == (0, 0, 0)
+    # Counted where the calls land: two per run, each key once, each one in the ledger.
+    assert (result["calls"], result["duplicates"]) == (12, 0), result
+    assert result["landed_without_receipt"] == result["receipt_without_landing"] == 0, result
+    assert 1 <= result["peak_in_flight"] <= result["concurrency"], result
+    assert 0 < result["db_connections_peak"] <= result["max_connections"], result
+    assert result["worker_rss_mb"] > 0 and result["worker_processes"] >= 1, result
+    assert (result["dbos_calls"], result["dbos_duplicates"]) == (12, 0), result
+    assert (result["dbos_failed"], result["dbos_lost"]) == (0, 0), result
+    for key in ("makespan_s", "dbos_makespan_s", "vs_dbos"):
+        assert result[key] is not None, key

@@ -11,15 +11,21 @@ class Command(BaseCommand):
     help = (
         "Benchmarks (docs/benchmarks.md): engine (throughput vs plain PostgreSQL commits and vs "
         "DBOS), snapshot (a side-effect step vs the bare call), recovery (kill/approval/event to "
-        "next step). Runs in a scratch database next to the configured one; ends with a JSON line."
+        "next step), io (waiting runs in flight on make run's workers vs DBOS). Runs in a scratch "
+        "database next to the configured one; ends with a JSON line."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("which", choices=["engine", "snapshot", "recovery"])
+        parser.add_argument("which", choices=["engine", "snapshot", "recovery", "io"])
         parser.add_argument("--runs", type=int, default=500)
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--samples", type=int, default=200)
         parser.add_argument("--no-dbos", action="store_true")
+        # io: each call waits this long; the pool options default to make run's worker
+        # (taskpilots/workerconf.py), these try another configuration.
+        parser.add_argument("--latency-ms", type=int, default=500)
+        parser.add_argument("--pool", choices=["prefork", "threads", "gevent", "eventlet", "solo"])
+        parser.add_argument("--concurrency", type=int)
         parser.add_argument(
             "--here",
             action="store_true",
@@ -29,6 +35,9 @@ class Command(BaseCommand):
     def handle(self, *args, which, runs, workers, samples, no_dbos, here, **options):
         if runs < 1 or workers < 1 or samples < 1:
             raise CommandError("--runs, --workers and --samples must be at least 1")
+        io = {k: options[k] for k in ("latency_ms", "pool", "concurrency")}
+        if io["latency_ms"] < 0 or (io["concurrency"] is not None and io["concurrency"] < 1):
+            raise CommandError("--latency-ms must be at least 0 and --concurrency at least 1")
         if not here:
             argv = [
                 which,
@@ -39,10 +48,17 @@ class Command(BaseCommand):
                 "--samples",
                 str(samples),
             ] + (["--no-dbos"] if no_dbos else [])
+            for name, value in io.items():
+                if value is not None:
+                    argv += [f"--{name.replace('_', '-')}", str(value)]
             raise SystemExit(bench.run_in_scratch_database(argv, bench.to_stderr))
         say = bench.to_stderr
         if which == "engine":
             result = bench.bench_engine(runs, workers, say, with_dbos=not no_dbos)
+        elif which == "io":
+            from taskpilots.evidence.bench_io import bench_io
+
+            result = bench_io(runs, say=say, with_dbos=not no_dbos, **io)
         elif which == "snapshot":
             result = bench.bench_snapshot(samples, say)
         else:

@@ -1,0 +1,33 @@
+"""How a Celery worker runs: its pool, its concurrency, and the environment that goes with them.
+
+One place, read by `make run` (taskpilots/devrun.py) and by `manage.py bench io`, so the benchmark
+measures workers configured exactly as `make run` starts them. Change the values here, not in
+either caller. Today: prefork, 2 processes (docs/deploy.md shows the same pool in production).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POOL = "prefork"
+CONCURRENCY = 2
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    pool: str
+    concurrency: int
+    # Environment the worker needs for this pool (merged over the caller's own).
+    env: dict[str, str] = field(default_factory=dict)
+
+    def options(self) -> list[str]:
+        """The `celery worker` options that choose the pool."""
+        return ["--pool", self.pool, "--concurrency", str(self.concurrency)]
+
+
+def worker_config(pool: str | None = None, concurrency: int | None = None) -> WorkerConfig:
+    """`make run`'s worker configuration; `pool` and `concurrency` try another one the same way
+    (e.g. `manage.py bench io --pool threads --concurrency 50`)."""
+    if concurrency is not None and concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    return WorkerConfig(pool=pool or POOL, concurrency=concurrency or CONCURRENCY)
