@@ -21,8 +21,13 @@ instead of one per statement, and no ORM.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import os
+import re
+import uuid
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -59,9 +64,8 @@ class Batch:
         self.seq, self.hash = head
         self.expect_status = expect_status
         self.run_changes: dict[str, Any] = {}
-        # (CTE body, params, what) — `what` names the guard of a change that must touch exactly
-        # one row; None for an INSERT whose id is returned.
-        self.parts: list[tuple[str, list, str | None]] = []
+        # (CTE body, params, what): a change that must touch exactly one row; `what` names it.
+        self.parts: list[tuple[str, list, str]] = []
         self.values: list[tuple[str, list]] = []  # scalar subqueries whose value is returned
         self.checks: list[tuple[str, list, str]] = []
         self.events: list[str] = []  # each a JSON object (see event)
@@ -75,10 +79,19 @@ class Batch:
         """An UPDATE or INSERT that must touch exactly one row, or nothing is written."""
         self.parts.append((sql, params, what))
 
-    def insert(self, sql: str, params: list) -> int:
-        """An INSERT … RETURNING id; its id is among commit()'s values."""
-        self.parts.append((sql, params, None))
-        return self._value(f"(SELECT id FROM c{len(self.parts) - 1})", [])
+    def insert(self, instance) -> None:
+        """INSERT the unsaved model `instance`, every column (its id taken ahead: Ids), as one
+        JSON row: one parameter however many columns."""
+        table = instance._meta.db_table
+        self.must(
+            f"INSERT INTO {table} SELECT * FROM json_populate_record(NULL::{table}, %s::json)",
+            [
+                _ROW_JSON.encode(
+                    {f.column: f.value_from_object(instance) for f in _fields(instance)}
+                )
+            ],
+            f"{table} row not written",
+        )
 
     def read(self, sql: str, params: list) -> int:
         """A read in the same round trip: its first row as a dict of its columns (or None)."""
@@ -116,10 +129,9 @@ class Batch:
         params += run_params
         checks.append("tp_assert((SELECT count(*) FROM run) = 1, 'run moved')")
         for n, (sql, part_params, what) in enumerate(self.parts):
-            ctes.append(f"c{n} AS ({sql}{' RETURNING 1' if what else ''})")
+            ctes.append(f"c{n} AS ({sql} RETURNING 1)")
             params += part_params
-            if what:
-                checks.append(f"tp_assert((SELECT count(*) FROM c{n}) = 1, '{what}')")
+            checks.append(f"tp_assert((SELECT count(*) FROM c{n}) = 1, '{what}')")
         ctes.append(f"events AS ({_INSERT_EVENTS})")
         params += [self.run_id, f"[{','.join(self.events)}]"]
         for condition, check_params, what in self.checks:
@@ -160,14 +172,46 @@ class Batch:
                 raise Refused(str(exc.__cause__).splitlines()[0]) from exc
             raise
         chain_heads.remember(self.run_id, self.seq, self.hash)
-        checks = 1 + sum(1 for _, _, what in self.parts if what) + len(self.checks)
+        checks = 1 + len(self.parts) + len(self.checks)
         return list(row[checks:])
+
+
+@functools.lru_cache(maxsize=512)
+def _native(text: str) -> str:
+    """%s placeholders as $1, $2, … (a RawCursor sends the text as it is: psycopg would parse
+    a long statement with many parameters again on every execute)."""
+    numbers = itertools.count(1)
+    return re.sub("%s", lambda _: f"${next(numbers)}", text)
+
+
+_FIELDS: dict[type, list] = {}
+
+
+def _fields(instance) -> list:
+    model = type(instance)
+    if model not in _FIELDS:
+        _FIELDS[model] = list(model._meta.concrete_fields)
+    return _FIELDS[model]
+
+
+def _json_default(value):
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# Rows for json_populate_record: datetimes to the microsecond (DjangoJSONEncoder keeps
+# milliseconds only), JSONField values as they are (already plain JSON: to_json_value).
+_ROW_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default)
 
 
 def execute_one(sql: str, params: list, *, writes: bool = True):
     """One prepared statement with server-side binding; its first row. Outside a transaction
     (the engine's case) it is a transaction of its own; inside one (tests), a savepoint keeps a
     refused statement from aborting the caller's transaction."""
+    sql = _native(sql)
     connection.ensure_connection()
     try:
         if writes and connection.in_atomic_block:
@@ -180,7 +224,7 @@ def execute_one(sql: str, params: list, *, writes: bool = True):
 
 
 def _execute(sql: str, params: list):
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+    with connection.wrap_database_errors, psycopg.RawCursor(connection.connection) as cursor:
         cursor.execute(sql, params, prepare=True)
         return cursor.fetchone()
 
@@ -216,3 +260,4 @@ class Ids:
 
 SNAPSHOT_IDS = Ids("runs_snapshot")
 STEP_IDS = Ids("runs_step")
+SIDE_EFFECT_IDS = Ids("runs_sideeffect")

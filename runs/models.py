@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -59,10 +60,23 @@ class Lease:
 
 def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, prev: str) -> str:
     """An event's hash over its place in the chain and its content (the one definition: the
-    append, the verifier and the offline export check all use it)."""
-    material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
+    append, the verifier and the offline export check all use it): sha256 of the canonical JSON
+    of [seq, at, actor, verb, data digest, previous hash]. Built directly (the hot path hashes
+    every event): the time and the digests are ASCII without anything JSON escapes, actor and
+    verb are encoded as canonical_json encodes strings (tests/runs/test_audit_verify.py)."""
+    if _PLAIN.fullmatch(at_iso) and _PLAIN.fullmatch(data_digest) and _PLAIN.fullmatch(prev):
+        material = (
+            f'[{int(seq)},"{at_iso}",{_json_string(actor)},{_json_string(verb)},'
+            f'"{data_digest}","{prev}"]'
+        )
+    else:  # e.g. an export someone edited: whatever it holds is encoded, never spliced in
+        material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
     return hashlib.sha256(material.encode()).hexdigest()
 
+
+_json_string = json.JSONEncoder(ensure_ascii=False).encode
+# What a time, a digest or a hash holds: nothing JSON would escape.
+_PLAIN = re.compile(r"[0-9A-Za-z:+.\-]*")
 
 # One encoder for every call (json.dumps would build one each time: the hot path encodes each
 # event three times).
@@ -943,27 +957,7 @@ class Step(models.Model):
         """Create this (unsaved) step already running and leased, with `step.started` (its id
         taken ahead: runs.batch.STEP_IDS; runs.engine.claim builds the row). A step whose call
         is written in the same batch carries its idempotency key from the start."""
-        batch.must(
-            _STEP_OPEN,
-            [
-                self.pk,
-                self.run_id,
-                self.name,
-                self.iteration,
-                self.position,
-                self.kind,
-                self.stage,
-                self.tool,
-                db_json(self.spec),
-                self.attempts,
-                self.idempotency_key,
-                self.lease_owner,
-                self.lease_expires_at,
-                self.created_at,
-                self.started_at,
-            ],
-            "step position taken",
-        )
+        batch.insert(self)
         batch.event(Verb.STEP_STARTED, self.started_data())
 
     def started_data(self) -> dict:
@@ -1091,29 +1085,7 @@ class Snapshot(ImmutableModel):
 
     def write_in(self, batch) -> None:
         """`write` of this prepared snapshot (its id taken ahead: runs.batch.SNAPSHOT_IDS)."""
-        batch.must(
-            _SNAPSHOT_WRITE,
-            [
-                self.pk,
-                self.run_id,
-                self.step_id,
-                self.attempt,
-                self.workflow_version,
-                self.stage,
-                self.tool,
-                db_json(self.params),
-                self.target_resource,
-                db_json(self.permissions),
-                db_json(self.prior_results_summary),
-                self.session_context_ref,
-                self.idempotency_key,
-                db_json(self.missing_fields),
-                db_json(self.human_decision),
-                self.checksum,
-                self.created_at,
-            ],
-            "snapshot not written",
-        )
+        batch.insert(self)
         batch.event(Verb.SNAPSHOT_WRITTEN, self.written_event())
 
     def written_event(self) -> dict:
@@ -1268,26 +1240,11 @@ class SideEffect(models.Model):
         TimelineEvent.append(snapshot.run_id, Verb.SIDE_EFFECT_INTENDED, effect.intended_event())
         return effect
 
-    def intend_in(self, batch) -> int:
-        """`intend` of this unsaved row (a new key: a key used before makes the batch fail on
-        the unique index); the index of its id among the batch's values."""
-        index = batch.insert(
-            _SIDE_EFFECT_INTEND,
-            [
-                self.idempotency_key,
-                self.run_id,
-                self.step_id,
-                self.snapshot_id,
-                self.tool,
-                self.target,
-                self.params_checksum,
-                self.created_at,
-                self.updated_at,
-                self.attempted_at,
-            ],
-        )
+    def intend_in(self, batch) -> None:
+        """`intend` of this unsaved row (its id taken ahead: runs.batch.SIDE_EFFECT_IDS). A key
+        used before makes the batch fail on the unique constraint."""
+        batch.insert(self)
         batch.event(Verb.SIDE_EFFECT_INTENDED, self.intended_event())
-        return index
 
     def commit_in(self, batch, receipt: Receipt, *, confirmed_by: str, now, data=None) -> None:
         """`commit`: the receipt of a call, from the status this worker knows."""
@@ -1371,12 +1328,6 @@ class SideEffect(models.Model):
 
 # The batched verbs' statements (runs.batch): the same rows and compare-and-sets as the ORM
 # verbs above, fenced by the claim (lease owner and attempt) where the verb is.
-_STEP_OPEN = (
-    "INSERT INTO runs_step (id, run_id, name, iteration, position, kind, stage, tool, spec, "
-    "status, attempts, error_class, last_error, result, idempotency_key, routing, lease_owner, "
-    "lease_expires_at, next_attempt_at, created_at, started_at, finished_at) VALUES (%s, %s, %s, "
-    "%s, %s, %s, %s, %s, %s, 'running', %s, '', '', NULL, %s, '{}', %s, %s, NULL, %s, %s, NULL)"
-)
 _STEP_SUCCEEDED = (
     "UPDATE runs_step SET status = 'succeeded', result = %s, error_class = '', last_error = '', "
     "finished_at = %s, lease_owner = '', lease_expires_at = NULL "
@@ -1385,18 +1336,6 @@ _STEP_SUCCEEDED = (
 _STEP_KEY = (
     "UPDATE runs_step SET idempotency_key = %s "
     "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
-)
-_SNAPSHOT_WRITE = (
-    "INSERT INTO runs_snapshot (id, run_id, step_id, attempt, workflow_version, stage, tool, "
-    "params, target_resource, permissions, prior_results_summary, session_context_ref, "
-    "idempotency_key, missing_fields, human_decision, checksum, pruned, created_at) VALUES "
-    "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, false, %s)"
-)
-_SIDE_EFFECT_INTEND = (
-    "INSERT INTO runs_sideeffect (idempotency_key, run_id, step_id, snapshot_id, tool, target, "
-    "params_checksum, status, external_id, receipt, confirmed_by, compensation_key, created_at, "
-    "updated_at, attempted_at, committed_at) VALUES "
-    "(%s, %s, %s, %s, %s, %s, %s, 'intended', '', '{}', '', '', %s, %s, %s, NULL) RETURNING id"
 )
 _SIDE_EFFECT_COMMIT = (
     "UPDATE runs_sideeffect SET status = 'committed', updated_at = %s, committed_at = %s, "

@@ -14,6 +14,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -233,8 +234,39 @@ def python_tool(
     return Tool(name=name, invoke=invoke, lookup=lookup_fn, **meta)
 
 
+# The caller's hook for "this call is about to wait on the outside world": the engine gives its
+# database connection back then (runs.engine.calls.connection_released), so a quick in-process
+# call keeps it and a slow one does not hold it.
+_waiting = threading.local()
+
+
+@contextmanager
+def when_waiting(hook: Callable[[], None]):
+    """Run `hook` (once) if a call made in this block is about to wait."""
+    previous = getattr(_waiting, "hook", None)
+    _waiting.hook = hook
+    try:
+        yield
+    finally:
+        _waiting.hook = previous
+
+
+def about_to_wait() -> None:
+    """Tools call this before they wait on the outside world (a request sent, a call that did
+    not return at once)."""
+    hook = getattr(_waiting, "hook", None)
+    if hook is not None:
+        _waiting.hook = None
+        hook()
+
+
+# How long an in-process call may take before its caller counts it as waiting.
+_QUICK_SECONDS = 0.002
+
+
 def _call_with_timeout(fn, params, ctx):
     if ctx.timeout is None:
+        about_to_wait()
         return fn(params, ctx)
     return _CALLERS.call(fn, params, ctx, ctx.timeout)
 
@@ -259,8 +291,10 @@ class _Callers:
             else:
                 threading.Thread(target=self._serve, daemon=True, name="tool-call").start()
         self._jobs.put((fn, params, ctx, box, done))
-        if not done.wait(timeout):
-            raise TimeoutError
+        if not done.wait(min(_QUICK_SECONDS, timeout)):
+            about_to_wait()
+            if not done.wait(max(timeout - _QUICK_SECONDS, 0)):
+                raise TimeoutError
         if "error" in box:
             raise box["error"]
         return box.get("value")
@@ -363,6 +397,7 @@ def http_request(
     all_headers = {"Accept": "application/json", **(headers or {})}
     if payload is not None:
         all_headers["Content-Type"] = "application/json"
+    about_to_wait()
     try:
         response = _http_client().request(
             method, url, content=payload, headers=all_headers, timeout=timeout

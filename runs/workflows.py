@@ -54,6 +54,9 @@ class StepDef:
     # wait_timer
     delay: timedelta | Callable[[Context], timedelta] | None = None
     next: Callable[[Context], str | DynamicStep | None] | None = None
+    # compute: the function waits on the outside world (a model turn), so the worker gives its
+    # database connection back while it runs (tool calls always do).
+    waits: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in StepKind.values:
@@ -100,14 +103,20 @@ class DynamicStep:
         }
 
 
-# Compute functions a dynamic step can name (a recorded spec holds a name, not a function).
+# Compute functions a dynamic step can name (a recorded spec holds a name, not a function), and
+# those of them that wait on the outside world.
 _HANDLERS: dict[str, Callable[[Context], Any]] = {}
+_WAITING_HANDLERS: set[str] = set()
 
 
-def register_handler(name: str, fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
+def register_handler(
+    name: str, fn: Callable[[Context], Any], *, waits: bool = False
+) -> Callable[[Context], Any]:
     """Make `fn` callable from dynamic compute steps: DynamicStep(..., kind="compute",
-    extra={"handler": name, ...}). It receives the Context; `ctx.spec` is the step's spec."""
+    extra={"handler": name, ...}). It receives the Context; `ctx.spec` is the step's spec.
+    `waits`: it waits on the outside world (a model turn), see StepDef.waits."""
     _HANDLERS[name] = fn
+    (_WAITING_HANDLERS.add if waits else _WAITING_HANDLERS.discard)(name)
     return fn
 
 
@@ -132,6 +141,7 @@ def step_from_spec(name: str, spec: dict) -> StepDef:
         params=lambda ctx, _p=params: _p,
         queue=spec.get("queue", "support"),
         reason=spec.get("reason", ""),
+        waits=spec.get("handler") in _WAITING_HANDLERS,
     )
 
 

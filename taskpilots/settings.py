@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from taskpilots import devenv
+from taskpilots import dbpool, devenv
 from taskpilots.env import (
     env_bool,
     env_float,
@@ -116,7 +116,17 @@ if not _database_url:
         )
     _database_url = _embedded.url()
 DATABASES = {"default": parse_database_url(_database_url)}
-DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
+# A bounded connection pool per process (taskpilots/dbpool.py): the worker's threads share a few
+# connections, released across every tool call and model turn. 0 turns it off: then every
+# thread or process keeps a connection of its own (DATABASE_CONN_MAX_AGE).
+DB_POOL_SIZE = env_int("TASKPILOTS_DB_POOL_SIZE", 10, minimum=0)
+if DB_POOL_SIZE:
+    DATABASES["default"]["OPTIONS"]["pool"] = dbpool.pool_options(
+        DB_POOL_SIZE, env_float("TASKPILOTS_DB_POOL_TIMEOUT", 30.0, minimum=1)
+    )
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # a pooled connection goes back after each use
+else:
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("DATABASE_CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"]["TEST"] = {"NAME": env_str("TASKPILOTS_TEST_DATABASE", None)}
 # The engine's hot path (runs/engine/batch.py) sends its few statement shapes as prepared
@@ -269,7 +279,8 @@ CELERY_TASK_DEFAULT_QUEUE = env_str("TASKPILOTS_QUEUE", "taskpilots")
 # Celery's Django fixup closes the database connection around every task unless told to reuse it;
 # reconnecting costs more than a whole step. Tasks call close_old_connections() first, so a
 # broken connection (a PostgreSQL restart) is replaced rather than reused.
-CELERY_DB_REUSE_MAX = env_int("TASKPILOTS_DB_REUSE_MAX", 1000, minimum=0)
+# With the pool, a connection goes back to it after every task (cheap), not kept by the thread.
+CELERY_DB_REUSE_MAX = 0 if DB_POOL_SIZE else env_int("TASKPILOTS_DB_REUSE_MAX", 1000, minimum=0)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -2,15 +2,22 @@
 
 One place, read by `make run` (taskpilots/devrun.py) and by `manage.py bench io`, so the benchmark
 measures workers configured exactly as `make run` starts them. Change the values here, not in
-either caller. Today: prefork, 2 processes (docs/deploy.md shows the same pool in production).
+either caller.
+
+The production pool (docs/deploy.md): threads. A worker waits most of the time — a model turn
+takes seconds, a tool call hundreds of milliseconds — and no transaction and no database
+connection is held while it waits, so one process runs many calls at once on a few pooled
+connections (TASKPILOTS_DB_POOL_SIZE); the worker refuses to start when its connections could
+exhaust PostgreSQL (taskpilots/dbpool.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-POOL = "prefork"
-CONCURRENCY = 2
+POOL = "threads"
+# Calls in flight per worker process.
+CONCURRENCY = 200
 
 
 @dataclass(frozen=True)

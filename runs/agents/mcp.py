@@ -53,7 +53,7 @@ import anyio
 from runs import tools as tool_registry
 from runs.agents import AgentToolInfo, MissingExtra, flat_schema, set_tool_info
 from runs.models import FailureClass, Risk
-from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult
+from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult, about_to_wait
 
 # mcp is imported where it is used (importing it takes most of a second); that it is there at all
 # (the optional `agents` extra) is checked now, so a missing extra is found at import.
@@ -422,6 +422,7 @@ def _invoker(server: McpServer, mcp_name: str, write: bool, config: McpToolConfi
         arguments = dict(params)
         if config.key_argument:
             arguments[config.key_argument] = ctx.idempotency_key
+        about_to_wait()
         result = call_tool(
             server, mcp_name, arguments, meta=_meta(ctx), timeout=ctx.timeout, write=write
         )

@@ -387,7 +387,7 @@ def _refuse_call(ctx: Context) -> dict:
     return {"error": ctx.spec.get("error", "the call was refused")}
 
 
-workflows.register_handler(TURN_HANDLER, _model_turn)
+workflows.register_handler(TURN_HANDLER, _model_turn, waits=True)
 workflows.register_handler(FINISH_HANDLER, _finish)
 workflows.register_handler(REFUSAL_HANDLER, _refuse_call)
 

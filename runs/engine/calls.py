@@ -3,10 +3,14 @@ carries the idempotency key, and the run's permission to call."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+from django.db import connection
+
 from runs.engine.claim import Claim
 from runs.engine.dispatch import conf
 from runs.models import FailureClass, canonical_json, to_json_value
-from runs.tools import CallContext, Tool, ToolError
+from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult, when_waiting
 
 MAX_PARAMS_BYTES = 256 * 1024
 
@@ -55,3 +59,34 @@ def check_scope(claim: Claim, tool: Tool) -> None:
             FailureClass.PERMISSION,
             f"run acts as {claim.run.principal!r} without scope {tool.scope!r} for {tool.name}",
         )
+
+
+def _release_connection() -> None:
+    if connection.connection is not None and connection.pool and not connection.in_atomic_block:
+        connection.close()
+
+
+@contextmanager
+def connection_released():
+    """While a tool call or a model turn waits on the outside world no transaction is open: the
+    database connection goes back to the pool (Django takes one again at the next query), so a
+    worker's threads share a few connections instead of holding one each through every call
+    (taskpilots/dbpool.py). Without a pool, or inside a transaction, the connection stays."""
+    _release_connection()
+    yield
+
+
+def invoke(claim: Claim, tool: Tool, params: dict, key: str = "") -> ToolResult:
+    """Call the tool for the claimed step, with the call context and its key. The connection
+    goes back to the pool once the call waits (runs.tools.about_to_wait): a quick in-process
+    call keeps it."""
+    ctx = call_context(claim, tool, key)
+    with when_waiting(_release_connection):
+        return tool.invoke(params, ctx)
+
+
+def lookup(claim: Claim, tool: Tool, key: str) -> LookupResult:
+    """Ask the tool whether the call under `key` happened (reconciliation)."""
+    ctx = call_context(claim, tool, key)
+    with when_waiting(_release_connection):
+        return tool.lookup(key, ctx)

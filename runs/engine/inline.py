@@ -114,10 +114,10 @@ def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Cla
         step.idempotency_key = call[1].idempotency_key
     step.open_in(batch)
     if call is not None:
-        index = intent_in(batch, claim, call[0], call[1], new_step=True)
+        intent_in(batch, claim, call[0], call[1], new_step=True)
         if pause is not None:  # never an intent for a paused tool
             batch.check(f"NOT EXISTS ({pause[0]})", pause[1], "tool paused")
-        claim.intent_parts = (call[1], index, call[2])
+        claim.intent_parts = (call[1], call[2])
     return claim
 
 
@@ -145,8 +145,8 @@ def _claimed(claim: Claim, values: list) -> Claim:
     claim.run.stage = claim.step.stage or claim.run.stage
     claim.pause = _pause_from(values, claim.pause_index)
     if claim.intent_parts is not None:
-        effect, index, params = claim.intent_parts
-        claim.intent = (intent_written(effect, index, values), params)
+        effect, params = claim.intent_parts
+        claim.intent = (intent_written(effect), params)
     return claim
 
 

@@ -19,8 +19,8 @@ from enum import StrEnum
 from django.db import transaction
 from django.utils import timezone
 
-from runs.batch import SNAPSHOT_IDS, Batch, Refused
-from runs.engine.calls import build_params, call_context, check_scope
+from runs.batch import SIDE_EFFECT_IDS, SNAPSHOT_IDS, Batch, Refused
+from runs.engine.calls import build_params, call_context, check_scope, invoke, lookup
 from runs.engine.claim import Claim
 from runs.engine.context import prior_results_summary
 from runs.engine.dispatch import conf
@@ -89,7 +89,7 @@ def execute_side_effect(claim: Claim, tool: Tool) -> Outcome:
         if effect.status == SideEffect.Status.NOT_COMMITTED:
             effect, _ = write_intent(claim, tool, params, key)
     try:
-        result = tool.invoke(params, call_context(claim, tool, key))
+        result = invoke(claim, tool, params, key)
     except ToolError as exc:
         return _after_failed_call(claim, tool, effect, exc)
     receipt = Receipt(result.external_id, to_json_value(result.response))
@@ -212,6 +212,7 @@ def prepare_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, key: s
         updated_at=now,
         attempted_at=now,
     )
+    effect.id = SIDE_EFFECT_IDS.next()
     return snapshot, effect
 
 
@@ -219,18 +220,16 @@ def intent_in(batch, claim: Claim, snapshot: Snapshot, effect: SideEffect, *, ne
     """The prepared snapshot and intent as parts of a batch (Snapshot.write_in,
     SideEffect.intend_in, the step's key), only while the claim holds the step — or, when the
     same batch creates the step, with the key on its row from the start (set it before
-    Step.open_in). A key used before makes the batch fail on its unique constraint. The index
-    of the ledger row's id among the batch's values."""
+    Step.open_in). A key used before makes the batch fail on its unique constraint."""
     if not new_step:
         claim.step.remember_key_in(batch, effect.idempotency_key, held_by=claim.lease)
     snapshot.write_in(batch)
-    return effect.intend_in(batch)
+    effect.intend_in(batch)
 
 
-def intent_written(effect: SideEffect, index: int, values: list) -> SideEffect:
+def intent_written(effect: SideEffect) -> SideEffect:
     """After the batch committed: the ledger row as saved."""
-    effect.snapshot._state.adding = False
-    effect.id, effect._state.adding = values[index], False
+    effect.snapshot._state.adding = effect._state.adding = False
     effect.step.idempotency_key = effect.idempotency_key
     return effect
 
@@ -245,11 +244,12 @@ def _write_fresh_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, k
     if prepared is None:
         return None
     batch = Batch(claim.run.pk, head, expect_status=Run.Status.RUNNING)
-    index = intent_in(batch, claim, *prepared)
+    intent_in(batch, claim, *prepared)
     try:
-        return intent_written(prepared[1], index, batch.commit())
+        batch.commit()
     except Refused:
         return None
+    return intent_written(prepared[1])
 
 
 def _known_key(run: Run, step: Step, effect: SideEffect, checksum: str):
@@ -304,7 +304,7 @@ def reconcile(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict:
 def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict | None:
     key = effect.idempotency_key
     try:
-        found: LookupResult | None = tool.lookup(key, call_context(claim, tool, key))
+        found: LookupResult | None = lookup(claim, tool, key)
     except ToolError as exc:
         TimelineEvent.append(
             claim.run.pk, Verb.SIDE_EFFECT_LOOKUP_FAILED, {"key": key, "error": exc.message}

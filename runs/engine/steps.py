@@ -3,12 +3,13 @@ executor per step kind, each returning an Outcome for runs.engine.record."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import timedelta
 
 from django.utils import timezone
 
 from runs import tools as tool_registry
-from runs.engine.calls import build_params, call_context, check_scope
+from runs.engine.calls import build_params, check_scope, connection_released, invoke
 from runs.engine.claim import UNCHECKED, Claim
 from runs.engine.ledger import execute_side_effect
 from runs.engine.outcomes import (
@@ -66,8 +67,11 @@ def held_by_pause(claim: Claim, tool_name: str) -> HeldByPause | None:
 
 
 def execute_compute(claim: Claim) -> Outcome:
+    waits = connection_released() if claim.definition.waits else nullcontext()
     try:
-        return Succeeded(to_json_value(claim.definition.fn(claim.ctx)))
+        with waits:
+            value = claim.definition.fn(claim.ctx)
+        return Succeeded(to_json_value(value))
     except ToolError:
         raise
     except Exception as exc:
@@ -78,7 +82,7 @@ def execute_read(claim: Claim, tool: Tool) -> Outcome:
     params = build_params(claim, tool)
     check_scope(claim, tool)
     try:
-        result = tool.invoke(params, call_context(claim, tool))
+        result = invoke(claim, tool, params)
     except ToolError as exc:
         return degrade_or_fail(claim, tool, params, exc)
     return Succeeded(to_json_value(result.response))
@@ -98,7 +102,7 @@ def degrade_or_fail(claim: Claim, tool: Tool, params: dict, exc: ToolError) -> O
     if people().pause_of(fallback.name) is not None:
         return Failed(exc.failure_class, f"{exc.message}; fallback {fallback.name} is paused")
     try:
-        result = fallback.invoke(params, call_context(claim, fallback))
+        result = invoke(claim, fallback, params)
     except ToolError as fallback_exc:
         return Failed(
             fallback_exc.failure_class,

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import connection
+from django.db.models import Max
 from django.utils import timezone
 
 from runs import engine
@@ -118,27 +119,35 @@ def baseline_commits_per_s(processes: int, seconds: float = 3.0) -> float:
 # The peer: the same workflow on DBOS Transact.
 
 
-def dbos_steps_per_s(processes: int, workflows: int, say: Say) -> float | None:
+def dbos_steps_per_s(
+    processes: int, workflows: int, say: Say, threads: tuple[int, ...] = (1,)
+) -> tuple[float, int] | None:
+    """DBOS's best throughput over `threads` (workflows at once per process) and the count
+    that gave it, or None when the peer could not run."""
     name = scratch.scratch_name("dbos")
-    scratch.create_database(name)
-    try:
-        return _dbos_steps_per_s(database_url(name), processes, workflows, say)
-    finally:
-        scratch.drop_database(name)
+    best = None
+    for count in threads:
+        scratch.create_database(name)
+        try:
+            figure = _dbos_steps_per_s(database_url(name), processes, workflows, count, say)
+        finally:
+            scratch.drop_database(name)
+        if figure is not None:
+            say(f"  DBOS, {count} at once per process: {figure:,.0f} steps/s")
+            if best is None or figure > best[0]:
+                best = (figure, count)
+    return best
 
 
-def _dbos_steps_per_s(url: str, processes: int, workflows: int, say: Say) -> float | None:
+def _dbos_steps_per_s(
+    url: str, processes: int, workflows: int, threads: int, say: Say
+) -> float | None:
     start_at = time.time() + 5
     per_process = max(1, workflows // processes)
-    say(f"DBOS: {processes} processes × {per_process} workflows")
+    say(f"DBOS: {processes} processes × {per_process} workflows, {threads} at once")
+    argv = ["dbos", "--url", url, "--workflows", str(per_process), "--threads", str(threads)]
     try:
-        results = _peers(
-            [
-                ["dbos", "--url", url, "--workflows", str(per_process), "--start-at", str(start_at)]
-                for _ in range(processes)
-            ],
-            timeout=600,
-        )
+        results = _peers([[*argv, "--start-at", str(start_at)]] * processes, timeout=600)
     except RuntimeError as exc:
         say(str(exc))
         return None
@@ -151,71 +160,93 @@ def _dbos_steps_per_s(url: str, processes: int, workflows: int, say: Say) -> flo
 
 
 def bench_engine(
-    runs: int = 500, workers: int = 2, say: Say = print, with_dbos: bool = True
+    runs: int = 500,
+    workers: int = 2,
+    say: Say = print,
+    with_dbos: bool = True,
+    pool: str | None = None,
+    concurrency: int | None = None,
 ) -> dict:
+    """`runs` runs of bench.five through `workers` Celery worker processes configured as in
+    production (taskpilots.workerconf), timed on the database's clock from the first hint to
+    the last run's finish; DBOS runs the same workflow in as many processes, at its best
+    concurrency, in the same run."""
+    from runs.tasks import advance_run
     from taskpilots.evidence import bench_flows  # noqa: F401  (registers bench.five in this process too)
+    from taskpilots.workerconf import worker_config
 
     say(f"baseline: single-row INSERT commits with {workers} psycopg processes")
     baseline = baseline_commits_per_s(workers)
     say(f"  {baseline:,.0f} commits/s")
 
+    config = worker_config(pool, concurrency)
     env = {"TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES, "TASKPILOTS_INLINE_BUDGET_SECONDS": "30"}
-    with _worker_pool("none", env) as pool:
-        say(f"starting {workers} Celery worker processes ({broker_name()})")
+    with _worker_pool("none", {**env, **config.env}) as processes:
+        say(
+            f"starting {workers} Celery worker processes ({config.pool}, concurrency "
+            f"{config.concurrency}; {broker_name()})"
+        )
         for _ in range(workers):
-            pool.start()
+            processes.start(options=config.options())
         tag = uuid.uuid4().hex[:8]
         say(f"creating {runs} runs of bench.five")
         ids = [
             engine.start_run("bench.five", {"n": n}, business_key=f"bench-{tag}-{n}")[0].pk
             for n in range(runs)
         ]
-        from runs.tasks import advance_run
-
-        polls = 0
         before = _commits()
-        started = time.perf_counter()
+        started_at = timezone.now()
         for run_id in ids:
             advance_run.delay(str(run_id))
-        done = 0
-        while done < runs:
-            time.sleep(0.25)
-            polls += 1
-            done = Run.objects.filter(pk__in=ids, status="succeeded").count()
-            if polls % 8 == 0:
-                say(f"  {done}/{runs} runs done")
-            if time.perf_counter() - started > 600:
-                raise RuntimeError(f"only {done}/{runs} runs finished in 10 minutes")
-        elapsed = time.perf_counter() - started
+        polls = _wait_for_runs(ids, say)
         commits = _commits() - before - polls - 1
+    finished = Run.objects.filter(pk__in=ids).aggregate(last=Max("finished_at"))["last"]
+    elapsed = (finished - started_at).total_seconds()
     steps = runs * 5
     durations = [
-        (finished - begun).total_seconds() * 1000
-        for begun, finished in Step.objects.filter(run_id__in=ids).values_list(
+        (done - begun).total_seconds() * 1000
+        for begun, done in Step.objects.filter(run_id__in=ids).values_list(
             "started_at", "finished_at"
         )
     ]
     steps_per_s = steps / elapsed
     say(f"TaskPilots: {steps_per_s:,.0f} steps/s ({steps} steps in {elapsed:.2f} s)")
-    dbos = dbos_steps_per_s(workers, runs, say) if with_dbos else None
-    if dbos:
-        say(f"DBOS: {dbos:,.0f} steps/s")
+    dbos = None
+    if with_dbos:
+        dbos = dbos_steps_per_s(workers, runs, say, threads=(1, 4, 16))
     return {
         "benchmark": "engine",
         "runs": runs,
         "steps": steps,
         "workers": workers,
+        "worker_pool": config.pool,
+        "worker_concurrency": config.concurrency,
         "broker": broker_name(),
         "steps_per_s": round(steps_per_s, 1),
         "baseline_commits_per_s": round(baseline, 1),
         "ratio": round(steps_per_s / baseline, 4),
-        "dbos_steps_per_s": round(dbos, 1) if dbos else None,
-        "vs_dbos": round(steps_per_s / dbos, 3) if dbos else None,
+        "dbos_steps_per_s": round(dbos[0], 1) if dbos else None,
+        "dbos_concurrency": dbos[1] if dbos else None,
+        "vs_dbos": round(steps_per_s / dbos[0], 3) if dbos else None,
         "commits_per_step": round(commits / steps, 2),
         "events_per_step": round(TimelineEvent.objects.filter(run_id__in=ids).count() / steps, 2),
         "p50_ms": round(percentile(durations, 50), 2),
         "p99_ms": round(percentile(durations, 99), 2),
     }
+
+
+def _wait_for_runs(ids: list, say: Say, timeout: float = 600) -> int:
+    """Until every run succeeded, saying how many have; the number of polls."""
+    polls, done, started = 0, 0, time.monotonic()
+    while done < len(ids):
+        time.sleep(0.1)
+        polls += 1
+        done = Run.objects.filter(pk__in=ids, status="succeeded").count()
+        if polls % 10 == 0:
+            say(f"  {done}/{len(ids)} runs done")
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"only {done}/{len(ids)} runs finished in {timeout:.0f} s")
+    return polls
 
 
 # --------------------------------------------------------------------------------------------

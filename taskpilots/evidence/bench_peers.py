@@ -148,6 +148,7 @@ def main() -> None:
     dbos.add_argument("--url", required=True)
     dbos.add_argument("--workflows", type=int, required=True)
     dbos.add_argument("--start-at", type=float, default=0.0)
+    dbos.add_argument("--threads", type=int, default=1)
     ins = sub.add_parser("inserts")
     ins.add_argument("--dsn", required=True)
     ins.add_argument("--table", required=True)
@@ -205,8 +206,14 @@ def main() -> None:
     while time.time() < args.start_at:
         time.sleep(0.005)
     started = time.perf_counter()
-    for n in range(args.workflows):
-        five(n)
+    if args.threads <= 1:
+        for n in range(args.workflows):
+            five(n)
+    else:  # the workflows at once, a thread each over a bounded pool (as a DBOS app would)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(args.threads) as pool:
+            list(pool.map(five, range(args.workflows)))
     elapsed = time.perf_counter() - started
     print(json.dumps({"steps": args.workflows * 5, "elapsed_s": elapsed, "id": str(uuid.uuid4())}))
     DBOS.destroy()

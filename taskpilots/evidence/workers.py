@@ -21,6 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import connection
 
+from taskpilots import workerconf
 from taskpilots.env import format_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,9 +44,10 @@ class WorkerProcess:
         options: list[str] | None = None,
     ):
         self.name, self.queue, self.env, self.concurrency = name, queue, env, concurrency
-        # prefork, as in production. (The solo pool with gossip and mingle off stalls on this
-        # Celery version after its first task: measured, see the drill's history.)
-        self.pool = pool or "prefork"
+        # The production pool (taskpilots.workerconf: threads). (The solo pool with gossip and
+        # mingle off stalls on this Celery version after its first task: measured, see the
+        # drill's history.)
+        self.pool = pool or workerconf.POOL
         # The pool options as a whole (taskpilots.workerconf's), in place of pool + concurrency.
         self.options = options or ["--pool", self.pool, "--concurrency", str(self.concurrency)]
         self.process: subprocess.Popen | None = None

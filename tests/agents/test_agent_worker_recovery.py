@@ -65,9 +65,14 @@ def test_the_agent_survives_a_worker_crash_without_a_second_mail_or_model_call(
     assert run.status == "needs_human", run.attention_reason
     approval = ApprovalRequest.objects.get(run=run)
     actions.decide_approval(approval.pk, support_user, "approved")  # resumes through the broker
-    first = workers.start(TASKPILOTS_CHAOS_CRASH_AFTER_CALL="mcp.sandbox.send_mail")
-    # The pool process dies right after the mail landed, before recording it (prefork replaces
-    # it, and would crash again on redelivery: stop this chaos worker altogether).
+    # A prefork worker (without the connection pool, which prefork cannot share): its pool
+    # process dies right after the mail landed, before recording it (prefork replaces it, and
+    # would crash again on redelivery: stop this chaos worker altogether).
+    first = workers.start(
+        pool="prefork",
+        TASKPILOTS_DB_POOL_SIZE="0",
+        TASKPILOTS_CHAOS_CRASH_AFTER_CALL="mcp.sandbox.send_mail",
+    )
     wait_for(lambda: sandbox.ledger(system="mail", run=str(run.pk)), what="the mail to land")
     wait_for(
         lambda: (

@@ -297,3 +297,26 @@ def test_invisible_characters_are_escaped_in_exports_and_the_chain_still_verifie
         data = json.loads(row["data"])
         assert data == stored[int(row["seq"])].data
         assert digest(data) == row["data_digest"]  # verifiable from the CSV cell too
+
+
+@pytest.mark.parametrize(
+    ("at", "actor", "verb", "prev"),
+    [
+        ("2026-12-01T20:00:00.123456+00:00", "system", "step.succeeded", "ab" * 32),
+        ("2026-12-01T20:00:00+00:00", 'user:a"b\\c', "run.note", ""),
+        ("2026-12-01T20:00:00+00:00", "api:société\u2028x", "approval.décidé", "0" * 64),
+        # A time or hash holding what JSON escapes (an edited export) is encoded, not spliced.
+        ('2026-12-01T20:00:00+00:00","system', "x", "y", "z"),
+        ("t", "x", "y", 'evil"]'),
+    ],
+)
+def test_the_chain_hash_hashes_the_canonical_json_of_its_fields(at, actor, verb, prev):
+    # chain_hash builds the JSON itself on the hot path; it must be canonical_json's bytes.
+    import hashlib
+
+    from runs.models import canonical_json
+
+    expected = hashlib.sha256(
+        canonical_json([7, at, actor, verb, "d" * 64, prev]).encode()
+    ).hexdigest()
+    assert audit.chain_hash(7, at, actor, verb, "d" * 64, prev) == expected

@@ -21,8 +21,8 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--samples", type=int, default=200)
         parser.add_argument("--no-dbos", action="store_true")
-        # io: each call waits this long; the pool options default to make run's worker
-        # (taskpilots/workerconf.py), these try another configuration.
+        # io: each call waits this long. engine and io: the pool options default to make run's
+        # worker (taskpilots/workerconf.py), these try another configuration.
         parser.add_argument("--latency-ms", type=int, default=500)
         parser.add_argument("--pool", choices=["prefork", "threads", "gevent", "eventlet", "solo"])
         parser.add_argument("--concurrency", type=int)
@@ -54,7 +54,14 @@ class Command(BaseCommand):
             raise SystemExit(bench.run_in_scratch_database(argv, bench.to_stderr))
         say = bench.to_stderr
         if which == "engine":
-            result = bench.bench_engine(runs, workers, say, with_dbos=not no_dbos)
+            result = bench.bench_engine(
+                runs,
+                workers,
+                say,
+                with_dbos=not no_dbos,
+                pool=io["pool"],
+                concurrency=io["concurrency"],
+            )
         elif which == "io":
             from taskpilots.evidence.bench_io import bench_io
 
