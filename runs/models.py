@@ -707,7 +707,7 @@ class Step(models.Model):
             started_at=started_at,
         )
 
-    def reclaim(self, *, worker: str, lease_until, attempt: int) -> bool:
+    def reclaim(self, *, worker: str, lease_until, attempt: int, why: str = "") -> bool:
         """Take back a running step whose lease ran out (its worker died or hung).
 
         A compare-and-set on the previous owner: of two claimers only one wins (False for the
@@ -734,6 +734,7 @@ class Step(models.Model):
                         "previous_worker": previous,
                         "attempt": attempt,
                         "kind": self.kind,
+                        **({"why": why} if why else {}),
                     },
                 )
         if count:
@@ -983,7 +984,8 @@ class Step(models.Model):
         batch.event(Verb.STEP_SUCCEEDED, self.event_data(self.Status.SUCCEEDED, data))
 
     def remember_key_in(self, batch, key: str, *, held_by: Lease) -> None:
-        """`remember_key`, only while the claim holds the step (no intent for a lost claim)."""
+        """`remember_key`, only while the claim holds the step, unexpired (no intent, and so no
+        call, for a claim that was or is about to be taken back)."""
         batch.must(
             _STEP_KEY, [key, self.pk, held_by.owner, held_by.attempt], "the lease was taken back"
         )
@@ -1334,8 +1336,8 @@ _STEP_SUCCEEDED = (
     "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
 )
 _STEP_KEY = (
-    "UPDATE runs_step SET idempotency_key = %s "
-    "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
+    "UPDATE runs_step SET idempotency_key = %s WHERE id = %s AND status = 'running' "
+    "AND lease_owner = %s AND attempts = %s AND lease_expires_at > now()"
 )
 _SIDE_EFFECT_COMMIT = (
     "UPDATE runs_sideeffect SET status = 'committed', updated_at = %s, committed_at = %s, "
@@ -1513,6 +1515,48 @@ class Wait(models.Model):
 
 
 # --------------------------------------------------------------------------------------------
+# Workers: one row per worker process incarnation, its heartbeat, and whether it stopped or was
+# found dead (runs.engine.liveness).
+
+
+class Worker(models.Model):
+    """A worker process's incarnation: the name its leases carry, and its heartbeat.
+
+    A process that stops beating is dead to the others within seconds: another worker marks it
+    dead and takes its leases back (its steps' leases expire at once), and a worker that starts
+    under the same node name does the same to its own previous incarnation. A process that was
+    only paused and wakes up finds its claims fenced (Lease: owner and attempt).
+    """
+
+    # The lease owner: host, pid and a token drawn when the process started (runs.engine.dispatch).
+    id = models.CharField(max_length=200, primary_key=True)
+    # The Celery node (and pool process) it serves: a restart under the same name takes the
+    # previous incarnation's leases back at once.
+    node = models.CharField(max_length=200)
+    host = models.CharField(max_length=200)
+    pid = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    dead_at = models.DateTimeField(null=True, blank=True)
+    # Who found it dead: another worker (the heartbeat stopped), its successor (a restart under
+    # the same node), or a person.
+    found_dead_by = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["beat_at"],
+                name="worker_alive_idx",
+                condition=Q(stopped_at__isnull=True, dead_at__isnull=True),
+            ),
+            models.Index(fields=["node", "started_at"], name="worker_node_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"worker {self.id} ({self.node})"
+
+
 # Inbound events that arrived before anyone waited for them (early callbacks are not lost).
 
 

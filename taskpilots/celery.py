@@ -23,23 +23,54 @@ def _make_filesystem_broker_folders(**kwargs) -> None:
             Path(options[key]).mkdir(parents=True, exist_ok=True)
 
 
-@signals.worker_init.connect
-def _refuse_a_worker_that_could_exhaust_postgresql(sender=None, **kwargs) -> None:
-    # Before the pool starts: a configuration whose connections PostgreSQL cannot serve stops
-    # here with what to change, instead of failing runs later (taskpilots/dbpool.py).
-    from django.core.exceptions import ImproperlyConfigured
+_worker: dict[str, str] = {}  # this worker's node name and pool, for its pool processes
 
-    from taskpilots import dbpool
 
-    pool_cls = sender.pool_cls
+def _pool_name(pool_cls) -> str:
     module = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
     pool = next(
         (name for name in ("prefork", "thread", "solo", "gevent", "eventlet") if name in module),
         module,
     )
-    pool = "threads" if pool == "thread" else pool
+    return "threads" if pool == "thread" else pool
+
+
+@signals.worker_init.connect
+def _start_worker(sender=None, **kwargs) -> None:
+    """Before the pool starts: refuse a configuration whose connections PostgreSQL cannot serve
+    (taskpilots/dbpool.py), then start beating (runs/engine/liveness.py) — in this process, or
+    for prefork in each pool process."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from taskpilots import dbpool
+
+    pool = _pool_name(sender.pool_cls)
     concurrency = sender.concurrency if isinstance(sender.concurrency, int) else 1
     try:
         dbpool.check_worker(pool, concurrency)
     except ImproperlyConfigured as exc:
         raise SystemExit(f"TaskPilots worker: {exc}") from None
+    _worker.update(node=sender.hostname, pool=pool)
+    if pool != "prefork":
+        from runs.engine.liveness import Heartbeat
+
+        Heartbeat.start(sender.hostname)
+
+
+@signals.worker_process_init.connect
+def _start_pool_process(**kwargs) -> None:
+    from billiard.process import current_process
+
+    from runs.engine.liveness import Heartbeat
+
+    index = getattr(current_process(), "index", None)
+    Heartbeat.start(f"{_worker.get('node', 'worker')}#{index}")
+
+
+@signals.worker_shutdown.connect
+@signals.worker_process_shutdown.connect
+def _stop_beating(**kwargs) -> None:
+    from runs.engine.liveness import Heartbeat
+
+    if Heartbeat.current is not None:
+        Heartbeat.current.stop()

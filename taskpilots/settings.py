@@ -311,8 +311,13 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- TaskPilots' own knobs.
 TASKPILOTS = {
-    # How long a worker may hold a step before the sweeper takes it back.
+    # How long a worker may hold a step before the sweeper takes it back: the safety net behind
+    # the heartbeat (runs/engine/liveness.py).
     "LEASE_SECONDS": env_int("TASKPILOTS_LEASE_SECONDS", 60, minimum=2),
+    # Workers beat this often; one whose heartbeat stopped this long ago is dead to the others,
+    # which take its leases back.
+    "HEARTBEAT_SECONDS": env_float("TASKPILOTS_HEARTBEAT_SECONDS", 1.0, minimum=0.1),
+    "WORKER_DEAD_SECONDS": env_float("TASKPILOTS_WORKER_DEAD_SECONDS", 4.0, minimum=1.0),
     # How long one task may keep executing consecutive steps of a run before re-enqueueing.
     "INLINE_BUDGET_SECONDS": env_float("TASKPILOTS_INLINE_BUDGET_SECONDS", 5.0, minimum=0),
     # The engine's one-round-trip transactions (runs/engine/inline.py). Off, every step goes
@@ -350,6 +355,11 @@ TASKPILOTS = {
     # Password for make run's demo users (never created in production).
     "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
 }
+if TASKPILOTS["WORKER_DEAD_SECONDS"] < 2 * TASKPILOTS["HEARTBEAT_SECONDS"] + 1:
+    raise ImproperlyConfigured(
+        "TASKPILOTS_WORKER_DEAD_SECONDS must be at least twice TASKPILOTS_HEARTBEAT_SECONDS plus "
+        "a second: a worker that only missed a beat must not be found dead"
+    )
 
 LOGGING = {
     "version": 1,

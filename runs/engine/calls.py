@@ -9,6 +9,7 @@ from django.db import connection
 
 from runs.engine.claim import Claim
 from runs.engine.dispatch import conf
+from runs.engine.liveness import fence
 from runs.models import FailureClass, canonical_json, to_json_value
 from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult, when_waiting
 
@@ -77,10 +78,12 @@ def connection_released():
 
 
 def invoke(claim: Claim, tool: Tool, params: dict, key: str = "") -> ToolResult:
-    """Call the tool for the claimed step, with the call context and its key. The connection
-    goes back to the pool once the call waits (runs.tools.about_to_wait): a quick in-process
-    call keeps it."""
+    """Call the tool for the claimed step, with the call context and its key — only while this
+    worker still holds the claim (runs.engine.liveness.fence: ClaimLost otherwise). The
+    connection goes back to the pool once the call waits (runs.tools.about_to_wait): a quick
+    in-process call keeps it."""
     ctx = call_context(claim, tool, key)
+    fence(claim)  # a worker that lost its claim while away sends nothing
     with when_waiting(_release_connection):
         return tool.invoke(params, ctx)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -20,6 +21,7 @@ from runs.models import (
     Step,
     TimelineEvent,
     Wait,
+    Worker,
     to_json_value,
 )
 from runs.people import Pause
@@ -57,6 +59,9 @@ class Claim:
     # intent are among the batch's parts.
     pause_index: int | None = None
     intent_parts: tuple | None = None
+    # When this worker made the claim (monotonic): runs.engine.liveness.fence checks the lease
+    # itself only once the claim is no longer young.
+    claimed_at: float = field(default_factory=time.monotonic)
 
     @property
     def lease(self) -> Lease:
@@ -209,6 +214,20 @@ def _not_claimable(run: Run, step: Step, now: datetime) -> tuple[bool, bool]:
     return False, False
 
 
+def _why_reclaimed(step: Step) -> str:
+    """Why the previous holder lost the step: its heartbeat stopped (runs.engine.liveness), or
+    only its lease ran out."""
+    dead = (
+        Worker.objects.filter(pk=step.lease_owner, dead_at__isnull=False)
+        .values_list("dead_at", "found_dead_by")
+        .first()
+    )
+    if dead is None:
+        return "the lease ran out"
+    at, by = dead
+    return f"the worker stopped beating (found dead at {at.isoformat()} by {by})"
+
+
 def _claim_existing(run, workflow, step, ctx, worker, now, steps) -> Claim | None:
     skip, reclaimed = _not_claimable(run, step, now)
     if skip:
@@ -221,7 +240,8 @@ def _claim_existing(run, workflow, step, ctx, worker, now, steps) -> Claim | Non
     attempt = step.attempts + 1
     if reclaimed:
         # The previous holder's lease ran out: it crashed or hung. Take the step back.
-        if not step.reclaim(worker=worker, lease_until=lease_until(now), attempt=attempt):
+        why = _why_reclaimed(step)
+        if not step.reclaim(worker=worker, lease_until=lease_until(now), attempt=attempt, why=why):
             return None
         run.count_failure()  # the attempt that held the lease failed with its worker
     else:

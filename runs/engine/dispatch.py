@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import socket
 
 from celery import current_app
@@ -19,9 +20,20 @@ def conf(name: str):
 
 
 def worker_id() -> str:
-    """This process's name on leases: host and pid (re-read after a fork: prefork pool children
-    have their own pid)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process's incarnation, the name on its leases: host, pid and a token drawn when the
+    process started (again after a fork: prefork pool children are incarnations of their own),
+    so a restarted worker — even one that gets the same pid, as in a container — is never taken
+    for its previous incarnation (runs.engine.liveness)."""
+    return _incarnation[0]
+
+
+def _new_incarnation() -> None:
+    _incarnation[0] = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+_incarnation = [""]
+_new_incarnation()
+os.register_at_fork(after_in_child=_new_incarnation)
 
 
 def enqueue(run_id, *, countdown: float | None = None, expires: float | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.db import transaction
@@ -9,9 +10,13 @@ from django.db import transaction
 from runs.engine import inline
 from runs.engine.claim import Claim, claim_next
 from runs.engine.dispatch import conf, enqueue, worker_id
+from runs.engine.liveness import ClaimLost
 from runs.engine.record import record_outcome
 from runs.engine.steps import execute
-from runs.models import Run
+from runs.models import Run, TimelineEvent
+from runs.verbs import Verb
+
+logger = logging.getLogger("taskpilots.engine")
 
 
 def invoke_step(claim: Claim) -> bool:
@@ -39,7 +44,11 @@ def advance(run_id, *, worker: str | None = None, budget: float | None = None) -
     if claim is inline.ORDINARY:
         claim = claim_next(run_id, worker=worker)
     while claim is not None:
-        outcome = execute(claim)
+        try:
+            outcome = execute(claim)
+        except ClaimLost as exc:
+            stand_down(claim, str(exc))
+            return executed
         executed += 1
         go_on = time.monotonic() < deadline
         following = inline.record_and_continue(claim, outcome, go_on=go_on)
@@ -58,6 +67,23 @@ def advance(run_id, *, worker: str | None = None, budget: float | None = None) -
             return executed
         claim = following
     return executed
+
+
+def stand_down(claim: Claim, why: str) -> None:
+    """This worker was away (paused, cut off) and its claim was taken back: it records nothing
+    of the step and sent nothing; the timeline says so, for whoever reads what happened."""
+    logger.warning("standing down from run %s: %s", claim.run.pk, why)
+    with transaction.atomic():
+        TimelineEvent.append(
+            claim.run.pk,
+            Verb.STEP_OUTCOME_DISCARDED,
+            {
+                "step": claim.step.name,
+                "worker": claim.worker,
+                "attempt": claim.step.attempts,
+                "why": "the claim was taken back while this worker was away; nothing was sent",
+            },
+        )
 
 
 def run_until_quiet(run_id, *, max_steps: int = 1000) -> Run:

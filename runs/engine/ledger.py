@@ -24,6 +24,7 @@ from runs.engine.calls import build_params, call_context, check_scope, invoke, l
 from runs.engine.claim import Claim
 from runs.engine.context import prior_results_summary
 from runs.engine.dispatch import conf
+from runs.engine.liveness import ClaimLost
 from runs.engine.outcomes import Failed, Outcome, Recheck, Succeeded, UnknownOutcome
 from runs.models import (
     FailureClass,
@@ -170,6 +171,15 @@ def write_intent(
         return fresh, None  # a new key on a first attempt: one round trip
     with transaction.atomic():
         Run.lock(run.pk)  # the lock order: the run before its ledger row
+        if not Step.objects.filter(
+            pk=step.pk,
+            status=Step.Status.RUNNING,
+            lease_owner=claim.worker,
+            attempts=step.attempts,
+            lease_expires_at__gt=timezone.now(),
+        ).exists():
+            # Taken back while this worker was away: no intent, and so no call.
+            raise ClaimLost(f"step {step.name!r} is no longer held by {claim.worker}")
         effect = SideEffect.objects.select_for_update().filter(idempotency_key=key).first()
         if effect is not None:
             settled = _known_key(run, step, effect, checksum)

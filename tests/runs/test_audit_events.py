@@ -81,6 +81,11 @@ ALLOWED = {
         "Step.remember_key_in, Snapshot.write_in, SideEffect.intend_in, SideEffect.commit_in): "
         "each of those methods adds its event to the same batch, so both commit or neither does"
     ),
+    ("runs/engine/liveness.py", "<module>"): (
+        "takes back the leases of a worker that stopped beating: moves only lease_expires_at "
+        "(no status change); the claim that reclaims the step writes step.lease_reclaimed, "
+        "naming the worker and why it lost the step"
+    ),
     ("runs/batch.py", "Batch._run_change"): (
         "the run's row in a batch: the chain head, and the changes of Run.start_in / "
         "Run.succeed_in, which add their events to the same statement"

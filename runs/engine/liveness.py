@@ -1,0 +1,238 @@
+"""Liveness: dead workers noticed in seconds, slow workers never doubled.
+
+The lease is the safety net, not the detector. Every worker process beats in PostgreSQL (its
+`Worker` row) every TASKPILOTS_HEARTBEAT_SECONDS, from a thread of its own:
+
+1. At start it registers its incarnation, and takes back at once the leases its own previous
+   incarnation (the same node name) still held: a restarted worker never waits for them.
+2. Each beat also looks for other workers whose heartbeat stopped more than
+   TASKPILOTS_WORKER_DEAD_SECONDS ago and takes their leases back (the steps' leases expire
+   now; the runs are hinted, so another worker claims them through the ordinary reclaim path,
+   which raises the step's attempt: the fencing value). A worker judges others only after it
+   has itself been beating without a gap for that long, so a PostgreSQL restart, which stops
+   everyone's heartbeat at once, does not make every worker declare every other one dead.
+3. A worker that was only paused (SIGSTOP, a long GC pause, a frozen VM) and wakes up after its
+   claim was taken back records nothing over the new owner's work (every recording is
+   conditional on its Lease: owner and attempt) and sends nothing new: before every call it
+   checks `fence(claim)`, which costs nothing while the claim is young and the process's
+   heartbeat fresh, and otherwise asks PostgreSQL whether the claim still holds.
+
+A stopped worker (warm shutdown) marks its row stopped; its steps finished before it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+from django.db import close_old_connections, connection, transaction
+
+from runs.engine.dispatch import conf, enqueue, worker_id
+from runs.models import Worker
+
+logger = logging.getLogger("taskpilots.engine")
+
+# Between a check that passes and the call it allows, and for clocks: what the checks keep back.
+SAFETY_SECONDS = 1.0
+
+
+class ClaimLost(Exception):
+    """The claim was taken back while this worker was paused or cut off: do nothing more for
+    the step (its new owner reconciles whatever this worker left)."""
+
+
+# Steps whose lease owner stopped beating: their leases expire now; the runs to hint, and the
+# workers newly found dead.
+_TAKE_BACK_STALE = """
+WITH taken AS (
+    UPDATE runs_step s SET lease_expires_at = now()
+    WHERE s.status = 'running' AND s.lease_expires_at > now() AND EXISTS (
+        SELECT 1 FROM runs_worker w
+        WHERE w.id = s.lease_owner AND w.id <> %(me)s
+          AND w.beat_at < now() - make_interval(secs => %(dead_after)s))
+    RETURNING s.run_id
+), found AS (
+    UPDATE runs_worker SET dead_at = now(), found_dead_by = %(me)s
+    WHERE id <> %(me)s AND dead_at IS NULL AND stopped_at IS NULL
+      AND beat_at < now() - make_interval(secs => %(dead_after)s)
+    RETURNING id
+)
+SELECT (SELECT array_agg(DISTINCT run_id) FROM taken), (SELECT array_agg(id) FROM found)
+"""
+
+# The previous incarnations of this node: dead now, their leases taken back at once.
+_TAKE_BACK_PREVIOUS = """
+WITH found AS (
+    UPDATE runs_worker SET dead_at = now(), found_dead_by = %(me)s
+    WHERE node = %(node)s AND id <> %(me)s AND dead_at IS NULL AND stopped_at IS NULL
+    RETURNING id
+), taken AS (
+    UPDATE runs_step s SET lease_expires_at = now()
+    WHERE s.status = 'running' AND s.lease_expires_at > now() AND EXISTS (
+        SELECT 1 FROM runs_worker w
+        WHERE w.id = s.lease_owner AND w.node = %(node)s AND w.id <> %(me)s)
+    RETURNING s.run_id
+)
+SELECT DISTINCT run_id FROM taken
+"""
+
+_REGISTER = """
+INSERT INTO runs_worker (id, node, host, pid, started_at, beat_at, stopped_at, dead_at,
+    found_dead_by)
+VALUES (%(me)s, %(node)s, %(host)s, %(pid)s, now(), now(), NULL, NULL, '')
+ON CONFLICT (id) DO UPDATE SET beat_at = now(), stopped_at = NULL, dead_at = NULL
+"""
+
+_BEAT = "UPDATE runs_worker SET beat_at = now(), dead_at = NULL WHERE id = %s RETURNING dead_at"
+
+_STILL_HELD = (
+    "SELECT 1 FROM runs_step WHERE id = %s AND status = 'running' AND lease_owner = %s "
+    "AND attempts = %s AND lease_expires_at > now()"
+)
+
+
+class Heartbeat:
+    """This process's heartbeat thread (one per worker process; see the module docstring)."""
+
+    current: Heartbeat | None = None
+
+    def __init__(self, node: str, worker: str | None = None) -> None:
+        self.node = node
+        self.worker = worker or worker_id()
+        self.interval = conf("HEARTBEAT_SECONDS")
+        self.dead_after = conf("WORKER_DEAD_SECONDS")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Monotonic times: when the last beat that succeeded was sent, and since when beats
+        # have succeeded without a gap.
+        self.last_beat: float | None = None
+        self.steady_since: float | None = None
+
+    @classmethod
+    def start(cls, node: str) -> Heartbeat:
+        """Register this incarnation, take back the previous one's leases, start beating."""
+        if cls.current is not None and cls.current.worker == worker_id():
+            return cls.current
+        heartbeat = cls(node)
+        heartbeat._register()
+        heartbeat._thread = threading.Thread(target=heartbeat._run, daemon=True, name="heartbeat")
+        heartbeat._thread.start()
+        cls.current = heartbeat
+        return heartbeat
+
+    def stop(self) -> None:
+        """A clean shutdown: stop beating and say so (nothing of ours is left running)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval + 5)
+        try:
+            Worker.objects.filter(pk=self.worker).update(stopped_at=_db_now())
+        except Exception:  # the database being away at shutdown: the others find us stale
+            logger.warning("could not mark worker %s stopped", self.worker)
+        finally:
+            _give_back()
+        if Heartbeat.current is self:
+            Heartbeat.current = None
+
+    def fresh(self) -> bool:
+        """Whether no other worker can have found this one dead: its last beat went out less
+        than WORKER_DEAD_SECONDS (minus a safety margin) ago."""
+        last = self.last_beat
+        return last is not None and time.monotonic() - last < self.dead_after - SAFETY_SECONDS
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        sent = time.monotonic()
+        with transaction.atomic(), connection.cursor() as cursor:
+            params = {
+                "me": self.worker,
+                "node": self.node,
+                "host": socket.gethostname()[:200],
+                "pid": os.getpid(),
+            }
+            cursor.execute(_REGISTER, params)
+            cursor.execute(_TAKE_BACK_PREVIOUS, params)
+            runs = [row[0] for row in cursor.fetchall()]
+            for run_id in runs:
+                enqueue(run_id)
+        self.last_beat = self.steady_since = sent
+        if runs:
+            logger.warning(
+                "worker %s took back %d steps its previous incarnation held", self.worker, len(runs)
+            )
+        _give_back()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+            except Exception:  # a beat that fails (PostgreSQL restarting): the streak restarts
+                self.steady_since = None
+                logger.warning("heartbeat of %s failed", self.worker, exc_info=True)
+                _give_back()
+
+    def _beat(self) -> None:
+        sent = time.monotonic()
+        if self.last_beat is not None and sent - self.last_beat > self.dead_after:
+            self.steady_since = None  # this process itself was away (paused, cut off)
+        judge = self.steady_since is not None and sent - self.steady_since >= self.dead_after
+        with connection.cursor() as cursor:
+            cursor.execute(_BEAT, [self.worker])
+            row = cursor.fetchone()
+            if row is None:  # our row is gone (pruned while we were away): register again
+                self._register()
+                return
+            if row[0] is not None:
+                logger.warning("worker %s was found dead while away; beating again", self.worker)
+            taken = []
+            if judge:
+                cursor.execute(_TAKE_BACK_STALE, {"me": self.worker, "dead_after": self.dead_after})
+                runs, found = cursor.fetchone()
+                taken = runs or []
+                if found:
+                    logger.warning("workers %s stopped beating: their leases taken back", found)
+        self.last_beat = sent
+        if self.steady_since is None:
+            self.steady_since = sent
+        for run_id in taken:
+            with transaction.atomic():
+                enqueue(run_id)
+        _give_back()
+
+
+def _give_back() -> None:
+    """The heartbeat thread's connection goes back to the pool between beats (a broken one is
+    dropped); a caller's transaction (tests) keeps its own."""
+    if not connection.in_atomic_block:
+        close_old_connections()
+        connection.close()
+
+
+def _db_now():
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def fence(claim) -> None:
+    """Before a call for `claim`: raise ClaimLost unless this worker surely still holds it.
+
+    Free while the claim is young (well inside its lease) and this process's heartbeat is fresh
+    (no one can have found it dead); otherwise one query asks whether the step is still running
+    under this worker's lease and attempt, unexpired."""
+    young = time.monotonic() - claim.claimed_at < conf("LEASE_SECONDS") - SAFETY_SECONDS
+    heartbeat = Heartbeat.current
+    if young and (heartbeat is None or heartbeat.worker != claim.worker or heartbeat.fresh()):
+        return
+    step = claim.step
+    with connection.cursor() as cursor:
+        cursor.execute(_STILL_HELD, [step.pk, claim.worker, step.attempts])
+        held = cursor.fetchone() is not None
+    if not held:
+        raise ClaimLost(
+            f"step {step.name!r} (attempt {step.attempts}) is no longer held by {claim.worker}"
+        )
