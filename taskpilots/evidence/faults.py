@@ -12,20 +12,20 @@ stalls.py). The drill arms one stall at a time by writing `armed.json` there (wh
 moment of its step); the first worker process that reaches that moment takes it (an atomic
 rename, so exactly one does), writes `stalled-<episode>.json` (its pid and name, the run and
 step where it knows them) and then:
-- zombie: stops itself with SIGSTOP — after the claim before the snapshot, after the intent
-  before the call, during the call (from a helper thread while the request is in flight), or
-  after the answer before the receipt. The drill SIGCONTs it once another worker took the step
-  back;
+- zombie: stops itself with SIGSTOP — after the claim before the snapshot, right after the
+  intent committed (before whatever the engine does next, its checks before the call
+  included), during the call (from a helper thread while the request is in flight), or after
+  the answer before the receipt. The drill SIGCONTs it once another worker took the step back;
 - partition: tells its database proxy (`TASKPILOTS_CHAOS_DB_PROXY`, the control address of
   taskpilots/evidence/blackhole.py) to black-hole its connections — before the intent, once the
-  intent transaction holds the run's lock, once the intent's COMMIT went out, before the call,
-  or after the answer — and goes on into the hole. The drill heals or cuts it.
+  intent transaction holds the run's lock, once the intent's COMMIT went out, right after the
+  intent committed, or after the answer — and goes on into the hole. The drill heals or cuts it.
 Every worker with the variable set also logs, per process, each call it makes
 (`calls-<pid>.jsonl`), each timeline event it appends (`writes-<pid>.jsonl`, with the event's
 id and hash), the end of each task (`tasks-<pid>.jsonl`) and each task that raised
-(`errors-<pid>.jsonl`): what a stalled worker sent and
-recorded after it lost its claim, until its task was over, can then be told apart from what the
-new owner did, from the sender's side and in the database.
+(`errors-<pid>.jsonl`): what a stalled worker sent and recorded after it lost its claim, until
+its task was over, can then be told apart from what the new owner did, from the sender's side
+and in the database.
 """
 
 from __future__ import annotations
@@ -48,17 +48,20 @@ VARIABLE = "TASKPILOTS_CHAOS_CRASH_AFTER_CALL"
 STALL_DIR = "TASKPILOTS_CHAOS_STALL_DIR"
 DB_PROXY = "TASKPILOTS_CHAOS_DB_PROXY"
 
-# Where in a side-effect step each moment is reached: the tool's parameter check runs after the
-# claim and before the snapshot; the call itself; the answer before it is recorded.
+# Where in a side-effect step each moment is reached, seen from outside the engine: the tool's
+# parameter check runs after the claim and before the snapshot; the intent's timeline event
+# commits with the intent (the stall runs right after that commit, before the engine's next
+# statement, so whatever the engine checks before calling comes after it); the call itself; the
+# answer, before the engine records it.
 POINTS = {
     ("zombie", "after_claim"): "validate",
-    ("zombie", "after_intent"): "before_call",
+    ("zombie", "after_intent"): "intent_committed",
     ("zombie", "during_call"): "before_call",
     ("zombie", "after_answer"): "after_call",
     ("partition", "before_intent"): "validate",
     ("partition", "in_transaction"): "validate",
     ("partition", "intent_commit"): "validate",
-    ("partition", "before_call"): "before_call",
+    ("partition", "after_intent"): "intent_committed",
     ("partition", "after_answer"): "after_call",
 }
 # What the proxy waits for before opening the hole: the intent transaction's lock on the run
@@ -162,9 +165,9 @@ class Stalls:
         logger.error("chaos: %s stall at %s (%s)", report["kind"], report["moment"], report["run"])
 
     # -- the hooks -------------------------------------------------------------------------
-    def hook(self, point: str, tool, ctx=None) -> None:
+    def hook(self, point: str, tool: str, ctx=None) -> None:
         try:
-            report = self.take(point, tool.name, ctx)
+            report = self.take(point, tool, ctx)
             if report is not None:
                 self.stall(report)
         except Exception:  # a broken hook must never change what the worker does
@@ -175,11 +178,11 @@ class Stalls:
         stalls = self
 
         def checked(params):
-            stalls.hook("validate", tool)
+            stalls.hook("validate", tool.name)
             return validate(params)
 
         def invoke_with_stalls(params, ctx):
-            stalls.hook("before_call", tool, ctx)
+            stalls.hook("before_call", tool.name, ctx)
             stalls.log(
                 "calls",
                 {
@@ -192,12 +195,22 @@ class Stalls:
                 },
             )
             result = invoke(params, ctx)
-            stalls.hook("after_call", tool, ctx)
+            stalls.hook("after_call", tool.name, ctx)
             return result
 
         wrapped = dataclasses.replace(tool, invoke=invoke_with_stalls)
         wrapped.validate = checked
         return wrapped
+
+
+@dataclasses.dataclass
+class _Intent:
+    """What the intent's event names, in the shape of a call context."""
+
+    run_id: str
+    step: str
+    idempotency_key: str
+    attempt: int | None = None
 
 
 def _current_run() -> str:
@@ -234,6 +247,8 @@ def _database_client_port() -> int | None:
 
 def install_stalls(folder: Path, proxy: str = "") -> Stalls:
     """Wrap side-effect tools with the stall hooks and log every timeline event appended."""
+    from django.db import transaction
+
     from runs.models import TimelineEvent
 
     stalls = Stalls(folder, proxy)
@@ -252,6 +267,11 @@ def install_stalls(folder: Path, proxy: str = "") -> Stalls:
             "writes",
             {"run": str(run_id), "id": event.id, "hash": event.hash, "verb": verb},
         )
+        if verb == "side_effect.intended":
+            intent = _Intent(str(run_id), str(data.get("step", "")), str(data.get("key", "")))
+            transaction.on_commit(
+                lambda: stalls.hook("intent_committed", str(data.get("tool", "")), intent)
+            )
         return event
 
     TimelineEvent.append = classmethod(logged_append)

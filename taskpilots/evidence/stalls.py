@@ -42,7 +42,7 @@ PARTITION_MOMENTS = (
     "before_intent",
     "in_transaction",
     "intent_commit",
-    "before_call",
+    "after_intent",
     "after_answer",
 )
 STALLED_TOOL = "mail.send"

@@ -97,7 +97,7 @@ def test_a_stopped_worker_that_wakes_sends_nothing_and_records_nothing(sandbox):
 @pytest.mark.timeout(400)
 def test_a_black_holed_worker_is_taken_over_and_sends_nothing_twice(sandbox):
     # The worker's PostgreSQL connection black-holed (no reset: the sockets stay open) before
-    # the intent, inside the intent's transaction, on its COMMIT, before the call and after the
+    # the intent, inside the intent's transaction, on its COMMIT, right after it and after the
     # answer; held past the lease; then healed, and the same again cut.
     drill, report = _stall_drill(sandbox, "partition", 2 * len(PARTITION_MOMENTS))
     _assert_stalled_workers_did_nothing(drill, report, sandbox, 2 * len(PARTITION_MOMENTS))
