@@ -9,7 +9,8 @@
   drill holds it past the lease until another worker has taken the step back, then heals it
   (everything held back is delivered) or cuts it (every connection reset).
 
-One stall at a time, one run per stall, each at the next moment in turn. Afterwards, from the
+One stall at a time, each on a run started for it, each at the next moment in turn (at most
+STALLS_PER_BATCH; a larger batch's other runs go alongside as traffic). Afterwards, from the
 database, the sandbox ledger and the workers' own logs of what they called and wrote:
 - was the claim taken back while the worker was stalled;
 - did the worker come back (finish its task) after SIGCONT, heal or cut, or does it hang;
@@ -86,7 +87,7 @@ class Episode:
     late_receipts: int = 0
     discarded: int = 0
     mail_sent: int = 0
-    errors: list = field(default_factory=list)  # tasks of the run that raised, and whose
+    errors: list = field(default_factory=list)  # what the run's tasks raised, and in whom
     timeline: list = field(default_factory=list)
 
     @property
@@ -129,9 +130,9 @@ class StallFolder:
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
-    def arm(self, episode: Episode, **extra) -> None:
+    def arm(self, episode: Episode) -> None:
         armed = {"kind": episode.kind, "moment": episode.moment, "tool": STALLED_TOOL}
-        armed |= {"episode": f"{episode.kind}-{episode.number}", **extra}
+        armed["episode"] = f"{episode.kind}-{episode.number}"
         partial = self.path / "armed.tmp"
         partial.write_text(json.dumps(armed))
         os.replace(partial, self.path / "armed.json")
