@@ -13,6 +13,7 @@ from django.db import connection
 from approvals.models import EscalationRule
 from runs.models import Run
 from taskpilots.evidence.drill import KINDS, Drill, DrillConfig, parse_faults
+from taskpilots.evidence.scratch import scratch_name
 from taskpilots.evidence.stalls import PARTITION_MOMENTS, ZOMBIE_MOMENTS
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
@@ -53,7 +54,7 @@ def test_the_drill_command_leaves_the_install_it_runs_beside_as_it_found_it(sand
     assert [f["id"] for f in sandbox.faults()] == [outage["id"]]
     assert sandbox.ledger() == []
     with connection.cursor() as cursor:
-        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", ["%_drill"])
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [scratch_name("drill")])
         assert cursor.fetchall() == []  # the scratch database is gone
 
 
