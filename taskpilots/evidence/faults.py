@@ -113,6 +113,10 @@ class Stalls:
             return None
         if plan.get("tool") != tool or POINTS.get((plan["kind"], plan["moment"])) != point:
             return None
+        if point == "validate" and not _claim_committed(tool):
+            # The engine builds the call's parameters before its claim committed (the hot path
+            # claims the step and writes its intent in one statement): not this moment.
+            return None
         try:
             os.rename(armed, self.folder / f"taken-{os.getpid()}-{time.time_ns()}.json")
         except OSError:
@@ -213,6 +217,14 @@ class _Intent:
     attempt: int | None = None
 
 
+def _claim_committed(tool: str) -> bool:
+    """Whether the step of `tool` in the run this task advances is claimed (running) already."""
+    from runs.models import Step
+
+    run = _current_run()
+    return bool(run) and Step.objects.filter(run_id=run, tool=tool, status="running").exists()
+
+
 def _current_run() -> str:
     """The run the executing task advances (its only argument), where no call context says."""
     from celery import current_task
@@ -221,10 +233,32 @@ def _current_run() -> str:
     return str(args[0]) if args else ""
 
 
+_continued = 0  # SIGCONTs this process received
+
+
+def _on_sigcont(signum, frame) -> None:
+    global _continued
+    _continued += 1
+
+
 def _stop_self(delay: float) -> None:
+    """Stop the whole process, and go on in this thread only once it was continued.
+
+    A SIGSTOP sent to one's own process does not stop a multi-threaded process at once (the
+    thread that takes the signal stops the others as they next enter the kernel); measured: a
+    worker thread went on into the tool call. Sent to this thread, and waited for, the stall
+    is where it was asked for."""
     if delay:
         time.sleep(delay)
-    os.kill(os.getpid(), signal.SIGSTOP)
+    waits = signal.getsignal(signal.SIGCONT) is _on_sigcont
+    if not waits and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCONT, _on_sigcont)  # a forked child may have reset it
+        waits = True
+    before = _continued
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    deadline = time.monotonic() + 600
+    while waits and _continued == before and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def _worker() -> str:
@@ -246,12 +280,17 @@ def _database_client_port() -> int | None:
 
 
 def install_stalls(folder: Path, proxy: str = "") -> Stalls:
-    """Wrap side-effect tools with the stall hooks and log every timeline event appended."""
+    """Wrap side-effect tools with the stall hooks, and log every timeline event this process
+    commits, whichever way the engine writes it: `TimelineEvent.append` (one event, inside the
+    caller's transaction) or a hot-path batch (`runs.batch.Batch.commit`: one statement, its
+    own transaction)."""
     from django.db import transaction
 
     from runs.models import TimelineEvent
 
     stalls = Stalls(folder, proxy)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCONT, _on_sigcont)
     original_get = tool_registry.get
 
     def get(name: str):
@@ -275,6 +314,7 @@ def install_stalls(folder: Path, proxy: str = "") -> Stalls:
         return event
 
     TimelineEvent.append = classmethod(logged_append)
+    _log_batches(stalls)
 
     from celery.signals import task_failure, task_postrun
 
@@ -288,6 +328,32 @@ def install_stalls(folder: Path, proxy: str = "") -> Stalls:
     task_postrun.connect(task_over, weak=False)
     task_failure.connect(task_failed, weak=False)
     return stalls
+
+
+def _log_batches(stalls: Stalls) -> None:
+    """The hot path's batches: log their events once committed, and take an armed
+    intent_committed stall right after a batch that wrote the stalled tool's intent."""
+    try:
+        from runs.batch import Batch
+    except ImportError:  # an engine without the hot path
+        return
+    commit = Batch.commit
+
+    def logged_commit(self):
+        values = commit(self)
+        events = [json.loads(text) for text in self.events]
+        for event in events:
+            stalls.log(
+                "writes", {"run": str(self.run_id), "hash": event["hash"], "verb": event["verb"]}
+            )
+        for event in events:
+            data = event.get("data") or {}
+            if event["verb"] == "side_effect.intended":
+                intent = _Intent(str(self.run_id), str(data.get("step", "")), str(data.get("key")))
+                stalls.hook("intent_committed", str(data.get("tool", "")), intent)
+        return values
+
+    Batch.commit = logged_commit
 
 
 def install_from_environment() -> None:
