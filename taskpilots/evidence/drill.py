@@ -613,22 +613,36 @@ class Drill:
     def _drill_zombie(self, batch: Batch, count: int) -> None:
         # One stall at a time: a worker SIGSTOPped at the next moment of a mail step, kept
         # stopped until another worker took the step back, then SIGCONTed.
-        stalls.StallRunner(self, self.lease_seconds).run("zombie", batch, count)
+        self._stalls("zombie", batch, count)
 
     def _drill_partition(self, batch: Batch, count: int) -> None:
         # Every worker behind a black-hole proxy of its own; one stall at a time: the worker's
         # database black-holed at the next moment of a mail step past its lease, then healed or
         # cut.
-        if not self._proxied:
-            self.say("    workers whose PostgreSQL connections go through a black-hole proxy")
-            self._proxied = True
-            self._restart_workers()
+        self._stalls("partition", batch, count)
+
+    def _stalls(self, kind: str, batch: Batch, count: int) -> None:
+        """Workers for the stalls (on the engine's ordinary path, where the claim, the intent,
+        the call and the record are separate commits, unless --worker-env says which path;
+        behind proxies for a partition), the stalls, then the usual workers again."""
+        env = {} if "TASKPILOTS_HOT_PATH" in self.worker_env else {"TASKPILOTS_HOT_PATH": "0"}
+        hot_path = env_flag(self.worker_env.get("TASKPILOTS_HOT_PATH", "0"))
+        proxied = kind == "partition" and not self._proxied
+        if env or proxied:
+            self.say(
+                "    workers on the engine's "
+                + ("hot" if hot_path else "ordinary")
+                + " path"
+                + (", their PostgreSQL behind black-hole proxies" if kind == "partition" else "")
+            )
+            self._proxied = self._proxied or proxied
+            self._restart_workers(**env)
         try:
-            stalls.StallRunner(self, self.lease_seconds).run("partition", batch, count)
+            stalls.StallRunner(self, self.lease_seconds, hot_path=hot_path).run(kind, batch, count)
         finally:
-            if not self.config.chaos:
-                self._proxied = False
-                self._finish(batch)  # settle on the proxied workers before they go
+            if env or proxied:
+                self._finish(batch)  # settle on these workers before they go
+                self._proxied = self.config.chaos
                 self._restart_workers()
 
     # -- settling ------------------------------------------------------------------------------
@@ -745,6 +759,10 @@ class Drill:
 
     def _outage_over(self) -> bool:
         return not any(f["mode"] == "outage" for f in self.sandbox.faults())
+
+
+def env_flag(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def _database_address() -> tuple[str, int] | str:

@@ -46,6 +46,14 @@ PARTITION_MOMENTS = (
     "after_intent",
     "after_answer",
 )
+# On the engine's hot path (TASKPILOTS_HOT_PATH) a step is claimed together with its intent,
+# and an intent is one statement of its own: the moments between the claim and the intent, and
+# inside the intent's transaction, do not exist there. The drill runs its stalls on the
+# ordinary path unless told otherwise (drill --worker-env TASKPILOTS_HOT_PATH=1).
+HOT_PATH_MOMENTS = {
+    "zombie": ("after_intent", "during_call", "after_answer"),
+    "partition": ("after_intent", "after_answer"),
+}
 STALLED_TOOL = "mail.send"
 # Timeline events a worker may still commit after losing its claim: the engine recording that it
 # refused what the worker brought (today `step.outcome_discarded`; any verb naming a discard, a
@@ -107,9 +115,11 @@ def _since(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else round(end - start, 2)
 
 
-def plan(kind: str, number: int) -> Episode:
+def plan(kind: str, number: int, *, hot_path: bool = False) -> Episode:
     """The number-th stall of a batch: every moment in turn, then the other variants."""
     moments = ZOMBIE_MOMENTS if kind == "zombie" else PARTITION_MOMENTS
+    if hot_path:
+        moments = HOT_PATH_MOMENTS[kind]
     rounds = number // len(moments)
     variants = ("child", "group") if kind == "zombie" else ("heal", "cut")
     return Episode(
@@ -194,8 +204,9 @@ def _wait(predicate, timeout: float, interval: float = 0.05):
 class StallRunner:
     """Runs the stalls of one batch for a Drill (its workers, sandbox, runs, person)."""
 
-    def __init__(self, drill, lease_seconds: float):
+    def __init__(self, drill, lease_seconds: float, *, hot_path: bool = False):
         self.drill = drill
+        self.hot_path = hot_path
         self.folder: StallFolder = drill.stall_folder
         self.lease = lease_seconds
         # Past the lease, the sweeper's period and a reconcile's settle window.
@@ -206,7 +217,7 @@ class StallRunner:
         for _ in range(count - stalled):
             self.drill._start(batch, "support.reply", self._reply_input(batch))
         for number in range(stalled):
-            episode = plan(kind, number)
+            episode = plan(kind, number, hot_path=self.hot_path)
             self.drill.episodes.append(episode)
             try:
                 self._one(episode, batch)
@@ -375,7 +386,8 @@ def analyse(episodes: list[Episode], folder: StallFolder | None, sandbox: Sandbo
     run's timeline; and the figures the drill reports."""
     calls = folder.log("calls") if folder else []
     writes = folder.log("writes") if folder else []
-    writer = {entry["id"]: entry for entry in writes}
+    # Who committed each event: by its hash (unique along the chain), however it was written.
+    writer = {(entry["run"], entry["hash"]): entry for entry in writes}
     errors = folder.log("errors") if folder else []
     for episode in episodes:
         if episode.injected and episode.run:
@@ -414,12 +426,9 @@ def _analyse_one(episode: Episode, calls: list, writer: dict, sandbox: SandboxCl
     lost_claim = _claim_lost_at(episode, events)
     # The stalled task ends when its log says so; a hung one is watched to the end.
     until = episode.back_at or time.time()
-    mine = {
-        e["id"]
-        for e in events
-        if writer.get(e["id"], {}).get("pid") == episode.pid
-        and writer[e["id"]]["hash"] == e["hash"]
-    }
+    for event in events:
+        event["writer"] = writer.get((episode.run, event["hash"]))
+    mine = {e["id"] for e in events if e["writer"] and e["writer"]["pid"] == episode.pid}
     if lost_claim is not None:
         episode.stale_calls = [
             {"tool": c["tool"], "key": c["key"], "after_s": round(c["t"] - episode.stalled_at, 2)}
@@ -429,8 +438,7 @@ def _analyse_one(episode: Episode, calls: list, writer: dict, sandbox: SandboxCl
         for event in events:
             if event["id"] not in mine:
                 continue
-            t = writer[event["id"]]["t"]
-            if not lost_claim < t <= until:
+            if not lost_claim < event["writer"]["t"] <= until:
                 continue
             if any(word in event["verb"] for word in REFUSALS):
                 episode.discarded += 1
@@ -448,10 +456,10 @@ def _analyse_one(episode: Episode, calls: list, writer: dict, sandbox: SandboxCl
         entry = _brief(event)
         entry["t"] = round((event["at"] - start).total_seconds(), 2)
         if event["id"] in mine:
-            over = episode.back_at and writer[event["id"]]["t"] > episode.back_at
+            over = episode.back_at and event["writer"]["t"] > episode.back_at
             entry["by"] = "stalled worker, next task" if over else "stalled worker"
         else:
-            entry["by"] = "other worker" if event["id"] in writer else "drill"
+            entry["by"] = "other worker" if event["writer"] else "drill"
         episode.timeline.append(entry)
     problems = []
     if episode.mail_sent > 1:
