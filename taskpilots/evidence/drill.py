@@ -129,6 +129,10 @@ class Drill:
         self.episodes: list[stalls.Episode] = []
         self.proxies: dict[str, BlackHoleProxy] = {}
         self._proxied = False
+        # While a stall batch runs: the environment its workers need (replacements too), and
+        # the process group of the worker stalled right now (the soak leaves it alone).
+        self._batch_env: dict[str, str] = {}
+        self.stalled_pgid: int | None = None
         self.worker_env = {**WORKER_ENV, **config.worker_env}
         self.lease_seconds = float(self.worker_env["TASKPILOTS_LEASE_SECONDS"])
 
@@ -283,9 +287,13 @@ class Drill:
         self._start_worker(wait=False)  # no waiting on its start-up: the soak goes on
         return f"SIGKILL worker {victim.name}; started a replacement"
 
+    def _chaos_victims(self) -> list[WorkerProcess]:
+        """Workers the soak may fault now: not the one a stall holds."""
+        return [w for w in self._workers.alive if w.process.pid != self.stalled_pgid]
+
     def _chaos_stop_worker(self) -> str:
         """A zombie: the whole worker stopped past its lease, then continued."""
-        alive = self._workers.alive
+        alive = self._chaos_victims()
         if not alive:
             return ""
         victim = self.rng.choice(alive)
@@ -300,7 +308,7 @@ class Drill:
 
     def _chaos_partition_worker(self) -> str:
         """A partition: one worker's PostgreSQL connections black-holed past its lease."""
-        candidates = [w for w in self._workers.alive if w.name in self.proxies]
+        candidates = [w for w in self._chaos_victims() if w.name in self.proxies]
         if not candidates:
             return ""
         victim = self.rng.choice(candidates)
@@ -404,6 +412,7 @@ class Drill:
     def _start_worker(self, wait: bool = True, **env: str) -> WorkerProcess:
         """A worker; while workers run proxied, its database traffic goes through a black-hole
         proxy of its own (taskpilots/evidence/blackhole.py)."""
+        env = {**self._batch_env, **env}
         if not self._proxied:
             return self._workers.start(wait=wait, **env)
         name = f"w{len(self._workers.started) + 1}-{uuid.uuid4().hex[:6]}"
@@ -636,13 +645,15 @@ class Drill:
                 + (", their PostgreSQL behind black-hole proxies" if kind == "partition" else "")
             )
             self._proxied = self._proxied or proxied
-            self._restart_workers(**env)
+            self._batch_env = env
+            self._restart_workers()
         try:
             stalls.StallRunner(self, self.lease_seconds, hot_path=hot_path).run(kind, batch, count)
         finally:
             if env or proxied:
                 self._finish(batch)  # settle on these workers before they go
                 self._proxied = self.config.chaos
+                self._batch_env = {}
                 self._restart_workers()
 
     # -- settling ------------------------------------------------------------------------------

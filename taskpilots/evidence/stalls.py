@@ -231,6 +231,7 @@ class StallRunner:
             finally:
                 self.folder.disarm()
                 self._release(episode)
+                self.drill.stalled_pgid = None
             self.drill.say(f"    {self.describe(episode)}")
             # The next stall must hit the next run, not a retry of this one.
             self.drill._wait(
@@ -268,6 +269,7 @@ class StallRunner:
             episode.note = "no worker reached the moment"
             return
         episode.pid, episode.worker = report["pid"], report["worker"]
+        drill.stalled_pgid = report["pgid"]
         episode.stalled_at = report["at"]
         episode.proxy = {"address": report.get("proxy", ""), "answer": report.get("proxy_answer")}
         step = self._stalled_step(report, run)
@@ -373,9 +375,9 @@ class StallRunner:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(os.getpgid(episode.pid), signal.SIGCONT)
         if episode.kind == "partition":
-            for proxy in self.drill.proxies.values():
-                if proxy.state == "hole":
-                    proxy.heal()
+            proxy = self.drill.proxy_at(episode.proxy.get("address", ""))
+            if proxy is not None and proxy.state == "hole":
+                proxy.heal()
 
 
 # -- what happened ------------------------------------------------------------------------------
