@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -37,7 +38,10 @@ from runs import engine
 from runs.models import Run, SideEffect, Snapshot, Step, Wait
 from taskpilots import embedded
 from taskpilots.celery import app as celery_app
-from taskpilots.evidence.workers import Workers
+from taskpilots.env import format_database_url
+from taskpilots.evidence import faults, stalls
+from taskpilots.evidence.blackhole import BlackHoleProxy
+from taskpilots.evidence.workers import WorkerProcess, Workers
 from taskpilots.sandbox.client import SandboxClient, SandboxError, start_sandbox
 
 KINDS = (
@@ -50,10 +54,20 @@ KINDS = (
     "restart_waiting",  # every worker restarts while runs wait for a callback
     "approval_delayed",  # an approval is given later, and the run resumes from it
     "local_record_failed",  # the side effect is done but the worker dies before recording it
+    "zombie",  # a worker is SIGSTOPped mid-step past its lease, then SIGCONTed
+    "partition",  # a worker's PostgreSQL connection is black-holed mid-step, then healed or cut
 )
 DRILL_WORKFLOWS = ("drill.support.reply", "drill.refund.approval", "drill.crm.lead_sync")
 LEASE_SECONDS = 2
 OUTAGE_WINDOW_SECONDS = 2
+# What the drill's workers run with (short, so that faults show within seconds); overridden by
+# DrillConfig.worker_env (`drill --worker-env NAME=VALUE`), e.g. to try an engine's heartbeat
+# settings. Everything else the workers inherit from the drill's environment.
+WORKER_ENV = {
+    "TASKPILOTS_LEASE_SECONDS": str(LEASE_SECONDS),
+    "TASKPILOTS_TOOL_TIMEOUT_SECONDS": "1",
+    "TASKPILOTS_INLINE_BUDGET_SECONDS": "2",
+}
 
 
 @dataclass
@@ -71,6 +85,8 @@ class DrillConfig:
     # The simulated systems to use; None starts a sandbox of the drill's own, so the faults it
     # injects and clears never touch the sandbox of the install it runs beside.
     sandbox_url: str | None = None
+    # Environment for the drill's workers, over WORKER_ENV.
+    worker_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -106,6 +122,19 @@ class Drill:
         self._rules: list[int] = []
         self._previous: dict[str, Any] = {}
         self.person = None
+        # The zombie and partition drills (taskpilots/evidence/stalls.py): the folder the
+        # workers' stall hooks and logs share with the drill, each stall, and the database
+        # proxy of each worker while workers run through one (the partition drill, the soak).
+        self.stall_folder: stalls.StallFolder | None = None
+        self.episodes: list[stalls.Episode] = []
+        self.proxies: dict[str, BlackHoleProxy] = {}
+        self._proxied = False
+        # While a stall batch runs: the environment its workers need (replacements too), and
+        # the process group of the worker stalled right now (the soak leaves it alone).
+        self._batch_env: dict[str, str] = {}
+        self.stalled_pgid: int | None = None
+        self.worker_env = {**WORKER_ENV, **config.worker_env}
+        self.lease_seconds = float(self.worker_env["TASKPILOTS_LEASE_SECONDS"])
 
     # -- environment ---------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -135,19 +164,19 @@ class Drill:
         )
         # Human actions check the acting user's role like the console does.
         self.person.groups.add(Group.objects.get_or_create(name="support")[0])
+        self.stall_folder = stalls.StallFolder()
         self._workers = Workers(
             f"tp-{self.tag}",
-            {
-                "TASKPILOTS_LEASE_SECONDS": str(LEASE_SECONDS),
-                "TASKPILOTS_TOOL_TIMEOUT_SECONDS": "1",
-                "TASKPILOTS_INLINE_BUDGET_SECONDS": "2",
-            },
+            {**self.worker_env, faults.STALL_DIR: str(self.stall_folder.path)},
         )
         celery_app.conf.task_default_queue = self._workers.queue
         settings.TASKPILOTS["DISPATCH"] = "celery"
+        # The soak black-holes a worker's database now and then: every worker runs through a
+        # proxy of its own there.
+        self._proxied = self.config.chaos
         self.say(f"starting {self.config.workers} Celery workers on queue {self._workers.queue}")
         for _ in range(self.config.workers):
-            self._workers.start()
+            self._start_worker()
         self._sweeper = threading.Thread(target=self._sweep_loop, daemon=True, name="sweeper")
         self._sweeper.start()
         if self.config.chaos:
@@ -163,8 +192,13 @@ class Drill:
         if self._sweeper:
             self._sweeper.join(5)
         if self._workers:
+            self._continue_stopped_workers()
             self._workers.close()
             self._workers.delete_queue()
+        for proxy in self.proxies.values():
+            proxy.close()
+        if self.stall_folder is not None:
+            self.stall_folder.close()
         close_old_connections()
         self._survive(lambda: EscalationRule.objects.filter(pk__in=self._rules).delete())
         with contextlib.suppress(Exception):
@@ -222,6 +256,8 @@ class Drill:
         actions = [
             self._chaos_kill_worker,
             self._chaos_kill_worker,
+            self._chaos_stop_worker,
+            self._chaos_partition_worker,
             self._chaos_restart_broker,
             self._chaos_restart_postgres,
             self._chaos_drop_sandbox,
@@ -248,8 +284,46 @@ class Drill:
             return ""
         victim = self.rng.choice(alive)
         victim.kill()
-        self._workers.start(wait=False)  # no waiting on its start-up: the soak goes on
+        self._start_worker(wait=False)  # no waiting on its start-up: the soak goes on
         return f"SIGKILL worker {victim.name}; started a replacement"
+
+    def _chaos_victims(self) -> list[WorkerProcess]:
+        """Workers the soak may fault now: not the one a stall holds."""
+        return [w for w in self._workers.alive if w.process.pid != self.stalled_pgid]
+
+    def _chaos_stop_worker(self) -> str:
+        """A zombie: the whole worker stopped past its lease, then continued."""
+        alive = self._chaos_victims()
+        if not alive:
+            return ""
+        victim = self.rng.choice(alive)
+        seconds = round(self.lease_seconds + self.rng.uniform(1, 3), 1)
+        try:
+            os.killpg(victim.process.pid, signal.SIGSTOP)
+            self._stop_chaos.wait(seconds)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(victim.process.pid, signal.SIGCONT)
+        return f"SIGSTOP worker {victim.name} for {seconds} s, then SIGCONT"
+
+    def _chaos_partition_worker(self) -> str:
+        """A partition: one worker's PostgreSQL connections black-holed past its lease."""
+        candidates = [w for w in self._chaos_victims() if w.name in self.proxies]
+        if not candidates:
+            return ""
+        victim = self.rng.choice(candidates)
+        proxy = self.proxies[victim.name]
+        seconds = round(self.lease_seconds + self.rng.uniform(1, 3), 1)
+        end = self.rng.choice(("heal", "cut"))
+        proxy.hole()
+        try:
+            self._stop_chaos.wait(seconds)
+        finally:
+            if end == "heal":
+                proxy.heal()
+            else:
+                proxy.cut()
+        return f"black-holed worker {victim.name}'s database for {seconds} s, then {end}"
 
     def _chaos_restart_broker(self) -> str:
         broker = settings.CELERY_BROKER_URL
@@ -323,15 +397,50 @@ class Drill:
     def _restart_workers(self, **env: str) -> None:
         for worker in self._workers.alive:
             worker.kill()
+        self._close_dead_proxies()
         for _ in range(self.config.workers):
             # Under chaos the broker may be restarting: a worker comes up when it can.
-            self._workers.start(wait=not self.config.chaos, **env)
+            self._start_worker(wait=not self.config.chaos, **env)
 
     def _replace_dead_workers(self) -> None:
         dead = len(self._workers.started) - len(self._workers.alive)
         if dead and len(self._workers.alive) < self.config.workers:
+            self._close_dead_proxies()
             for _ in range(self.config.workers - len(self._workers.alive)):
-                self._workers.start(wait=not self.config.chaos)
+                self._start_worker(wait=not self.config.chaos)
+
+    def _start_worker(self, wait: bool = True, **env: str) -> WorkerProcess:
+        """A worker; while workers run proxied, its database traffic goes through a black-hole
+        proxy of its own (taskpilots/evidence/blackhole.py)."""
+        env = {**self._batch_env, **env}
+        if not self._proxied:
+            return self._workers.start(wait=wait, **env)
+        name = f"w{len(self._workers.started) + 1}-{uuid.uuid4().hex[:6]}"
+        proxy = BlackHoleProxy(_database_address(), name=name).start()
+        self.proxies[name] = proxy
+        db = {**connections["default"].settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port}
+        env = {
+            "DATABASE_URL": format_database_url(db),
+            faults.DB_PROXY: proxy.control_address,
+            **env,
+        }
+        return self._workers.start(name=name, wait=wait, **env)
+
+    def proxy_at(self, control_address: str) -> BlackHoleProxy | None:
+        return next(
+            (p for p in self.proxies.values() if p.control_address == control_address), None
+        )
+
+    def _close_dead_proxies(self) -> None:
+        alive = {w.name for w in self._workers.alive}
+        for name in [n for n in self.proxies if n not in alive]:
+            self.proxies.pop(name).close()
+
+    def _continue_stopped_workers(self) -> None:
+        """Never leave a stopped process behind (a zombie stall, the soak's SIGSTOP)."""
+        for worker in self._workers.alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, signal.SIGCONT)
 
     # -- running -------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -356,7 +465,14 @@ class Drill:
             self.say("chaos over: letting every run come to rest")
             for batch in self.batches:
                 self._finish(batch)
-        report = self._survive(compute_report, self.all_run_ids(), self.sandbox, self.batches)
+        report = self._survive(
+            compute_report,
+            self.all_run_ids(),
+            self.sandbox,
+            self.batches,
+            episodes=self.episodes,
+            stall_folder=self.stall_folder,
+        )
         if self.config.chaos:
             report["chaos"] = self.chaos_log
         report["elapsed_s"] = round(time.monotonic() - started, 1)
@@ -503,6 +619,43 @@ class Drill:
         # Back to ordinary workers: they must reconcile what the chaos ones left behind.
         self._restart_workers()
 
+    def _drill_zombie(self, batch: Batch, count: int) -> None:
+        # One stall at a time: a worker SIGSTOPped at the next moment of a mail step, kept
+        # stopped until another worker took the step back, then SIGCONTed.
+        self._stalls("zombie", batch, count)
+
+    def _drill_partition(self, batch: Batch, count: int) -> None:
+        # Every worker behind a black-hole proxy of its own; one stall at a time: the worker's
+        # database black-holed at the next moment of a mail step past its lease, then healed or
+        # cut.
+        self._stalls("partition", batch, count)
+
+    def _stalls(self, kind: str, batch: Batch, count: int) -> None:
+        """Workers for the stalls (on the engine's ordinary path, where the claim, the intent,
+        the call and the record are separate commits, unless --worker-env says which path;
+        behind proxies for a partition), the stalls, then the usual workers again."""
+        env = {} if "TASKPILOTS_HOT_PATH" in self.worker_env else {"TASKPILOTS_HOT_PATH": "0"}
+        hot_path = env_flag(self.worker_env.get("TASKPILOTS_HOT_PATH", "0"))
+        proxied = kind == "partition" and not self._proxied
+        if env or proxied:
+            self.say(
+                "    workers on the engine's "
+                + ("hot" if hot_path else "ordinary")
+                + " path"
+                + (", their PostgreSQL behind black-hole proxies" if kind == "partition" else "")
+            )
+            self._proxied = self._proxied or proxied
+            self._batch_env = env
+            self._restart_workers()
+        try:
+            stalls.StallRunner(self, self.lease_seconds, hot_path=hot_path).run(kind, batch, count)
+        finally:
+            if env or proxied:
+                self._finish(batch)  # settle on these workers before they go
+                self._proxied = self.config.chaos
+                self._batch_env = {}
+                self._restart_workers()
+
     # -- settling ------------------------------------------------------------------------------
     def _all_waiting(self, batch: Batch) -> bool:
         return Run.objects.filter(pk__in=batch.run_ids).exclude(status="waiting").count() == 0
@@ -619,6 +772,20 @@ class Drill:
         return not any(f["mode"] == "outage" for f in self.sandbox.faults())
 
 
+def env_flag(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _database_address() -> tuple[str, int] | str:
+    """Where the drill's PostgreSQL listens: host and port, or the Unix socket's path."""
+    db = connections["default"].settings_dict
+    port = int(db["PORT"] or 5432)
+    host = db["HOST"] or "/var/run/postgresql"
+    if host.startswith("/"):
+        return f"{host}/.s.PGSQL.{port}"
+    return (host, port)
+
+
 def _run(args: list[str], check: bool = True) -> None:
     subprocess.run(args, check=check, capture_output=True, timeout=120)
 
@@ -691,17 +858,56 @@ def _ledger_check(run_ids, sandbox: SandboxClient) -> dict:
             and first_snapshot[e["idempotency_key"]] <= _parse_at(e["at"])
         )
     ]
+    mismatches = _records_against_the_world(run_ids, ledger)
     return {
         "duplicate_side_effects": len(duplicated),
         "duplicates": duplicated,
         "side_effects_committed": len(ledger),
         "committed_without_snapshot": len(unsnapshotted),
+        "ledger_mismatches": len(mismatches),
+        "mismatches": mismatches,
     }
 
 
-def compute_report(run_ids: list, sandbox: SandboxClient, batches: list[Batch] = ()) -> dict:
-    """Counts from the database, the outside world's view from the sandbox ledger, and the
-    seed figures from approvals.metrics (one definition for the dashboard and the drill)."""
+def _records_against_the_world(run_ids, ledger: list[dict]) -> list[dict]:
+    """Ledger rows whose recorded outcome the target system contradicts: recorded committed
+    with a receipt the system never issued (or with nothing there at all), or recorded not
+    committed although the system has it. A stale worker recording over the new owner's work
+    shows up here."""
+    world: dict[str, list[dict]] = {}
+    for entry in ledger:
+        world.setdefault(entry["idempotency_key"], []).append(entry)
+    found = []
+    for effect in SideEffect.objects.filter(run_id__in=run_ids).values(
+        "run_id", "idempotency_key", "tool", "status", "external_id", "confirmed_by"
+    ):
+        there = world.get(effect["idempotency_key"], [])
+        issued = {e["external_id"] for e in there}
+        status = effect["status"]
+        problem = ""
+        if status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
+            if not there:
+                problem = "recorded committed; the system has no record of the key"
+            elif effect["external_id"] and effect["external_id"] not in issued:
+                problem = f"recorded receipt {effect['external_id']}; the system issued {issued}"
+        elif status == SideEffect.Status.NOT_COMMITTED and there:
+            problem = "recorded not committed; the system has it"
+        if problem:
+            found.append({**effect, "run_id": str(effect["run_id"]), "problem": problem})
+    return found
+
+
+def compute_report(
+    run_ids: list,
+    sandbox: SandboxClient,
+    batches: list[Batch] = (),
+    *,
+    episodes: list[stalls.Episode] = (),
+    stall_folder: stalls.StallFolder | None = None,
+) -> dict:
+    """Counts from the database, the outside world's view from the sandbox ledger, the seed
+    figures from approvals.metrics (one definition for the dashboard and the drill), and what
+    each stalled worker did after losing its claim (taskpilots/evidence/stalls.py)."""
     runs = {str(r.pk): r for r in Run.objects.filter(pk__in=run_ids)}
     status = Counter(r.status for r in runs.values())
     # Lost: neither finished nor parked for a person with a reason.
@@ -731,6 +937,7 @@ def compute_report(run_ids: list, sandbox: SandboxClient, batches: list[Batch] =
         "lost_runs": len(lost),
         **_ledger_check(runs, sandbox),
         **_figures(list(runs)),
+        **stalls.analyse(list(episodes), stall_folder, sandbox),
         "per_kind": per_kind,
     }
 

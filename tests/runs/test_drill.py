@@ -13,6 +13,8 @@ from django.db import connection
 from approvals.models import EscalationRule
 from runs.models import Run
 from taskpilots.evidence.drill import KINDS, Drill, DrillConfig, parse_faults
+from taskpilots.evidence.scratch import scratch_name
+from taskpilots.evidence.stalls import PARTITION_MOMENTS, ZOMBIE_MOMENTS
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -52,8 +54,58 @@ def test_the_drill_command_leaves_the_install_it_runs_beside_as_it_found_it(sand
     assert [f["id"] for f in sandbox.faults()] == [outage["id"]]
     assert sandbox.ledger() == []
     with connection.cursor() as cursor:
-        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", ["%_drill"])
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [scratch_name("drill")])
         assert cursor.fetchall() == []  # the scratch database is gone
+
+
+def _stall_drill(sandbox, kind: str, runs: int) -> tuple[Drill, dict]:
+    config = DrillConfig(
+        runs=runs, faults=(kind,), workers=2, batch_timeout=60, sandbox_url=sandbox.base_url
+    )
+    with Drill(config) as drill:
+        report = drill.run()
+    return drill, report
+
+
+def _assert_stalled_workers_did_nothing(drill: Drill, report: dict, sandbox, stalls: int) -> None:
+    verdicts = [(e["moment"], e["variant"], e["verdict"] or e["note"]) for e in report["episodes"]]
+    assert report["stalls_injected"] == stalls, verdicts
+    assert report["lost_runs"] == 0
+    # The receiving side: one mail per run, whatever the stalled worker did when it came back.
+    mails = {str(r): len(sandbox.ledger(system="mail", run=str(r))) for r in drill.all_run_ids()}
+    assert set(mails.values()) == {1}, (mails, verdicts)
+    assert report["duplicate_side_effects"] == 0, (report["duplicates"], verdicts)
+    # From the stalled worker's own call log and the events it committed: nothing sent, nothing
+    # recorded once another worker held the step (a refused outcome may be recorded as such).
+    assert report["stale_calls"] == 0, verdicts
+    assert report["stale_writes"] == 0, verdicts
+    assert report["ledger_mismatches"] == 0, report["mismatches"]
+    assert report["claims_not_taken_back"] == 0, verdicts
+    assert report["hung_workers"] == 0, verdicts
+    assert report["succeeded"] == report["runs"]
+
+
+@pytest.mark.timeout(300)
+def test_a_stopped_worker_that_wakes_sends_nothing_and_records_nothing(sandbox):
+    # SIGSTOP after the claim, after the intent, during the call and after the answer, each
+    # kept stopped past the lease until another worker took the step back and finished it,
+    # then SIGCONT: a worker that was only paused must not send the mail a second time or
+    # record anything over its successor's work.
+    drill, report = _stall_drill(sandbox, "zombie", len(ZOMBIE_MOMENTS))
+    _assert_stalled_workers_did_nothing(drill, report, sandbox, len(ZOMBIE_MOMENTS))
+
+
+@pytest.mark.timeout(400)
+def test_a_black_holed_worker_is_taken_over_and_sends_nothing_twice(sandbox):
+    # The worker's PostgreSQL connection black-holed (no reset: the sockets stay open) before
+    # the intent, inside the intent's transaction, on its COMMIT, right after it and after the
+    # answer; held past the lease; then healed, and the same again cut.
+    drill, report = _stall_drill(sandbox, "partition", 2 * len(PARTITION_MOMENTS))
+    _assert_stalled_workers_did_nothing(drill, report, sandbox, 2 * len(PARTITION_MOMENTS))
+    assert {e["variant"] for e in report["episodes"]} == {"heal", "cut"}
+    assert [e["proxy"]["holes"][-1]["ended"] for e in report["episodes"]] == (
+        ["healed"] * len(PARTITION_MOMENTS) + ["cut"] * len(PARTITION_MOMENTS)
+    )
 
 
 def test_unknown_drill_kinds_are_refused_with_the_list():

@@ -13,7 +13,8 @@ from taskpilots.evidence.drill import (
     progress_to_stderr,
 )
 
-# Counts, the outside world's view (sandbox ledger), then the seed figures (approvals.metrics).
+# Counts, the outside world's view (sandbox ledger), then the seed figures (approvals.metrics),
+# then what stalled workers did (the zombie and partition drills).
 KEYS = (
     "runs",
     "succeeded",
@@ -22,11 +23,27 @@ KEYS = (
     "lost_runs",
     "duplicate_side_effects",
     "committed_without_snapshot",
+    "ledger_mismatches",
     "runs_with_faults",
     "auto_recovered",
     *FIGURE_KEYS,
+    "stalls_injected",
+    "claims_not_taken_back",
+    "hung_workers",
+    "stale_calls",
+    "stale_writes",
     "elapsed_s",
 )
+# Any of these above 0 fails the drill.
+BROKEN = {
+    "lost_runs": "lost runs",
+    "duplicate_side_effects": "duplicate side effects",
+    "ledger_mismatches": "ledger rows the target system contradicts",
+    "claims_not_taken_back": "claims of stalled workers not taken back",
+    "hung_workers": "workers that hang after a stall",
+    "stale_calls": "calls by workers that had lost their claim",
+    "stale_writes": "records by workers that had lost their claim",
+}
 
 
 class Command(BaseCommand):
@@ -41,6 +58,14 @@ class Command(BaseCommand):
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument(
+            "--worker-env",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="environment for the drill's workers (repeatable), over the drill's own "
+            "(TASKPILOTS_LEASE_SECONDS=2, TASKPILOTS_TOOL_TIMEOUT_SECONDS=1, …)",
+        )
         parser.add_argument(
             "--chaos",
             action="store_true",
@@ -65,6 +90,12 @@ class Command(BaseCommand):
             faults = parse_faults(options["faults"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
+        worker_env = {}
+        for item in options["worker_env"]:
+            name, equals, value = item.partition("=")
+            if not equals or not name:
+                raise CommandError(f"--worker-env {item!r}: expected NAME=VALUE")
+            worker_env[name] = value
         if not options["here"]:
             self._in_scratch_database(options)
             return
@@ -76,6 +107,7 @@ class Command(BaseCommand):
             progress=progress_to_stderr,
             chaos=options["chaos"],
             batch_timeout=300.0 if options["chaos"] else 90.0,
+            worker_env=worker_env,
         )
         with Drill(config) as drill:
             report = drill.run()
@@ -83,10 +115,10 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report, sort_keys=True))
         else:
             self._print_table(report)
-        if report["lost_runs"] or report["duplicate_side_effects"]:
+        broken = [f"{report[key]} {what}" for key, what in BROKEN.items() if report[key]]
+        if broken:
             raise CommandError(
-                f"{report['lost_runs']} lost runs and {report['duplicate_side_effects']} "
-                "duplicate side effects: recovery is broken; see the runs in the console."
+                f"{', '.join(broken)}: recovery is broken; see the runs in the console."
             )
 
     def _print_table(self, report: dict) -> None:
@@ -98,11 +130,22 @@ class Command(BaseCommand):
         self.stdout.write(f"{'kind':<20}" + "".join(f"{c:>15}" for c in columns))
         for kind, row in report["per_kind"].items():
             self.stdout.write(f"{kind:<20}" + "".join(f"{row[c]:>15}" for c in columns))
+        if report["episodes"]:
+            self.stdout.write("")
+            self.stdout.write("stalls (zombie: what was stopped; partition: how the hole ended)")
+            for e in report["episodes"]:
+                what = f"{e['kind']} {e['moment']} {e['variant']} {e['wake']}"
+                taken = e["taken_back_after_s"]
+                self.stdout.write(
+                    f"  {what:<48} taken back {taken if taken is not None else '—':>5} s  "
+                    f"mails {e['mail_sent']}  {e['verdict'] or e['note']}"
+                )
 
     def _in_scratch_database(self, options) -> None:
         """The drill again, with --here, in a scratch database that is dropped afterwards, so the
         install it was run on keeps its rules, users, workflows and sandbox as they were."""
         argv = [f"--{name}={options[name]}" for name in ("runs", "faults", "seed", "workers")]
+        argv += [f"--worker-env={item}" for item in options["worker_env"]]
         argv += [f"--{flag}" for flag in ("json", "chaos") if options[flag]]
         failed = False
         with scratch.scratch_database(
