@@ -40,12 +40,21 @@ def _start_worker(sender=None, **kwargs) -> None:
     """Before the pool starts: refuse a configuration whose connections PostgreSQL cannot serve
     (taskpilots/dbpool.py), then start beating (runs/engine/liveness.py) — in this process, or
     for prefork in each pool process."""
+    from django.conf import settings
     from django.core.exceptions import ImproperlyConfigured
+    from django.db import connections
 
     from taskpilots import dbpool
 
     pool = _pool_name(sender.pool_cls)
     concurrency = sender.concurrency if isinstance(sender.concurrency, int) else 1
+    idle = settings.TASKPILOTS["DB_IDLE_IN_TRANSACTION_SECONDS"]
+    for options in (
+        settings.DATABASES["default"]["OPTIONS"],
+        connections["default"].settings_dict["OPTIONS"],
+    ):
+        if "keepalives" not in options:
+            dbpool.apply_worker_options(options, idle)
     try:
         dbpool.check_worker(pool, concurrency)
     except ImproperlyConfigured as exc:

@@ -47,16 +47,42 @@ def pool_options(size: int, timeout: float) -> dict:
     }
 
 
+def worker_connection_options(idle_in_transaction_s: float) -> dict:
+    """What a worker's connections add, so a worker cut off from PostgreSQL mid-transaction (a
+    network partition) can neither hold a run's lock for long nor hang forever: the server
+    ends a session idle in a transaction after `idle_in_transaction_s`, and TCP keepalives and
+    a user timeout end a connection whose peer went silent."""
+    return {
+        "options": f"-cidle_in_transaction_session_timeout={int(idle_in_transaction_s * 1000)}",
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 3,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 15000,
+    }
+
+
+def apply_worker_options(options: dict, idle_in_transaction_s: float) -> None:
+    """Merge worker_connection_options into a DATABASES OPTIONS dict (a configured `options`
+    string is kept and extended)."""
+    extra = worker_connection_options(idle_in_transaction_s)
+    configured = options.get("options", "")
+    options.update(extra)
+    if configured:
+        options["options"] = f"{configured} {extra['options']}"
+
+
 # --------------------------------------------------------------------------------------------
 # The budget a worker checks at start-up
 
 
 def worker_demand(pool: str, concurrency: int, pool_size: int | None) -> int:
-    """The most connections a Celery worker of this pool and concurrency can hold at once."""
+    """The most connections a Celery worker of this pool and concurrency can hold at once: its
+    pool (or a connection per thread or pool process), and each process's heartbeat."""
     processes = concurrency if pool == "prefork" else 1
     if pool_size:  # one pool per process: threads share it
-        return processes * pool_size
-    return concurrency  # each thread (or pool process) holds its own connection
+        return processes * (pool_size + 1)
+    return concurrency + processes  # each thread (or pool process) holds its own connection
 
 
 def check_budget(*, pool: str, concurrency: int, pool_size: int | None, server) -> None:
@@ -117,6 +143,7 @@ def check_worker(pool: str, concurrency: int) -> None:
     from django.db import connection
 
     size = (settings.DATABASES["default"]["OPTIONS"].get("pool") or {}).get("max_size")
+    # The heartbeat's own connection (runs/engine/liveness.py) comes on top of the pool.
     with connection.cursor() as cursor:
         server = server_budget(cursor)
     connection.close()

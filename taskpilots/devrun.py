@@ -9,7 +9,8 @@ Steps, in order:
 3. ``manage.py migrate``, ``collectstatic --noinput``, ``demo_setup``.
 4. Children, each in its own process group with its output prefixed by its name: ``sandbox`` (the
    simulated external systems, when the command exists), ``web`` (gunicorn, 2 workers, static files
-   from WhiteNoise), ``worker`` (Celery, its pool and concurrency from ``taskpilots.workerconf``)
+   from WhiteNoise), ``worker`` (Celery: its processes, pool and concurrency from
+   ``taskpilots.workerconf``, one child per process: ``worker1``, ``worker2`` …)
    and ``beat`` (Celery beat, schedule under var/). Then ``seed_demo`` (real demo runs, executed by
    that worker against that sandbox; once).
 5. Wait. Ctrl-C or SIGTERM stops web and beat, then the worker (warm shutdown, up to 20 s, then
@@ -155,7 +156,11 @@ class Launcher:
 
     def stop_children(self) -> None:
         for names, timeout in _STOP_STAGES:
-            stage = [c for c in self.children if c.name in names and c.process.poll() is None]
+            stage = [
+                c
+                for c in self.children
+                if c.name.rstrip("0123456789") in names and c.process.poll() is None
+            ]
             for child in stage:
                 child.signal_group(signal.SIGTERM)
             deadline = time.monotonic() + timeout
@@ -243,11 +248,12 @@ class Launcher:
             ],
         )
         worker = worker_config()
-        self.spawn(
-            "worker",
-            [*celery, "worker", "-l", "info", *worker.options(), "-n", "worker1@%h"],
-            env=worker.env,
-        )
+        for n in range(1, worker.processes + 1):
+            self.spawn(
+                f"worker{n}" if worker.processes > 1 else "worker",
+                [*celery, "worker", "-l", "info", *worker.options(), "-n", f"worker{n}@%h"],
+                env=worker.env,
+            )
         self.spawn(
             "beat",
             [

@@ -137,6 +137,7 @@ def format_database_url(db: dict, name: str | None = None) -> str:
     elif ":" in host:  # an IPv6 address
         host = f"[{host}]"
     netloc = f"{auth}@{host}" + (f":{db['PORT']}" if db.get("PORT") else "")
-    query = urlencode(options, safe="/") if options else ""
+    # quote_via=quote: a space is %20, never "+" (libpq reads "+" literally: `-c name=value`).
+    query = urlencode(options, safe="/", quote_via=quote) if options else ""
     path = quote(name or db["NAME"], safe="")
     return f"postgres://{netloc}/{path}" + (f"?{query}" if query else "")

@@ -318,6 +318,11 @@ TASKPILOTS = {
     # which take its leases back.
     "HEARTBEAT_SECONDS": env_float("TASKPILOTS_HEARTBEAT_SECONDS", 1.0, minimum=0.1),
     "WORKER_DEAD_SECONDS": env_float("TASKPILOTS_WORKER_DEAD_SECONDS", 4.0, minimum=1.0),
+    # A worker's session idle inside a transaction this long is ended by PostgreSQL, so a worker
+    # cut off mid-transaction cannot hold a run's lock (taskpilots/dbpool.py).
+    "DB_IDLE_IN_TRANSACTION_SECONDS": env_float(
+        "TASKPILOTS_DB_IDLE_IN_TRANSACTION_SECONDS", 5.0, minimum=1.0
+    ),
     # How long one task may keep executing consecutive steps of a run before re-enqueueing.
     "INLINE_BUDGET_SECONDS": env_float("TASKPILOTS_INLINE_BUDGET_SECONDS", 5.0, minimum=0),
     # The engine's one-round-trip transactions (runs/engine/inline.py). Off, every step goes

@@ -84,9 +84,10 @@ def claim_next(run_id, *, worker: str | None = None, now: datetime | None = None
        expired is taken back (its worker died).
     """
     worker = worker or worker_id()
-    now = now or timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
+        # After the lock: a claimer that waited for it must not get a lease that began before.
+        now = now or timezone.now()
         if run is None or run.status not in Run.RUNNABLE:
             return None
         try:

@@ -44,15 +44,18 @@ def enqueue(run_id, *, countdown: float | None = None, expires: float | None = N
     """
     if conf("DISPATCH") != "celery":
         return
+    transaction.on_commit(lambda: hint(run_id, countdown=countdown, expires=expires))
 
-    def send():
-        try:
-            options: dict = {"countdown": countdown} if countdown else {}
-            if expires:
-                options["expires"] = expires
-            # By name: runs.tasks imports the engine, not the other way round.
-            current_app.send_task(ADVANCE_TASK, (str(run_id),), **options)
-        except Exception:  # the broker being down only delays the run: the sweeper re-derives it
-            logger.warning("could not enqueue run %s; the sweeper will pick it up", run_id)
 
-    transaction.on_commit(send)
+def hint(run_id, *, countdown: float | None = None, expires: float | None = None) -> None:
+    """Send the hint now (enqueue sends it once the current transaction commits)."""
+    if conf("DISPATCH") != "celery":
+        return
+    try:
+        options: dict = {"countdown": countdown} if countdown else {}
+        if expires:
+            options["expires"] = expires
+        # By name: runs.tasks imports the engine, not the other way round.
+        current_app.send_task(ADVANCE_TASK, (str(run_id),), **options)
+    except Exception:  # the broker being down only delays the run: the sweeper re-derives it
+        logger.warning("could not enqueue run %s; the sweeper will pick it up", run_id)

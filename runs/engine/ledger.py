@@ -24,7 +24,7 @@ from runs.engine.calls import build_params, call_context, check_scope, invoke, l
 from runs.engine.claim import Claim
 from runs.engine.context import prior_results_summary
 from runs.engine.dispatch import conf
-from runs.engine.liveness import ClaimLost
+from runs.engine.liveness import ClaimLost, fence
 from runs.engine.outcomes import Failed, Outcome, Recheck, Succeeded, UnknownOutcome
 from runs.models import (
     FailureClass,
@@ -34,6 +34,7 @@ from runs.models import (
     Snapshot,
     Step,
     TimelineEvent,
+    TransitionError,
     chain_heads,
     digest,
     to_json_value,
@@ -113,8 +114,11 @@ def _settle_previous_attempt(claim: Claim, tool: Tool, effect: SideEffect) -> Ou
 def _after_failed_call(claim: Claim, tool: Tool, effect: SideEffect, exc: ToolError) -> Outcome:
     if exc.failure_class != FailureClass.UNKNOWN_OUTCOME:
         return Failed(exc.failure_class, exc.message, not_committed=effect)
+    # A worker that was away during its call and lost the claim settles nothing: the row is
+    # the new owner's to reconcile (and maybe already in its next attempt).
+    fence(claim)
     if effect.status == SideEffect.Status.INTENDED:
-        effect.mark_unknown(exc.message)
+        _settle(effect, lambda: effect.mark_unknown(exc.message))
     claim.run.count_failure()  # the call failed, whatever reconciling it finds
     verdict = reconcile(claim, tool, effect)
     if verdict == Verdict.COMMITTED:
@@ -328,12 +332,25 @@ def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdic
         return None
     if found.found:
         receipt = Receipt(found.external_id, to_json_value(found.response))
-        effect.commit(receipt, confirmed_by="reconcile")
-        return Verdict.COMMITTED
+        _settle(effect, lambda: effect.commit(receipt, confirmed_by="reconcile"))
+        if effect.status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
+            return Verdict.COMMITTED
+        return Verdict.UNKNOWN  # the ledger and the system disagree: a person decides
     if timezone.now() < effect.attempted_at + settle_window(claim, tool):
         return Verdict.RECHECK
-    effect.mark_not_committed(confirmed_by="reconcile")
+    _settle(effect, lambda: effect.mark_not_committed(confirmed_by="reconcile"))
+    if effect.status == SideEffect.Status.COMMITTED:  # its receipt came in meanwhile
+        return Verdict.COMMITTED
     return Verdict.RESEND
+
+
+def _settle(effect: SideEffect, change) -> None:
+    """A change of the ledger row that someone else may have made first (a woken worker's
+    receipt racing this reconciliation): then the row is read again and stands as it is."""
+    try:
+        change()
+    except TransitionError:
+        effect.refresh_from_db()
 
 
 def recheck(claim: Claim, tool: Tool, effect: SideEffect) -> Recheck:

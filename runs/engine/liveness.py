@@ -22,16 +22,17 @@ A stopped worker (warm shutdown) marks its row stopped; its steps finished befor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 
-from django.db import close_old_connections, connection, transaction
+import psycopg
+from django.db import connection, connections
 
-from runs.engine.dispatch import conf, enqueue, worker_id
-from runs.models import Worker
+from runs.engine.dispatch import conf, hint, worker_id
 
 logger = logging.getLogger("taskpilots.engine")
 
@@ -106,6 +107,9 @@ class Heartbeat:
         self.dead_after = conf("WORKER_DEAD_SECONDS")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # A connection of its own, outside the pool: a beat must never wait behind the worker's
+        # threads for a pooled connection (a late beat would make this worker look dead).
+        self._conn = None
         # Monotonic times: when the last beat that succeeded was sent, and since when beats
         # have succeeded without a gap.
         self.last_beat: float | None = None
@@ -129,11 +133,11 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(self.interval + 5)
         try:
-            Worker.objects.filter(pk=self.worker).update(stopped_at=_db_now())
+            self._execute("UPDATE runs_worker SET stopped_at = now() WHERE id = %s", [self.worker])
         except Exception:  # the database being away at shutdown: the others find us stale
             logger.warning("could not mark worker %s stopped", self.worker)
         finally:
-            _give_back()
+            self._close()
         if Heartbeat.current is self:
             Heartbeat.current = None
 
@@ -147,24 +151,21 @@ class Heartbeat:
 
     def _register(self) -> None:
         sent = time.monotonic()
-        with transaction.atomic(), connection.cursor() as cursor:
-            params = {
-                "me": self.worker,
-                "node": self.node,
-                "host": socket.gethostname()[:200],
-                "pid": os.getpid(),
-            }
-            cursor.execute(_REGISTER, params)
-            cursor.execute(_TAKE_BACK_PREVIOUS, params)
-            runs = [row[0] for row in cursor.fetchall()]
-            for run_id in runs:
-                enqueue(run_id)
+        params = {
+            "me": self.worker,
+            "node": self.node,
+            "host": socket.gethostname()[:200],
+            "pid": os.getpid(),
+        }
+        self._execute(_REGISTER, params)
+        runs = [row[0] for row in self._execute(_TAKE_BACK_PREVIOUS, params)]
         self.last_beat = self.steady_since = sent
+        for run_id in runs:
+            hint(run_id)
         if runs:
             logger.warning(
                 "worker %s took back %d steps its previous incarnation held", self.worker, len(runs)
             )
-        _give_back()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -173,49 +174,47 @@ class Heartbeat:
             except Exception:  # a beat that fails (PostgreSQL restarting): the streak restarts
                 self.steady_since = None
                 logger.warning("heartbeat of %s failed", self.worker, exc_info=True)
-                _give_back()
+                self._close()
 
     def _beat(self) -> None:
         sent = time.monotonic()
         if self.last_beat is not None and sent - self.last_beat > self.dead_after:
             self.steady_since = None  # this process itself was away (paused, cut off)
         judge = self.steady_since is not None and sent - self.steady_since >= self.dead_after
-        with connection.cursor() as cursor:
-            cursor.execute(_BEAT, [self.worker])
-            row = cursor.fetchone()
-            if row is None:  # our row is gone (pruned while we were away): register again
-                self._register()
-                return
-            if row[0] is not None:
-                logger.warning("worker %s was found dead while away; beating again", self.worker)
-            taken = []
-            if judge:
-                cursor.execute(_TAKE_BACK_STALE, {"me": self.worker, "dead_after": self.dead_after})
-                runs, found = cursor.fetchone()
-                taken = runs or []
-                if found:
-                    logger.warning("workers %s stopped beating: their leases taken back", found)
+        rows = self._execute(_BEAT, [self.worker])
+        if not rows:  # our row is gone (pruned while we were away): register again
+            self._register()
+            return
+        if rows[0][0] is not None:
+            logger.warning("worker %s was found dead while away; beating again", self.worker)
+        taken = []
+        if judge:
+            params = {"me": self.worker, "dead_after": self.dead_after}
+            runs, found = self._execute(_TAKE_BACK_STALE, params)[0]
+            taken = runs or []
+            if found:
+                logger.warning("workers %s stopped beating: their leases taken back", found)
         self.last_beat = sent
         if self.steady_since is None:
             self.steady_since = sent
         for run_id in taken:
-            with transaction.atomic():
-                enqueue(run_id)
-        _give_back()
+            hint(run_id)
 
+    def _execute(self, sql: str, params) -> list:
+        """One autocommitted statement on the heartbeat's own connection; its rows."""
+        if self._conn is None or self._conn.closed:
+            params_of = connections["default"].get_connection_params()
+            params_of.pop("cursor_factory", None)
+            self._conn = psycopg.connect(**params_of, autocommit=True)
+        with self._conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
 
-def _give_back() -> None:
-    """The heartbeat thread's connection goes back to the pool between beats (a broken one is
-    dropped); a caller's transaction (tests) keeps its own."""
-    if not connection.in_atomic_block:
-        close_old_connections()
-        connection.close()
-
-
-def _db_now():
-    from django.utils import timezone
-
-    return timezone.now()
+    def _close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
 
 
 def fence(claim) -> None:

@@ -63,7 +63,8 @@ def bench_io(
     config = worker_config(pool, concurrency)
     # Generous, only there to end a benchmark that stalls: three times what the pool needs if
     # every call took exactly L ms, 200 ms of engine time per run, and two minutes.
-    deadline_s = 120 + runs * (0.2 + 3 * 2 * latency_ms / 1000 / config.concurrency)
+    slots = config.concurrency * config.processes
+    deadline_s = 120 + runs * (0.2 + 3 * 2 * latency_ms / 1000 / slots)
     tool_timeout = max(10.0, 4 * latency_ms / 1000 + 5)
     with WaitingTool.start(latency_ms) as tool, Sampler() as sampler:
         ours = _taskpilots(runs, config, tool, sampler, deadline_s, tool_timeout, say)
@@ -75,6 +76,7 @@ def bench_io(
         "latency_ms": latency_ms,
         "pool": config.pool,
         "concurrency": config.concurrency,
+        "processes": config.processes,
         "broker": broker_name(),
         # Every run at once: two calls one after the other.
         "ideal_makespan_s": round(2 * latency_ms / 1000, 3),
@@ -113,9 +115,17 @@ def _taskpilots(
     tag = uuid.uuid4().hex[:8]
     # Runs are created without hints (dispatch "none" here); the workers send their own.
     with _worker_pool("none", env) as workers:
-        say(f"starting a Celery worker: {' '.join(config.options())} ({broker_name()})")
-        worker = workers.start(name=f"io-{tag}", options=config.options())
-        sampler.watch(database=_current_database(), process_group=worker.process.pid)
+        say(
+            f"starting {config.processes} Celery worker process(es): "
+            f"{' '.join(config.options())} ({broker_name()})"
+        )
+        started_workers = [
+            workers.start(name=f"io{n}-{tag}", options=config.options())
+            for n in range(config.processes)
+        ]
+        groups = [w.process.pid for w in started_workers]
+        worker = started_workers[0]
+        sampler.watch(database=_current_database(), process_groups=groups)
         warm_up, _ = engine.start_run("bench.io", {"n": -1}, business_key=f"io-{tag}-warm-up")
         advance_run.delay(str(warm_up.pk))
         if _wait_for_runs([warm_up.pk], time.monotonic() + 60)[SUCCEEDED] != 1:
@@ -134,15 +144,15 @@ def _taskpilots(
         start_s = time.monotonic() - begun
         say(f"TaskPilots: {runs} runs created in {start_s:.2f} s; sending their hints")
         started_at, started = timezone.now(), time.monotonic()
-        cpu_before = _group_cpu_s(worker.process.pid)
+        cpu_before = _groups_cpu_s(groups)
         for run_id in ids:
             advance_run.delay(str(run_id))
         hints_s = time.monotonic() - started
         statuses = _wait_for_runs(ids, started + deadline_s, (say, tool, sampler))
         polled_s = time.monotonic() - started
-        cpu_after = _group_cpu_s(worker.process.pid)
+        cpu_after = _groups_cpu_s(groups)
         sampler.pause()
-        worker_output = worker.output[-30:]
+        worker_output = [line for w in started_workers for line in w.output[-30:]]
     tally = _tally(ids, statuses, started_at, tool.stats("taskpilots", keys=True))
     makespan, succeeded = tally["makespan_s"], statuses[SUCCEEDED]
     say(
@@ -258,7 +268,7 @@ def _dbos(
     name = scratch.scratch_name("dbos")
     scratch.create_database(name)
     try:
-        sampler.watch(database=name, process_group=None)
+        sampler.watch(database=name, process_groups=[])
         sampler.restart()
         say(f"DBOS: {runs} workflows in one process")
         peer = subprocess.Popen(
@@ -390,7 +400,7 @@ class Sampler:
         self.conn = psycopg.connect(database_url("postgres"), autocommit=True)
         self.max_connections = int(self.conn.execute("SHOW max_connections").fetchone()[0])
         self.database: str | None = None
-        self.process_group: int | None = None
+        self.process_groups: list[int] = []
         self.connections = self.peak_connections = self.peak_server_connections = 0
         self.rss_mb = self.peak_rss_mb = 0.0
         self.peak_processes = 0
@@ -399,8 +409,8 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bench-io-sampler", daemon=True)
 
-    def watch(self, *, database: str, process_group: int | None) -> None:
-        self.database, self.process_group = database, process_group
+    def watch(self, *, database: str, process_groups: list[int]) -> None:
+        self.database, self.process_groups = database, process_groups
 
     def restart(self) -> None:
         self.peak_connections = self.peak_server_connections = self.peak_processes = 0
@@ -426,7 +436,7 @@ class Sampler:
         ).fetchall()
         counts = dict(rows)
         self.connections = counts.get(self.database, 0)
-        self.rss_mb, processes = _group_rss_mb(self.process_group)
+        self.rss_mb, processes = _group_rss_mb(self.process_groups)
         if self.active:
             self.peak_connections = max(self.peak_connections, self.connections)
             self.peak_server_connections = max(self.peak_server_connections, sum(counts.values()))
@@ -443,16 +453,21 @@ class Sampler:
         self.conn.close()
 
 
-def _group_rss_mb(process_group: int | None) -> tuple[float, int]:
-    """Summed RSS (MB) and count of the processes in a process group (`ps`, Linux and macOS).
-    Pages a prefork parent shares with its children are counted in each."""
-    if process_group is None:
+def _group_rss_mb(process_groups: list[int]) -> tuple[float, int]:
+    """Summed RSS (MB) and count of the processes in these process groups (`ps`, Linux and
+    macOS). Pages a prefork parent shares with its children are counted in each."""
+    if not process_groups:
         return 0.0, 0
     listing = subprocess.run(
         ["ps", "-A", "-o", "pgid=,rss="], capture_output=True, text=True, check=False
     ).stdout
-    sizes = [int(rss) for pgid, rss in _pairs(listing) if pgid == process_group]
+    sizes = [int(rss) for pgid, rss in _pairs(listing) if pgid in process_groups]
     return sum(sizes) / 1024, len(sizes)
+
+
+def _groups_cpu_s(process_groups: list[int]) -> float | None:
+    seconds = [_group_cpu_s(group) for group in process_groups]
+    return None if None in seconds else sum(seconds)
 
 
 def _group_cpu_s(process_group: int) -> float | None:

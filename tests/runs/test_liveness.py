@@ -57,7 +57,8 @@ def _claimed_by(worker: str, workflow="test.lead", input=None):
     return run, claim
 
 
-@pytest.mark.django_db
+# The heartbeat uses a connection of its own: what it judges must be committed.
+@pytest.mark.django_db(transaction=True)
 class TestTakingBackLeases:
     def test_a_worker_whose_heartbeat_stopped_loses_its_leases(self):
         _worker_row("w-dead", "dead@host", beat_ago=60)
