@@ -14,7 +14,7 @@ from approvals.models import EscalationRule
 from runs.models import Run
 from taskpilots.evidence.drill import KINDS, Drill, DrillConfig, parse_faults
 from taskpilots.evidence.scratch import scratch_name
-from taskpilots.evidence.stalls import PARTITION_MOMENTS, ZOMBIE_MOMENTS
+from taskpilots.evidence.stalls import HOT_PATH_MOMENTS, PARTITION_MOMENTS, ZOMBIE_MOMENTS
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -58,9 +58,14 @@ def test_the_drill_command_leaves_the_install_it_runs_beside_as_it_found_it(sand
         assert cursor.fetchall() == []  # the scratch database is gone
 
 
-def _stall_drill(sandbox, kind: str, runs: int) -> tuple[Drill, dict]:
+def _stall_drill(sandbox, kind: str, runs: int, **worker_env: str) -> tuple[Drill, dict]:
     config = DrillConfig(
-        runs=runs, faults=(kind,), workers=2, batch_timeout=60, sandbox_url=sandbox.base_url
+        runs=runs,
+        faults=(kind,),
+        workers=2,
+        batch_timeout=60,
+        sandbox_url=sandbox.base_url,
+        worker_env=worker_env,
     )
     with Drill(config) as drill:
         report = drill.run()
@@ -93,6 +98,14 @@ def test_a_stopped_worker_that_wakes_sends_nothing_and_records_nothing(sandbox):
     # record anything over its successor's work.
     drill, report = _stall_drill(sandbox, "zombie", len(ZOMBIE_MOMENTS))
     _assert_stalled_workers_did_nothing(drill, report, sandbox, len(ZOMBIE_MOMENTS))
+
+
+@pytest.mark.timeout(300)
+def test_on_the_hot_path_a_stopped_worker_that_wakes_sends_nothing(sandbox):
+    # The same on the path production runs, where a step's claim carries its intent.
+    moments = len(HOT_PATH_MOMENTS["zombie"])
+    drill, report = _stall_drill(sandbox, "zombie", moments, TASKPILOTS_HOT_PATH="1")
+    _assert_stalled_workers_did_nothing(drill, report, sandbox, moments)
 
 
 @pytest.mark.timeout(400)
