@@ -324,7 +324,9 @@ TASKPILOTS = {
         "TASKPILOTS_DB_IDLE_IN_TRANSACTION_SECONDS", 5.0, minimum=1.0
     ),
     # How long one task may keep executing consecutive steps of a run before re-enqueueing.
-    "INLINE_BUDGET_SECONDS": env_float("TASKPILOTS_INLINE_BUDGET_SECONDS", 5.0, minimum=0),
+    # (A task waiting on a call holds one of many threads, not a process: a run that waits
+    # goes on in its task rather than costing a new message and claim for each step.)
+    "INLINE_BUDGET_SECONDS": env_float("TASKPILOTS_INLINE_BUDGET_SECONDS", 30.0, minimum=0),
     # The engine's one-round-trip transactions (runs/engine/inline.py). Off, every step goes
     # through the model verbs one statement at a time: the same records, slower.
     "HOT_PATH": env_bool("TASKPILOTS_HOT_PATH", True),

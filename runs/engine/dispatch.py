@@ -59,3 +59,16 @@ def hint(run_id, *, countdown: float | None = None, expires: float | None = None
         current_app.send_task(ADVANCE_TASK, (str(run_id),), **options)
     except Exception:  # the broker being down only delays the run: the sweeper re-derives it
         logger.warning("could not enqueue run %s; the sweeper will pick it up", run_id)
+
+
+def queued_hints() -> int:
+    """How many hints wait in the broker for a worker (0 when it cannot say, or when hints are
+    not sent at all): the sweeper's measure of a backlog."""
+    if conf("DISPATCH") != "celery":
+        return 0
+    try:
+        with current_app.connection_for_read() as conn:
+            queue = current_app.conf.task_default_queue
+            return conn.default_channel.queue_declare(queue=queue, passive=True).message_count
+    except Exception:  # a broker that is down or cannot say: no backlog known
+        return 0

@@ -10,10 +10,13 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from runs.engine.dispatch import conf, enqueue
+from runs.engine.dispatch import conf, enqueue, queued_hints
 from runs.engine.waits import wake
 from runs.models import Run, Step, Wait
 from runs.people import people
+
+# How much longer a run must be idle to be hinted again while hints wait in the broker.
+BACKLOG_PATIENCE = 10
 
 
 @dataclass
@@ -26,6 +29,7 @@ class SweepReport:
     sla_breaches: int = 0
     notifications_due: int = 0
     stale_runs: int = 0
+    queued_hints: int = 0
     enqueued: set = field(default_factory=set)
 
     def as_dict(self) -> dict:
@@ -68,7 +72,12 @@ def sweep(now: datetime | None = None) -> SweepReport:
     people_side = people().sweep(now, batch, hint)
     report.sla_breaches = people_side.get("sla_breaches", 0)
     report.notifications_due = people_side.get("notifications_due", 0)
-    for run_id in _stale_runs(now, batch):
+    # Hints waiting in the broker are not lost: while there is a backlog, only runs idle far
+    # longer than that are hinted again (a backlog answered with more hints only grows).
+    backlog = queued_hints()
+    report.queued_hints = backlog
+    idle = conf("STALE_RUN_SECONDS") * (BACKLOG_PATIENCE if backlog else 1)
+    for run_id in _stale_runs(now, batch, idle):
         if run_id not in report.enqueued:
             report.stale_runs += 1
         hint(run_id)
@@ -100,9 +109,9 @@ def _wake_waits(now: datetime, batch: int, report: SweepReport, hint) -> None:
             hint(wait.run_id)
 
 
-def _stale_runs(now: datetime, batch: int) -> list:
-    """Runnable runs with nothing live and nothing scheduled, idle past STALE_RUN_SECONDS."""
-    stale_before = now - timedelta(seconds=conf("STALE_RUN_SECONDS"))
+def _stale_runs(now: datetime, batch: int, idle_seconds: float) -> list:
+    """Runnable runs with nothing live and nothing scheduled, idle past `idle_seconds`."""
+    stale_before = now - timedelta(seconds=idle_seconds)
     busy = Step.objects.filter(run=OuterRef("pk")).filter(
         Q(status=Step.Status.RUNNING, lease_expires_at__gt=now)
         | Q(status=Step.Status.RETRY_SCHEDULED, next_attempt_at__gt=now)

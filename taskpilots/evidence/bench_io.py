@@ -9,11 +9,13 @@ and that nothing is lost or sent twice on the way. Steps, in order:
    idempotency key.
 2. Start one Celery worker configured exactly as `make run` starts it (taskpilots.workerconf:
    pool, concurrency, environment), on a queue of its own. One warm-up run goes through it.
-3. Create N runs of `bench.io` (two side effects on that tool), then send their N hints at once:
-   the clock runs from the first hint to the last run's `finished_at`, so what it measures is
-   the workers, not how fast one client can start runs (`start_s` says that). Meanwhile a
-   sampler records the worker processes' summed RSS and the connections to the database
-   (pg_stat_activity); progress goes to stderr.
+3. Create N runs of `bench.io` (two side effects on that tool) and publish their N hints while
+   the workers consume another queue (a barrier); then the workers join the hints' queue at
+   once and the clock runs to the last run's `finished_at`, so what it measures is the
+   workers, not how fast one client can start runs (`start_s` and `hints_s` say that).
+   Meanwhile a sampler records the worker processes' summed RSS and the connections to the
+   database (pg_stat_activity); progress goes to stderr. Celery beat runs the sweeper, as in
+   `make run`.
 4. Check what landed against the ledger: every key received once, every received key
    committed, every committed key received.
 5. The same N workflows on DBOS Transact in one process (bench_peers `dbos-io`): started one
@@ -119,15 +121,20 @@ def _taskpilots(
             f"starting {config.processes} Celery worker process(es): "
             f"{' '.join(config.options())} ({broker_name()})"
         )
+        # They consume a queue of their own first (the barrier): the N hints wait in theirs
+        # until every run exists and every hint is published, then the workers join it at once
+        # and the clock starts, as DBOS's workflows wait at a barrier of their own.
+        barrier = f"{workers.queue}-barrier"
         started_workers = [
-            workers.start(name=f"io{n}-{tag}", options=config.options())
+            workers.start(name=f"io{n}-{tag}", options=config.options(), listen=barrier)
             for n in range(config.processes)
         ]
+        workers.start_beat()  # the sweeper, as make run runs it (rechecks, stale runs)
         groups = [w.process.pid for w in started_workers]
         worker = started_workers[0]
         sampler.watch(database=_current_database(), process_groups=groups)
         warm_up, _ = engine.start_run("bench.io", {"n": -1}, business_key=f"io-{tag}-warm-up")
-        advance_run.delay(str(warm_up.pk))
+        advance_run.apply_async((str(warm_up.pk),), queue=barrier)
         if _wait_for_runs([warm_up.pk], time.monotonic() + 60)[SUCCEEDED] != 1:
             raise RuntimeError(
                 f"the warm-up run did not succeed ({Run.objects.get(pk=warm_up.pk).status}); "
@@ -142,12 +149,15 @@ def _taskpilots(
             for n in range(runs)
         ]
         start_s = time.monotonic() - begun
-        say(f"TaskPilots: {runs} runs created in {start_s:.2f} s; sending their hints")
-        started_at, started = timezone.now(), time.monotonic()
-        cpu_before = _groups_cpu_s(groups)
+        say(f"TaskPilots: {runs} runs created in {start_s:.2f} s; publishing their hints")
+        hinting = time.monotonic()
         for run_id in ids:
             advance_run.delay(str(run_id))
-        hints_s = time.monotonic() - started
+        hints_s = time.monotonic() - hinting
+        say(f"TaskPilots: {runs} hints waiting in the broker ({hints_s:.2f} s); workers go")
+        started_at, started = timezone.now(), time.monotonic()
+        cpu_before = _groups_cpu_s(groups)
+        workers.release(started_workers)
         statuses = _wait_for_runs(ids, started + deadline_s, (say, tool, sampler))
         polled_s = time.monotonic() - started
         cpu_after = _groups_cpu_s(groups)

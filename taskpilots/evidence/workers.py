@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -42,8 +43,11 @@ class WorkerProcess:
         concurrency: int = 1,
         pool: str | None = None,
         options: list[str] | None = None,
+        listen: str | None = None,
     ):
         self.name, self.queue, self.env, self.concurrency = name, queue, env, concurrency
+        # The queue it consumes at start (the benchmarks' barrier: another one, joined later).
+        self.listen = listen or queue
         # The production pool (taskpilots.workerconf: threads). (The solo pool with gossip and
         # mingle off stalls on this Celery version after its first task: measured, see the
         # drill's history.)
@@ -63,7 +67,7 @@ class WorkerProcess:
             "taskpilots",
             "worker",
             "-Q",
-            self.queue,
+            self.listen,
             "-n",
             f"{self.name}@%h",
             *self.options,
@@ -150,6 +154,7 @@ class Workers:
         pool: str | None = None,
         wait: bool = True,
         options: list[str] | None = None,
+        listen: str | None = None,
         **env: str,
     ) -> WorkerProcess:
         worker = WorkerProcess(
@@ -159,9 +164,38 @@ class Workers:
             concurrency,
             pool,
             options,
+            listen,
         )
         self.started.append(worker)
         return worker.start(wait=wait)
+
+    def release(self, workers: list[WorkerProcess], timeout: float = 10) -> None:
+        """Workers started on another queue (`listen`) start consuming this one, at once: a
+        benchmark's hints all wait in the broker before the clock starts."""
+        import socket
+
+        from taskpilots.celery import app as celery_app
+
+        host = socket.gethostname()
+        names = [f"{w.name}@{host}" for w in workers]
+        replies = celery_app.control.add_consumer(
+            self.queue, destination=names, reply=True, timeout=timeout
+        )
+        if len(replies) < len(names):
+            raise RuntimeError(f"only {len(replies)} of {len(names)} workers joined {self.queue}")
+
+    def start_beat(self, **env: str) -> None:
+        """Celery beat on this queue, as `make run` runs it: the sweeper every few seconds."""
+        schedule = Path(tempfile.mkdtemp(prefix="tp-beat-")) / "celerybeat-schedule"
+        command = [sys.executable, "-m", "celery", "-A", "taskpilots", "beat", "-l", "WARNING"]
+        self.beat = subprocess.Popen(
+            [*command, "--schedule", str(schedule)],
+            cwd=ROOT,
+            env=self.env(**env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     @property
     def alive(self) -> list[WorkerProcess]:
@@ -170,6 +204,11 @@ class Workers:
     def close(self) -> None:
         for worker in self.started:
             worker.kill()
+        beat = getattr(self, "beat", None)
+        if beat is not None and beat.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(beat.pid, signal.SIGKILL)
+            beat.wait(10)
 
     def delete_queue(self) -> None:
         from taskpilots.celery import app as celery_app
