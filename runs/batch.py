@@ -83,13 +83,11 @@ class Batch:
         """INSERT the unsaved model `instance`, every column (its id taken ahead: Ids), as one
         JSON row: one parameter however many columns."""
         table = instance._meta.db_table
+        values = instance.__dict__
+        row = {column: values[attname] for column, attname in _columns(instance)}
         self.must(
             f"INSERT INTO {table} SELECT * FROM json_populate_record(NULL::{table}, %s::json)",
-            [
-                _ROW_JSON.encode(
-                    {f.column: f.value_from_object(instance) for f in _fields(instance)}
-                )
-            ],
+            [_ROW_JSON.encode(row)],
             f"{table} row not written",
         )
 
@@ -184,14 +182,15 @@ def _native(text: str) -> str:
     return re.sub("%s", lambda _: f"${next(numbers)}", text)
 
 
-_FIELDS: dict[type, list] = {}
+_COLUMNS: dict[type, list[tuple[str, str]]] = {}
 
 
-def _fields(instance) -> list:
+def _columns(instance) -> list[tuple[str, str]]:
+    """(column, attribute) of every concrete field, in the table's order."""
     model = type(instance)
-    if model not in _FIELDS:
-        _FIELDS[model] = list(model._meta.concrete_fields)
-    return _FIELDS[model]
+    if model not in _COLUMNS:
+        _COLUMNS[model] = [(f.column, f.attname) for f in model._meta.concrete_fields]
+    return _COLUMNS[model]
 
 
 def _json_default(value):

@@ -1345,6 +1345,33 @@ _SIDE_EFFECT_COMMIT = (
 )
 
 
+_ROW_DEFAULTS: dict[type, list[tuple[str, Any, bool]]] = {}
+
+
+def new_row(model: type[models.Model], cache: dict | None = None, **values: Any):
+    """An unsaved instance of `model` with `values` (attribute names: `run_id`, not `run`),
+    every other field at its default — without Model.__init__'s per-field work: the engine's
+    hot path builds a few per step. `cache` holds related objects already known (`run`)."""
+    if model not in _ROW_DEFAULTS:
+        _ROW_DEFAULTS[model] = [
+            (f.attname, f.default, callable(f.default))
+            if f.has_default()
+            else (f.attname, None, False)
+            for f in model._meta.concrete_fields
+        ]
+    instance = model.__new__(model)
+    attributes = instance.__dict__
+    for attname, default, call in _ROW_DEFAULTS[model]:
+        if attname in values:
+            attributes[attname] = values[attname]
+        else:
+            attributes[attname] = default() if call else default
+    instance._state = models.base.ModelState()
+    if cache:
+        instance._state.fields_cache.update(cache)
+    return instance
+
+
 class SqlValue(str):
     """A column's new value written as SQL, not as a parameter (e.g. `lock_version + 1`)."""
 

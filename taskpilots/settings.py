@@ -135,6 +135,12 @@ DATABASES["default"]["TEST"] = {"NAME": env_str("TASKPILOTS_TEST_DATABASE", None
 # PgBouncer before 1.21, or without max_prepared_statements, in transaction mode.
 if env_bool("TASKPILOTS_DB_PREPARED_STATEMENTS", True):
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = 5
+    # Planned once, not again at every execute for its parameters: the hot path's statements
+    # find rows by primary key whatever the values (only prepared statements are affected).
+    _options = DATABASES["default"]["OPTIONS"].get("options", "")
+    DATABASES["default"]["OPTIONS"]["options"] = (
+        f"{_options} -cplan_cache_mode=force_generic_plan".strip()
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # A shared cache, so limits such as the login lockout hold across web processes: Redis when

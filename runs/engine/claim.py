@@ -22,6 +22,7 @@ from runs.models import (
     TimelineEvent,
     Wait,
     Worker,
+    new_row,
     to_json_value,
 )
 from runs.people import Pause
@@ -157,15 +158,17 @@ def new_step(run, workflow, steps, choice, worker, now) -> tuple[Step, StepDef]:
         after = previous.spec.get("after", "") if previous.spec.get("dynamic") else previous.name
         spec.setdefault("after", after)
     definition = workflow.definition_of(name, spec) if spec else choice
-    step = Step(
-        run=run,
+    step = new_row(
+        Step,
+        cache={"run": run},
+        run_id=run.pk,
         name=name,
         iteration=sum(1 for s in steps if s.name == name),
         position=(steps[-1].position + 1) if steps else 0,
         kind=definition.kind,
         stage=definition.stage,
         tool=definition.tool,
-        spec=to_json_value(spec),
+        spec=to_json_value(spec) if spec else {},
         status=Step.Status.RUNNING,
         attempts=1,
         lease_owner=worker,

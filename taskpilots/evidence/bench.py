@@ -173,13 +173,15 @@ def bench_engine(
     concurrency, in the same run."""
     from runs.tasks import advance_run
     from taskpilots.evidence import bench_flows  # noqa: F401  (registers bench.five in this process too)
-    from taskpilots.workerconf import worker_config
+    from taskpilots.workerconf import CONCURRENCY, worker_config
 
     say(f"baseline: single-row INSERT commits with {workers} psycopg processes")
     baseline = baseline_commits_per_s(workers)
     say(f"  {baseline:,.0f} commits/s")
 
-    config = worker_config(pool, concurrency)
+    # Its tools answer at once: no step waits, so threads beyond the pooled connections would
+    # only queue for one (make run's 200 are for runs that wait on calls).
+    config = worker_config(pool, concurrency or min(CONCURRENCY, settings.DB_POOL_SIZE or 8))
     env = {"TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES, "TASKPILOTS_INLINE_BUDGET_SECONDS": "30"}
     with _worker_pool("none", {**env, **config.env}) as processes:
         say(
