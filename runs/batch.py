@@ -64,6 +64,7 @@ class Batch:
         self.seq, self.hash = head
         self.expect_status = expect_status
         self.run_changes: dict[str, Any] = {}
+        self.version_bumps = 0
         # (CTE body, params, what): a change that must touch exactly one row; `what` names it.
         self.parts: list[tuple[str, list, str]] = []
         self.values: list[tuple[str, list]] = []  # scalar subqueries whose value is returned
@@ -74,6 +75,10 @@ class Batch:
     def change_run(self, **changes: Any) -> None:
         """Columns of the run's row to change together with its head."""
         self.run_changes.update(changes)
+
+    def bump_version(self) -> None:
+        """One more state change of the run: its lock_version goes up by one for each."""
+        self.version_bumps += 1
 
     def must(self, sql: str, params: list, what: str) -> None:
         """An UPDATE or INSERT that must touch exactly one row, or nothing is written."""
@@ -143,6 +148,8 @@ class Batch:
     def _run_change(self) -> tuple[str, list]:
         sets = ["event_seq = %s", "event_hash = %s", "updated_at = %s"]
         params: list[Any] = [self.seq, self.hash, self.last_at]
+        if self.version_bumps:
+            sets.append(f"lock_version = lock_version + {int(self.version_bumps)}")
         for column, value in self.run_changes.items():
             if isinstance(value, SqlValue):
                 sets.append(f"{column} = {value}")

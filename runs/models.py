@@ -471,7 +471,8 @@ class Run(models.Model):
 
     def start_in(self, batch) -> None:
         """`start`, from pending."""
-        batch.change_run(status=self.Status.RUNNING, lock_version=SqlValue("lock_version + 1"))
+        batch.change_run(status=self.Status.RUNNING)
+        batch.bump_version()
         batch.event(Verb.RUN_STARTED, self.event_data(self.Status.RUNNING))
 
     def succeed_in(self, batch, result: Any, now) -> None:
@@ -482,9 +483,14 @@ class Run(models.Model):
             finished_at=now,
             attention_reason="",
             attention_due_at=None,
-            lock_version=SqlValue("lock_version + 1"),
         )
-        batch.event(Verb.RUN_SUCCEEDED, self.event_data(self.Status.SUCCEEDED))
+        batch.bump_version()
+        # The event's "from" is what the run is when this part runs: started in the same batch
+        # or before it, it is running.
+        batch.event(
+            Verb.RUN_SUCCEEDED,
+            {"from": self.Status.RUNNING, "to": self.Status.SUCCEEDED},
+        )
 
     def enter_stage_in(self, batch, stage: str) -> None:
         if stage and stage != self.stage:
@@ -960,6 +966,19 @@ class Step(models.Model):
         is written in the same batch carries its idempotency key from the start."""
         batch.insert(self)
         batch.event(Verb.STEP_STARTED, self.started_data())
+
+    def open_done_in(self, batch, result: Any, now) -> None:
+        """A pure compute step executed ahead of its claim (runs.engine.inline): created done,
+        with the events a claim and its success write (`step.started`, `step.succeeded`). Had
+        nothing committed, it would simply have run again."""
+        self.status, self.result, self.finished_at = self.Status.SUCCEEDED, result, now
+        self.lease_owner, self.lease_expires_at = "", None
+        batch.insert(self)
+        batch.event(Verb.STEP_STARTED, self.started_data())
+        self.status = self.Status.RUNNING  # the event's "from"
+        data = {"attempt": self.attempts}
+        batch.event(Verb.STEP_SUCCEEDED, self.event_data(self.Status.SUCCEEDED, data))
+        self.status = self.Status.SUCCEEDED
 
     def started_data(self) -> dict:
         """`step.started` of a step created running (here and in runs.engine.claim)."""

@@ -38,7 +38,7 @@ from runs.engine.ledger import (
     snapshot_fields,
 )
 from runs.engine.outcomes import Outcome, Succeeded
-from runs.models import Run, SideEffect, Step, StepKind, chain_heads, digest
+from runs.models import Run, SideEffect, Step, StepKind, chain_heads, digest, to_json_value
 from runs.people import Pause, people
 from runs.tools import ToolError
 from runs.workflows import DynamicStep, StepDef
@@ -87,16 +87,74 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
         workflow = workflow_registry.get(run.workflow, run.workflow_version)
     except workflow_registry.UnknownWorkflow:
         return ORDINARY  # the ordinary claim hands it to a person
-    step, definition = new_step(run, workflow, [], workflow.steps[0], worker, timezone.now())
     batch = Batch(run.pk, (run.event_seq, run.event_hash), expect_status=Run.Status.PENDING)
     run.start_in(batch)
-    claim = _claim_in(batch, run, workflow, step, definition, build_context(run, []), [], worker)
+    following = _next_in(batch, run, workflow, [], workflow.steps[0], worker, timezone.now())
+    if following is None:
+        return ORDINARY
     try:
         values = batch.commit()
     except Refused:
         return ORDINARY
     run.status, run.lock_version = Run.Status.RUNNING, run.lock_version + 1
-    return _claimed(claim, values)
+    if following is DONE:
+        run.status = Run.Status.SUCCEEDED
+        chain_heads.forget(run.pk)
+        return None
+    return _claimed(following, values)
+
+
+# How many pure compute steps in a row one statement may record, executed ahead of their claim.
+AHEAD = 8
+
+
+def _next_in(batch, run, workflow, steps, choice, worker, now, result=None):
+    """The run's next move after `steps`, as parts of `batch`.
+
+    1. A pure compute step (no tool, not a model turn) is executed here, ahead of any claim,
+       and recorded done with its start: had nothing committed, it would simply run again.
+       Then the step after it is chosen, up to AHEAD of them.
+    2. The first step that calls out (or waits, or needs a person) is claimed (_claim_in).
+    3. When nothing is left, the run succeeds with the last result.
+    Returns the next step's Claim (complete once the batch commits), DONE, or None when the
+    ordinary path must decide (a next() that fails: it asks a person, with the error).
+    """
+    for _ in range(AHEAD):
+        if choice is None:
+            run.succeed_in(batch, result, now)
+            return DONE
+        step, definition = new_step(run, workflow, steps, choice, worker, now)
+        ctx = build_context(run, steps)
+        done = _ahead(step, definition, ctx)
+        if done is _NOT_AHEAD:
+            return _claim_in(batch, run, workflow, step, definition, ctx, steps, worker)
+        step.id = STEP_IDS.next()
+        run.enter_stage_in(batch, definition.stage)
+        step.open_done_in(batch, done, now)
+        steps, result = [*steps, step], done
+        try:
+            choice = workflow.following(build_context(run, steps), step.name, step.spec)
+        except Exception:
+            return None
+    step, definition = new_step(run, workflow, steps, choice, worker, now)
+    return _claim_in(
+        batch, run, workflow, step, definition, build_context(run, steps), steps, worker
+    )
+
+
+_NOT_AHEAD = object()
+
+
+def _ahead(step, definition: StepDef, ctx):
+    """The result of a pure compute step executed ahead of its claim, or _NOT_AHEAD (not pure,
+    or it failed: the ordinary execution records the failure, with its class)."""
+    if definition.kind != StepKind.COMPUTE or definition.fn is None or definition.waits:
+        return _NOT_AHEAD
+    ctx.iteration, ctx.spec = step.iteration, step.spec
+    try:
+        return to_json_value(definition.fn(ctx))
+    except Exception:
+        return _NOT_AHEAD
 
 
 def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Claim:
@@ -140,8 +198,10 @@ def _prepare_call(claim: Claim):
 
 
 def _claimed(claim: Claim, values: list) -> Claim:
-    """The claim once its batch committed."""
-    claim.step._state.adding = False
+    """The claim once its batch committed (the steps it created too: the steps done ahead)."""
+    for step in claim.steps:
+        if isinstance(step, Step):
+            step._state.adding = False
     claim.run.stage = claim.step.stage or claim.run.stage
     claim.pause = _pause_from(values, claim.pause_index)
     if claim.intent_parts is not None:
@@ -199,7 +259,7 @@ def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim
     if following is None:
         return RECORDED
     if following is DONE:
-        run.status, run.result = Run.Status.SUCCEEDED, result
+        run.status = Run.Status.SUCCEEDED
         run.lock_version += 1
         chain_heads.forget(run.pk)
         return DONE
@@ -246,11 +306,7 @@ def _plan_next(batch: Batch, claim: Claim, result, now):
         choice: StepDef | DynamicStep | None = workflow.following(ctx, step.name, step.spec)
     except Exception:
         return None  # the ordinary claim asks a person, with the error
-    if choice is None:
-        run.succeed_in(batch, result, now)
-        return DONE
-    following, definition = new_step(run, workflow, steps, choice, claim.worker, now)
-    return _claim_in(batch, run, workflow, following, definition, ctx, steps, claim.worker)
+    return _next_in(batch, run, workflow, steps, choice, claim.worker, now, result)
 
 
 def _remember_success(claim: Claim, outcome: Succeeded, result, now) -> None:
