@@ -1088,7 +1088,14 @@ class Snapshot(ImmutableModel):
     def prepare(cls, step: Step, **fields: Any) -> Snapshot:
         """The snapshot of the call `step` is about to make, unsaved: the fields it could not
         fill are named, the payload normalised and the checksum computed."""
-        snapshot = cls(run_id=step.run_id, step=step, attempt=step.attempts, **fields)
+        snapshot = new_row(
+            cls,
+            cache={"step": step},
+            run_id=step.run_id,
+            step_id=step.pk,
+            attempt=step.attempts,
+            **fields,
+        )
         snapshot.params = to_json_value(snapshot.params)
         snapshot.prior_results_summary = to_json_value(snapshot.prior_results_summary)
         snapshot.missing_fields = snapshot.missing()

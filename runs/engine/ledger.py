@@ -37,6 +37,7 @@ from runs.models import (
     TransitionError,
     chain_heads,
     digest,
+    new_row,
     to_json_value,
 )
 from runs.tools import LookupResult, Tool, ToolError
@@ -214,11 +215,13 @@ def prepare_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, key: s
         return None
     now = timezone.now()
     snapshot.id, snapshot.created_at = SNAPSHOT_IDS.next(), now
-    effect = SideEffect(
+    effect = new_row(
+        SideEffect,
+        cache={"run": claim.run, "step": claim.step, "snapshot": snapshot},
         idempotency_key=key,
-        run=claim.run,
-        step=claim.step,
-        snapshot=snapshot,
+        run_id=claim.run.pk,
+        step_id=claim.step.pk,
+        snapshot_id=snapshot.pk,
         tool=snapshot.tool,
         target=snapshot.target_resource,
         params_checksum=checksum,
