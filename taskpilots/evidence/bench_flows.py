@@ -88,3 +88,42 @@ IO = workflows.register(
     ),
     replace=True,
 )
+
+
+# bench snapshot: side effects one after another, so each is timed as the engine runs it (its
+# snapshot and intent with the claim, the call, its receipt with the next claim).
+CHAIN = 10
+
+WRITES = workflows.register(
+    Workflow(
+        "bench.writes",
+        1,
+        [
+            side_effect(
+                f"write_{n}", "bench.write", params=lambda ctx, n=n: {"n": ctx.input["n"] + n}
+            )
+            for n in range(CHAIN)
+        ],
+    ),
+    replace=True,
+)
+
+MAILS = workflows.register(
+    Workflow(
+        "bench.mails",
+        1,
+        [
+            side_effect(
+                f"mail_{n}",
+                "mail.send",
+                params=lambda ctx, n=n: {
+                    "to": f"{ctx.input['to']}+{n}@example.com",
+                    "subject": "s",
+                    "body": "b",
+                },
+            )
+            for n in range(CHAIN)
+        ],
+    ),
+    replace=True,
+)
