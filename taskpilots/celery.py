@@ -83,3 +83,19 @@ def _stop_beating(**kwargs) -> None:
 
     if Heartbeat.current is not None:
         Heartbeat.current.stop()
+
+
+# Printed whatever the log level: what supervisors and the tests' worker processes wait for
+# (taskpilots/evidence/workers.py) to know the worker consumes.
+READY_LINE = "taskpilots worker ready:"
+
+
+@signals.worker_ready.connect
+def _say_ready(sender=None, **kwargs) -> None:
+    import sys
+
+    # The process's own stdout: Celery redirects sys.stdout into its logger, at its level.
+    stream = sys.__stdout__
+    if stream is not None:
+        stream.write(f"{READY_LINE} {getattr(sender, 'hostname', '')}\n")
+        stream.flush()

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import connection
 
 from taskpilots import workerconf
+from taskpilots.celery import READY_LINE
 from taskpilots.env import format_database_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ class WorkerProcess:
         for line in self.process.stdout:
             if len(self.output) < 5000:
                 self.output.append(line)
-            if " ready." in line:
+            if READY_LINE in line:  # printed at any log level (taskpilots/celery.py)
                 self._ready.set()
 
     @property
@@ -141,7 +142,6 @@ class Workers:
             TASKPILOTS_SANDBOX_URL=settings.TASKPILOTS["SANDBOX_URL"],
             TASKPILOTS_LEASE_SECONDS="30",
             TASKPILOTS_TOOL_TIMEOUT_SECONDS="10",
-            CELERY_LOG_LEVEL="INFO",
         )
         env.update(self.extra_env)
         env.update(overrides)
