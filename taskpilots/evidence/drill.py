@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -328,6 +329,7 @@ class Drill:
     def _chaos_restart_broker(self) -> str:
         broker = settings.CELERY_BROKER_URL
         if broker.startswith(("redis://", "rediss://")):
+            port = urlsplit(broker).port or 6379
             _run(["redis-cli", "-u", broker, "shutdown", "nosave"], check=False)
             _run(
                 [
@@ -338,7 +340,7 @@ class Drill:
                     "127.0.0.1",
                     "-::1",
                     "--port",
-                    "6379",
+                    str(port),
                     "--save",
                     "",
                     "--appendonly",
@@ -346,10 +348,10 @@ class Drill:
                     "--dir",
                     "/var/lib/redis",
                     "--logfile",
-                    "/var/log/redis/ci.log",
+                    "/var/log/redis/ci.log" if port == 6379 else f"/var/log/redis/drill-{port}.log",
                 ]
             )
-            _wait_port(6379)
+            _wait_port(port)
             return "restarted Redis (the broker)"
         if broker.startswith(("amqp://", "pyamqp://")):
             _run(["rabbitmqctl", "-q", "stop_app"])
@@ -368,23 +370,14 @@ class Drill:
             embedded.stop(settings.VAR_DIR)
             embedded.ensure_running(settings.VAR_DIR)
             return "restarted the embedded PostgreSQL"
-        versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
-        if not versions or db["HOST"] not in ("127.0.0.1", "localhost", ""):
+        port = int(db["PORT"] or 5432)
+        cluster = _local_cluster(port) if db["HOST"] in ("127.0.0.1", "localhost", "") else None
+        if cluster is None:
             return ""
         connections.close_all()
-        _run(
-            [
-                "pg_ctlcluster",
-                "--skip-systemctl-redirect",
-                versions[-1],
-                "main",
-                "restart",
-                "-m",
-                "fast",
-            ]
-        )
-        _wait_port(int(db["PORT"] or 5432))
-        return "restarted PostgreSQL"
+        _run(["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "restart", "-m", "fast"])
+        _wait_port(port)
+        return f"restarted PostgreSQL (cluster {'/'.join(cluster)})"
 
     def _chaos_drop_sandbox(self) -> str:
         if self._sandbox_process is None:
@@ -784,6 +777,22 @@ def _database_address() -> tuple[str, int] | str:
     if host.startswith("/"):
         return f"{host}/.s.PGSQL.{port}"
     return (host, port)
+
+
+def _local_cluster(port: int) -> tuple[str, str] | None:
+    """The Debian cluster (version, name) that listens on this port, from pg_lsclusters; None
+    where there is no such tool or no such cluster (the drill then leaves PostgreSQL alone)."""
+    try:
+        listing = subprocess.run(
+            ["pg_lsclusters", "--no-header"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in listing.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == str(port):
+            return fields[0], fields[1]
+    return None
 
 
 def _run(args: list[str], check: bool = True) -> None:
