@@ -4,12 +4,12 @@ query, over the runs' records and the people's (approvals, decisions)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.db.models import Exists, OuterRef, Q
-from django.utils import timezone
 
+from approvals import viewer_time
 from approvals.models import ApprovalRequest, HumanDecision
 from runs.models import Run, SideEffect, Step, TimelineEvent
 
@@ -53,13 +53,11 @@ class AuditQuery:
         """A Run queryset, newest first. Every filter is an indexed column or an EXISTS on an
         indexed foreign key, so a page costs the same few queries whatever matches."""
         runs = Run.objects.all()
-        tz = timezone.get_current_timezone()
         if self.date_from:
-            start = datetime.combine(self.date_from, datetime.min.time(), tzinfo=tz)
-            runs = runs.filter(created_at__gte=start)
+            runs = runs.filter(created_at__gte=viewer_time.start_of_day(self.date_from))
         if self.date_to:
-            end = datetime.combine(self.date_to, datetime.min.time(), tzinfo=tz)
-            runs = runs.filter(created_at__lt=end + timedelta(days=1))
+            end = viewer_time.start_of_day(self.date_to + timedelta(days=1))
+            runs = runs.filter(created_at__lt=end)
         if self.workflow:
             runs = runs.filter(workflow=self.workflow)
         if self.tool:

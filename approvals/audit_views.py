@@ -26,7 +26,7 @@ from approvals import console, viewer_time
 from approvals.audit_search import AuditQuery
 from approvals.models import ApprovalRequest, HumanDecision
 from approvals.permissions import AUDIT, require_role
-from approvals.views import _querystring
+from approvals.views import _querystring, keyset_page
 from runs import audit
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
@@ -464,19 +464,18 @@ class AuditSearchForm(forms.Form):
 def audit_search(request: HttpRequest) -> HttpResponse:
     form = AuditSearchForm(request.GET or None)
     query = form.query() if request.GET else AuditQuery()
-    runs = query.runs().select_related("owner") if query is not None else Run.objects.none()
-    page = Paginator(runs, console.PAGE_SIZE).get_page(request.GET.get("page"))
+    runs = query.runs() if query is not None else Run.objects.none()
+    page, status = keyset_page(request, runs)
     context = {
         "form": form,
         "page": page,
         "query": _querystring(request),
-        "export_query": _querystring(request, page=""),
         "searched": bool(request.GET),
     }
     template = "console/audit.html"
     if request.htmx and request.htmx.target == "audit-results":
         template += "#audit-results"
-    return render(request, template, context)
+    return render(request, template, context, status=status)
 
 
 # --------------------------------------------------------------------------------------------

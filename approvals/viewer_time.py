@@ -13,7 +13,7 @@ console.py), which calls `timestamp_html()`; Python-built sentences call `format
 from __future__ import annotations
 
 import zoneinfo
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
 from functools import cache
 
 from django.http import HttpRequest
@@ -85,6 +85,11 @@ def viewer_zone() -> str:
     name = timezone.get_current_timezone_name()
     label = zone_label(timezone.localtime())
     return name if name == label else f"{name} ({label})"
+
+
+def start_of_day(day: date) -> datetime:
+    """Midnight of `day` in the viewer's zone: where date filters (all runs, audit) start."""
+    return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
 
 
 def format_timestamp(value: datetime) -> str:

@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import actions, console, untrusted
+from approvals import actions, console, paging, untrusted
 from approvals.forms import (
     ActionForm,
     ApproveForm,
@@ -55,8 +55,9 @@ def _page(request: HttpRequest, queryset, size: int = console.PAGE_SIZE):
 
 
 def _querystring(request: HttpRequest, **overrides: Any) -> str:
+    """The request's filters (without its page) with `overrides`: what page links start from."""
     params = request.GET.copy()
-    for key in ("page", *overrides):
+    for key in (*paging.PAGE_PARAMS, *overrides):
         params.pop(key, None)
     for key, value in overrides.items():
         if value:
@@ -101,12 +102,22 @@ def inbox(request: HttpRequest) -> HttpResponse:
 def run_list(request: HttpRequest) -> HttpResponse:
     workflows = console.filter_choices()["workflows"]
     form = RunSearchForm(request.GET or None, workflows=workflows)
-    page = _page(request, console.search_runs(**form.filters()))
+    page, status = keyset_page(request, console.search_runs(**form.filters()))
     context = {"form": form, "page": page, "query": _querystring(request), "now": timezone.now()}
     template = "console/run_list.html"
     if request.htmx and request.htmx.target == "run-results":
         template += "#run-results"
-    return render(request, template, context)
+    return render(request, template, context, status=status)
+
+
+def keyset_page(request: HttpRequest, runs) -> tuple[paging.KeysetPage | None, int]:
+    """The page of `runs` the request's page link asks for (approvals/paging.py), and the
+    status to answer with: 400 for a link the console did not give out (the page says so)."""
+    try:
+        return paging.newest_first(runs, request.GET), 200
+    except paging.BadCursor:
+        logger.info("console: bad page link %s", request.get_full_path()[:300])
+        return None, 400
 
 
 # --------------------------------------------------------------------------------------------

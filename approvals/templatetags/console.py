@@ -9,7 +9,7 @@ from typing import Any
 from django import template
 from django.utils import timezone
 
-from approvals import console, permissions, viewer_time
+from approvals import console, paging, permissions, viewer_time
 from approvals import untrusted as untrusted_module
 
 register = template.Library()
@@ -30,6 +30,12 @@ _LABELS = {
 @register.filter
 def label(value: str, kind: str) -> str:
     return console.label(_LABELS[kind], value or "")
+
+
+@register.filter
+def about(count: int) -> int:
+    """An estimated count, rounded to what it is worth (approvals/paging.py)."""
+    return paging.about(int(count or 0))
 
 
 @register.filter
