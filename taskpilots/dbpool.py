@@ -72,6 +72,22 @@ def apply_worker_options(options: dict, idle_in_transaction_s: float) -> None:
         options["options"] = f"{configured} {extra['options']}"
 
 
+# What a web process's connections add: no JIT. The console's and the API's reads are short and
+# interactive, and PostgreSQL JIT-compiles any plan whose estimated cost passes jit_above_cost:
+# an audit filter that matches nothing is planned to read every run, and compiling it took
+# ~190 ms for a 30 ms query. Set as a connection option (no statement per request); the
+# workers' connections keep the server's setting.
+WEB_CONNECTION_OPTIONS = "-cjit=off"
+
+
+def apply_web_options(options: dict) -> None:
+    """Merge WEB_CONNECTION_OPTIONS into a DATABASES OPTIONS dict (taskpilots/wsgi.py and
+    asgi.py, before the first connection); a configured `options` string is kept."""
+    configured = options.get("options", "")
+    if WEB_CONNECTION_OPTIONS not in configured:
+        options["options"] = f"{configured} {WEB_CONNECTION_OPTIONS}".strip()
+
+
 # --------------------------------------------------------------------------------------------
 # The budget a worker checks at start-up
 
