@@ -72,6 +72,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
 ]
+# `manage.py bench console` only: each response says how many queries it ran.
+if env_bool("TASKPILOTS_BENCH_QUERY_HEADER", False):
+    MIDDLEWARE.insert(0, "taskpilots.evidence.querycount.QueryCountMiddleware")
 
 ROOT_URLCONF = "taskpilots.urls"
 WSGI_APPLICATION = "taskpilots.wsgi.application"

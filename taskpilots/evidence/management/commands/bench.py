@@ -11,12 +11,13 @@ class Command(BaseCommand):
     help = (
         "Benchmarks (docs/benchmarks.md): engine (throughput vs plain PostgreSQL commits and vs "
         "DBOS), snapshot (a side-effect step vs the bare call), recovery (kill/approval/event to "
-        "next step), io (waiting runs in flight on make run's workers vs DBOS). Runs in a scratch "
+        "next step), io (waiting runs in flight on make run's workers vs DBOS), console (every "
+        "console page through gunicorn at --runs fake runs: p50, p95, queries). Runs in a scratch "
         "database next to the configured one; ends with a JSON line."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("which", choices=["engine", "snapshot", "recovery", "io"])
+        parser.add_argument("which", choices=["engine", "snapshot", "recovery", "io", "console"])
         parser.add_argument("--runs", type=int, default=500)
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--samples", type=int, default=200)
@@ -51,7 +52,11 @@ class Command(BaseCommand):
             for name, value in io.items():
                 if value is not None:
                     argv += [f"--{name.replace('_', '-')}", str(value)]
-            raise SystemExit(bench.run_in_scratch_database(argv, bench.to_stderr))
+            if which == "console":
+                from taskpilots.evidence.bench_console import run_in_scratch_database
+            else:
+                run_in_scratch_database = bench.run_in_scratch_database
+            raise SystemExit(run_in_scratch_database(argv, bench.to_stderr))
         say = bench.to_stderr
         if which == "engine":
             result = bench.bench_engine(
@@ -66,6 +71,10 @@ class Command(BaseCommand):
             from taskpilots.evidence.bench_io import bench_io
 
             result = bench_io(runs, say=say, with_dbos=not no_dbos, **io)
+        elif which == "console":
+            from taskpilots.evidence.bench_console import bench_console
+
+            result = bench_console(runs, say, workers=workers)
         elif which == "snapshot":
             result = bench.bench_snapshot(samples, say)
         else:
