@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+import kombu.exceptions
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -673,6 +674,7 @@ class Drill:
                 ConnectionError,
                 OSError,
                 SandboxError,
+                kombu.exceptions.OperationalError,  # the broker restarting under a publish
             ) as exc:
                 if time.monotonic() > deadline:
                     raise
