@@ -28,7 +28,13 @@ from runs.models import Run, Step, TimelineEvent
 from runs.verbs import Verb
 from taskpilots.celery import app as celery_app
 from taskpilots.evidence import scratch
-from taskpilots.evidence.workers import ROOT, Workers, database_url
+from taskpilots.evidence.workers import (
+    ROOT,
+    Workers,
+    backend_cpu_s,
+    database_url,
+    process_groups_cpu_s,
+)
 
 Say = Callable[[str], None]
 BENCH_MODULES = "taskpilots.demo.tools,taskpilots.demo.workflows,taskpilots.evidence.bench_flows"
@@ -188,8 +194,7 @@ def bench_engine(
             f"starting {workers} Celery worker processes ({config.pool}, concurrency "
             f"{config.concurrency}; {broker_name()})"
         )
-        for _ in range(workers):
-            processes.start(options=config.options())
+        groups = [processes.start(options=config.options()).process.pid for _ in range(workers)]
         tag = uuid.uuid4().hex[:8]
         say(f"creating {runs} runs of bench.five")
         ids = [
@@ -197,11 +202,13 @@ def bench_engine(
             for n in range(runs)
         ]
         before = _commits()
+        cpu_before = _cpu_s(groups)
         started_at = timezone.now()
         for run_id in ids:
             advance_run.delay(str(run_id))
         polls = _wait_for_runs(ids, say)
         commits = _commits() - before - polls - 1
+        cpu = _cpu_per_step_ms(cpu_before, _cpu_s(groups), runs * 5)
     finished = Run.objects.filter(pk__in=ids).aggregate(last=Max("finished_at"))["last"]
     elapsed = (finished - started_at).total_seconds()
     steps = runs * 5
@@ -234,6 +241,7 @@ def bench_engine(
         "events_per_step": round(TimelineEvent.objects.filter(run_id__in=ids).count() / steps, 2),
         "p50_ms": round(percentile(durations, 50), 2),
         "p99_ms": round(percentile(durations, 99), 2),
+        **cpu,
     }
 
 
@@ -488,6 +496,22 @@ def _latency_summary(values: list[float]) -> dict:
     return {
         "p50_ms": round(percentile(values, 50), 1),
         "p95_ms": round(percentile(values, 95), 1),
+    }
+
+
+def _cpu_s(groups: list[int]) -> tuple[float | None, float | None]:
+    """CPU seconds so far of the workers' processes and of PostgreSQL's server processes for
+    this (scratch) database: where a step's time goes when the machine is the bound."""
+    return process_groups_cpu_s(groups), backend_cpu_s(connection.settings_dict["NAME"])
+
+
+def _cpu_per_step_ms(before, after, steps: int) -> dict:
+    def per_step(first, last):
+        return None if first is None or last is None else round((last - first) * 1000 / steps, 3)
+
+    return {
+        "worker_cpu_ms_per_step": per_step(before[0], after[0]),
+        "db_cpu_ms_per_step": per_step(before[1], after[1]),
     }
 
 

@@ -43,7 +43,7 @@ from runs.models import Run, SideEffect, Step
 from runs.tasks import advance_run
 from taskpilots.evidence import scratch
 from taskpilots.evidence.bench import BENCH_MODULES, Say, _worker_pool, broker_name, percentile
-from taskpilots.evidence.workers import ROOT, database_url
+from taskpilots.evidence.workers import ROOT, database_url, process_groups_cpu_s
 from taskpilots.workerconf import WorkerConfig, worker_config
 
 SUCCEEDED = "succeeded"
@@ -156,11 +156,11 @@ def _taskpilots(
         hints_s = time.monotonic() - hinting
         say(f"TaskPilots: {runs} hints waiting in the broker ({hints_s:.2f} s); workers go")
         started_at, started = timezone.now(), time.monotonic()
-        cpu_before = _groups_cpu_s(groups)
+        cpu_before = process_groups_cpu_s(groups)
         workers.release(started_workers)
         statuses = _wait_for_runs(ids, started + deadline_s, (say, tool, sampler))
         polled_s = time.monotonic() - started
-        cpu_after = _groups_cpu_s(groups)
+        cpu_after = process_groups_cpu_s(groups)
         sampler.pause()
         worker_output = [line for w in started_workers for line in w.output[-30:]]
     tally = _tally(ids, statuses, started_at, tool.stats("taskpilots", keys=True))
@@ -473,33 +473,6 @@ def _group_rss_mb(process_groups: list[int]) -> tuple[float, int]:
     ).stdout
     sizes = [int(rss) for pgid, rss in _pairs(listing) if pgid in process_groups]
     return sum(sizes) / 1024, len(sizes)
-
-
-def _groups_cpu_s(process_groups: list[int]) -> float | None:
-    seconds = [_group_cpu_s(group) for group in process_groups]
-    return None if None in seconds else sum(seconds)
-
-
-def _group_cpu_s(process_group: int) -> float | None:
-    """User + system CPU seconds of the live processes in a process group, from /proc (Linux;
-    None elsewhere). A prefork child replaced meanwhile takes its seconds with it."""
-    import os
-    from pathlib import Path
-
-    try:
-        ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                # Fields after the parenthesised command: state is [0], pgrp [2], utime [11].
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[2]) == process_group:
-                total += int(fields[11]) + int(fields[12])
-        return total / ticks
-    except (OSError, ValueError):
-        return None
 
 
 def _pairs(listing: str):

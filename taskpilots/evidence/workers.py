@@ -234,3 +234,48 @@ def wait_for(
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def process_groups_cpu_s(process_groups: list[int]) -> float | None:
+    """User + system CPU seconds of the live processes in these process groups (each worker is
+    started in a group of its own), from /proc: Linux only, None elsewhere. A prefork child
+    replaced meanwhile takes its seconds with it."""
+    wanted = set(process_groups)
+    return _proc_cpu_s(lambda pid, group: group in wanted)
+
+
+def backend_cpu_s(database: str) -> float | None:
+    """CPU seconds PostgreSQL's server processes have spent for the connections to `database`
+    that are open now (pg_stat_activity, then /proc): what the statements cost the server. None
+    when the server is not on this machine or its processes cannot be read."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            [database],
+        )
+        pids = {pid for (pid,) in cursor.fetchall()}
+    host = connection.settings_dict.get("HOST") or ""
+    if host not in ("", "localhost", "127.0.0.1", "::1") and not host.startswith("/"):
+        return None
+    if not pids or not all(Path(f"/proc/{pid}/stat").exists() for pid in pids):
+        return None
+    return _proc_cpu_s(lambda pid, group: pid in pids)
+
+
+def _proc_cpu_s(wanted) -> float | None:
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                # Fields after the parenthesised command: state is [0], pgrp [2], utime [11].
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if wanted(int(stat.parent.name), int(fields[2])):
+                total += int(fields[11]) + int(fields[12])
+        return total / ticks
+    except (OSError, ValueError):
+        return None
