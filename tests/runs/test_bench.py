@@ -67,6 +67,10 @@ def test_the_engine_benchmark_runs_and_reports_its_figures():
     # transaction crept into the hot path. (The exact guard is the statement count above.)
     assert result["commits_per_step"] <= 1.6, result
     assert result["worker_pool"] == "threads"
+    # Where the CPU went: the workers' processes and the server's for this database (both on
+    # this machine in every configuration the tests run).
+    assert result["worker_cpu_ms_per_step"] > 0, result
+    assert result["db_cpu_ms_per_step"] > 0, result
 
 
 @pytest.mark.django_db
