@@ -62,6 +62,9 @@ KINDS = (
 DRILL_WORKFLOWS = ("drill.support.reply", "drill.refund.approval", "drill.crm.lead_sync")
 LEASE_SECONDS = 2
 OUTAGE_WINDOW_SECONDS = 2
+# A drill run takes a few seconds of waiting (its faults' timeouts, the outage window, the
+# lease); a batch's settling time grows with the runs each worker thread carries.
+BATCH_SECONDS_PER_RUN = 3.0
 # What the drill's workers run with (short, so that faults show within seconds); overridden by
 # DrillConfig.worker_env (`drill --worker-env NAME=VALUE`), e.g. to try an engine's heartbeat
 # settings. Everything else the workers inherit from the drill's environment.
@@ -78,6 +81,11 @@ class DrillConfig:
     faults: tuple[str, ...] = KINDS
     seed: int = 1
     workers: int = 2
+    # Threads per worker: 1 keeps each fault on one run at a time; more is how production runs
+    # (a SIGKILL or a stall then hits every run the worker holds), and what a long soak needs.
+    concurrency: int = 1
+    # How long a batch may take to settle before its open runs count as lost: this much, plus
+    # BATCH_SECONDS_PER_RUN for each run a worker thread has to carry.
     batch_timeout: float = 90.0
     progress: Callable[[str], None] | None = None
     # Chaos soak: while the drills run, SIGKILL workers, restart the broker and PostgreSQL, and
@@ -408,7 +416,7 @@ class Drill:
         proxy of its own (taskpilots/evidence/blackhole.py)."""
         env = {**self._batch_env, **env}
         if not self._proxied:
-            return self._workers.start(wait=wait, **env)
+            return self._workers.start(concurrency=self.config.concurrency, wait=wait, **env)
         name = f"w{len(self._workers.started) + 1}-{uuid.uuid4().hex[:6]}"
         proxy = BlackHoleProxy(_database_address(), name=name).start()
         self.proxies[name] = proxy
@@ -418,7 +426,7 @@ class Drill:
             faults.DB_PROXY: proxy.control_address,
             **env,
         }
-        return self._workers.start(name=name, wait=wait, **env)
+        return self._workers.start(name=name, concurrency=self.config.concurrency, wait=wait, **env)
 
     def proxy_at(self, control_address: str) -> BlackHoleProxy | None:
         return next(
@@ -690,9 +698,13 @@ class Drill:
             status="waiting", waits__kind="event", waits__status="pending"
         ).exists()
 
+    def _batch_timeout(self, batch: Batch) -> float:
+        slots = max(1, self.config.workers * self.config.concurrency)
+        return self.config.batch_timeout + BATCH_SECONDS_PER_RUN * len(batch.run_ids) / slots
+
     def _finish(self, batch: Batch) -> None:
         """Deliver callbacks and play the person until every run of the batch is at rest."""
-        deadline = time.monotonic() + self.config.batch_timeout
+        deadline = time.monotonic() + self._batch_timeout(batch)
         while time.monotonic() < deadline:
             self._survive(self._replace_dead_workers)
             self._survive(self._deliver_settlements, batch)

@@ -57,6 +57,13 @@ class Command(BaseCommand):
         parser.add_argument("--faults", default="all", help="comma-separated drill kinds, or all")
         parser.add_argument("--seed", type=int, default=1)
         parser.add_argument("--workers", type=int, default=2)
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=1,
+            help="threads per worker (1: a fault hits one run at a time; a long soak wants more, "
+            "as production runs)",
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument(
             "--worker-env",
@@ -86,6 +93,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if options["runs"] < 1:
             raise CommandError("--runs must be at least 1")
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
         try:
             faults = parse_faults(options["faults"])
         except ValueError as exc:
@@ -104,6 +113,7 @@ class Command(BaseCommand):
             faults=faults,
             seed=options["seed"],
             workers=max(options["workers"], 4 if options["chaos"] else 1),
+            concurrency=options["concurrency"],
             progress=progress_to_stderr,
             chaos=options["chaos"],
             batch_timeout=300.0 if options["chaos"] else 90.0,
@@ -144,7 +154,10 @@ class Command(BaseCommand):
     def _in_scratch_database(self, options) -> None:
         """The drill again, with --here, in a scratch database that is dropped afterwards, so the
         install it was run on keeps its rules, users, workflows and sandbox as they were."""
-        argv = [f"--{name}={options[name]}" for name in ("runs", "faults", "seed", "workers")]
+        argv = [
+            f"--{name}={options[name]}"
+            for name in ("runs", "faults", "seed", "workers", "concurrency")
+        ]
         argv += [f"--worker-env={item}" for item in options["worker_env"]]
         argv += [f"--{flag}" for flag in ("json", "chaos") if options[flag]]
         failed = False
