@@ -650,12 +650,11 @@ class NotificationCursor(models.Model):
     position_at = models.DateTimeField()
 
 
-class MetricSums(models.Model):
-    """What the metrics dashboard adds up, for one run (RunMetrics) or one day (MetricsDay).
-
-    Counts are summed; durations are kept as every value (the dashboard shows exact medians);
-    tool tallies are three parallel arrays (tool, failure class or "" for attempts, count).
-    See approvals.metrics for each column's definition.
+class MetricCounts(models.Model):
+    """What the metrics dashboard adds up with sum(), for one run (RunMetrics), or the ended runs
+    that started in one day (MetricsDay) or hour (MetricsHour): flags and tallies, and the tool
+    tallies as three parallel arrays (tool, failure class or "" for attempts, count). See
+    approvals.metrics for each column's definition.
     """
 
     runs = models.IntegerField()
@@ -683,11 +682,6 @@ class MetricSums(models.Model):
     settled = models.IntegerField()
     expired = models.IntegerField()
     decided = models.IntegerField()
-    close_s = ArrayField(models.FloatField())
-    recover_s = ArrayField(models.FloatField())
-    resume_s = ArrayField(models.FloatField())
-    handling_s = ArrayField(models.FloatField())
-    latency_ms = ArrayField(models.FloatField())
     tool_names = ArrayField(models.TextField())
     tool_classes = ArrayField(models.TextField())
     tool_counts = ArrayField(models.IntegerField())
@@ -696,9 +690,38 @@ class MetricSums(models.Model):
         abstract = True
 
 
-SUM_FIELDS = [f.name for f in MetricSums._meta.fields if isinstance(f, models.IntegerField)]
+class MetricSums(MetricCounts):
+    """A run's counts and every one of its durations (a few per run), by kind."""
+
+    close_s = ArrayField(models.FloatField())
+    recover_s = ArrayField(models.FloatField())
+    resume_s = ArrayField(models.FloatField())
+    handling_s = ArrayField(models.FloatField())
+    latency_ms = ArrayField(models.FloatField())
+
+    class Meta:
+        abstract = True
+
+
+class PeriodSums(MetricCounts):
+    """The counts of a day's or an hour's ended runs, and their durations as a sketch: how many
+    fell in each log bucket of 1 % (approvals/metrics/sketch.py), per kind of duration (its
+    index in VALUE_FIELDS), as three parallel arrays sorted by kind and bucket. Sketches add up
+    bucket by bucket, so a window's medians come from a few thousand counts, not from every
+    duration."""
+
+    sketch_kinds = ArrayField(models.SmallIntegerField())
+    sketch_bins = ArrayField(models.IntegerField())
+    sketch_counts = ArrayField(models.IntegerField())
+
+    class Meta:
+        abstract = True
+
+
+SUM_FIELDS = [f.name for f in MetricCounts._meta.fields if isinstance(f, models.IntegerField)]
 VALUE_FIELDS = ["close_s", "recover_s", "resume_s", "handling_s", "latency_ms"]
 TOOL_FIELDS = ["tool_names", "tool_classes", "tool_counts"]
+SKETCH_FIELDS = ["sketch_kinds", "sketch_bins", "sketch_counts"]
 
 
 class RunMetrics(MetricSums):
@@ -733,7 +756,7 @@ class RunMetrics(MetricSums):
         return f"metrics of run {self.run_id}"
 
 
-class MetricsDay(MetricSums):
+class MetricsDay(PeriodSums):
     """The sums of the stored rows of the runs that started on one day (in `tz`) and have ended.
 
     Rebuilt by the rollup in the same transaction as any row it stores for such a run, and
@@ -749,3 +772,44 @@ class MetricsDay(MetricSums):
 
     def __str__(self) -> str:
         return f"metrics of {self.day} ({self.tz})"
+
+
+class MetricsHour(PeriodSums):
+    """The same sums for the ended runs that started in one hour (`hour`, its start). The
+    dashboard reads them for the whole past hours of a window that no day row covers: the 24 h
+    window, and the first and last days of the others."""
+
+    hour = models.DateTimeField(unique=True)
+    computed_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"metrics of the hour from {self.hour:%Y-%m-%d %H:%M} UTC"
+
+
+class MetricsCounter(models.Model):
+    """An all-time count behind /metrics, over the runs that ended before
+    MetricsCounterMark.through: runs by workflow and final status, side effects committed and
+    compensated by tool, failed tool attempts by tool and class. The rollup adds the runs that
+    ended since, once each, and moves the mark; a scrape adds only what ended after it."""
+
+    family = models.CharField(max_length=32)  # "runs", "committed", "compensated", "failures"
+    name = models.CharField(max_length=200)  # the workflow or the tool
+    detail = models.CharField(max_length=50, blank=True)  # the status or the failure class
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["family", "name", "detail"], name="metricscounter_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.family}{{{self.name},{self.detail}}} = {self.value}"
+
+
+class MetricsCounterMark(models.Model):
+    """How far MetricsCounter has counted: every run that ended before `through` (one row)."""
+
+    name = models.CharField(max_length=32, unique=True, default="counters")
+    through = models.DateTimeField()

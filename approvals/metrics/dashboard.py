@@ -15,10 +15,8 @@ from approvals.metrics.figures import FIGURES, INCONSISTENCIES, Data, Figure
 from approvals.metrics.queries import (
     SEED_SQL,
     STALE_MINUTES,
-    WINDOW_SQL,
     current_state,
     over_rows,
-    window_covered,
     window_params,
     window_rows,
 )
@@ -81,21 +79,19 @@ def _minutes() -> dict:
 
 
 def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
-    """Every figure of the dashboard: the live runs, one query over the window, one for now,
-    whatever the size (plus the SET that turns JIT off)."""
+    """Every figure of the dashboard: which stored rows cover the window, the live runs, one
+    query over the window, one for now, whatever the size (plus the SET that turns JIT off)."""
     now = now or timezone.now()
     params = window_params(window, now)
     with no_jit(), connection.cursor() as cursor:
-        result, missed = over_rows(cursor, WINDOW_SQL, params, window_covered)
+        result, missed, live_runs = over_rows(cursor, params)
         rows, tools = window_rows(result)
         state = current_state(now)
     data = Data(window.buckets(), rows, tools)
     needing_human = state.pop("needing_human")
     figures = [fn(data) for fn in FIGURES]
     runs = int(data.total().get("runs") or 0)
-    return Dashboard(
-        window, data.buckets, figures, state, needing_human, runs, len(params["ids"]), missed
-    )
+    return Dashboard(window, data.buckets, figures, state, needing_human, runs, live_runs, missed)
 
 
 def seed_figures(run_ids: Iterable) -> dict[str, dict]:

@@ -1,41 +1,73 @@
 """Prometheus text format 0.0.4 (/metrics): all-time counters and current gauges.
 
-prometheus_client writes the text from a custom collector that reads everything in 7 queries,
-whatever the history (the failure counter is added up from the stored rows). Counters only
-grow: runs are counted once they have ended (a terminal status never changes); side effects once
-committed (compensated ones included) and once compensated. Live states are gauges.
+prometheus_client writes the text from a custom collector that reads everything in 4 queries,
+whatever the history: the counters the rollup stores for the runs that ended before its mark
+(MetricsCounter), plus what ended since or is still open. Counters only grow: runs are counted
+once they have ended (a terminal status never changes); side effects once committed
+(compensated ones included) and once compensated. Live states are gauges.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime
 
 from django.db import connection
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from approvals.metrics.facts import COHORT_SQL, NO_CURRENT_ROW, fact_params, facts_sql
 from approvals.metrics.figures import INCONSISTENCIES
-from approvals.metrics.queries import (
-    STALE_MINUTES,
-    TOOL_FAILURES_SQL,
-    current_state,
-    over_rows,
-    window_params,
-)
+from approvals.metrics.queries import STALE_MINUTES, current_state
 from approvals.metrics.sql import T, no_jit
-from approvals.metrics.window import Window
+from approvals.metrics.store import EPOCH
 from runs.models import Run
 
 # The text format generate_latest() writes.
 PROMETHEUS_CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
-_RUNS_SQL = f"SELECT workflow, status, count(*) FROM {T['run']} GROUP BY workflow, status"
-_EFFECTS_SQL = f"""
-SELECT tool, status, count(*), count(*) FILTER (WHERE committed_at IS NOT NULL)
-FROM {T["effect"]} GROUP BY tool, status"""
+# The stored counters and their mark (the rollup keeps them: store.advance_counters).
+_STORED_SQL = f"""
+SELECT family, name, detail, value FROM {T["counter"]}
+UNION ALL SELECT 'mark', '', '', extract(epoch FROM through)::float8 FROM {T["mark"]}
+WHERE name = 'counters'"""
+# What the counters do not hold yet: the runs that ended at or after the mark, and the open
+# runs (their status index), with whether their stored row is current.
+_RECENT = f"""recent AS MATERIALIZED (
+  SELECT r.id, r.workflow, r.status, r.event_seq FROM {T["run"]} r
+  WHERE r.finished_at >= %(through)s AND r.status = ANY(%(terminal)s)
+  UNION ALL
+  SELECT r.id, r.workflow, r.status, r.event_seq FROM {T["run"]} r WHERE r.status = ANY(%(open)s)
+)"""
+_RECENT_LIVE_IDS_SQL = f"""WITH {_RECENT}
+SELECT r.id FROM recent r WHERE {NO_CURRENT_ROW}"""
+# Those runs by workflow and status; their side effects committed and compensated by tool;
+# their failed tool attempts, from their current stored rows and computed live for %(ids)s, the
+# ones without; and the side effects whose outcome is open (side_effect_open_idx).
+_RECENT_SQL = f"""WITH {_RECENT},
+live AS MATERIALIZED ({facts_sql(COHORT_SQL)})
+SELECT 'runs', workflow, status, count(*) FROM recent GROUP BY 2, 3
+UNION ALL
+SELECT 'committed', e.tool, '', count(*) FROM recent r JOIN {T["effect"]} e ON e.run_id = r.id
+WHERE e.committed_at IS NOT NULL GROUP BY 2
+UNION ALL
+SELECT 'compensated', e.tool, '', count(*) FROM recent r JOIN {T["effect"]} e ON e.run_id = r.id
+WHERE e.status = 'compensated' GROUP BY 2
+UNION ALL
+SELECT 'open', e.tool, e.status, count(*) FROM {T["effect"]} e
+WHERE e.status IN ('intended', 'unknown') GROUP BY 2, 3
+UNION ALL
+SELECT 'failures', t.tool, t.cls, sum(t.n)
+FROM (
+  SELECT m.tool_names, m.tool_classes, m.tool_counts
+  FROM recent r JOIN {T["metrics"]} m ON m.run_id = r.id AND m.event_seq = r.event_seq
+  UNION ALL
+  SELECT l.tool_names, l.tool_classes, l.tool_counts FROM live l
+) f
+CROSS JOIN LATERAL unnest(f.tool_names, f.tool_classes, f.tool_counts) AS t(tool, cls, n)
+WHERE t.cls <> '' GROUP BY 2, 3"""
 
 
 @dataclass
@@ -43,39 +75,48 @@ class _Scrape:
     """What one scrape reads, each list sorted."""
 
     runs: list[tuple[str, str, int]]  # workflow, status, runs
-    effects: list[tuple[str, str, int, int]]  # tool, status, side effects, ever committed
+    committed: list[tuple[str, int]]  # tool, side effects ever committed
+    compensated: list[tuple[str, int]]  # tool, side effects compensated
+    open_effects: list[tuple[str, str, int]]  # tool, status (intended, unknown), side effects
     failures: list[tuple[str, str, int]]  # tool, failure class, failed attempts
     state: dict[str, int]  # current_state()
 
 
 def _read(now: datetime) -> _Scrape:
+    """Four queries whatever the history (plus the SET): the stored counters, which recent
+    runs have no current row, the recent runs' counts, and the state of things now."""
     with no_jit(), connection.cursor() as cursor:
-        cursor.execute(_RUNS_SQL)
-        runs = cursor.fetchall()
-        cursor.execute(_EFFECTS_SQL)
-        effects = cursor.fetchall()
-        failures = _all_time_failures(cursor, now)
+        cursor.execute(_STORED_SQL)
+        stored = cursor.fetchall()
+        marks = [value for family, _n, _d, value in stored if family == "mark"]
+        params = {**fact_params(), "through": _at(marks[0]) if marks else EPOCH}
+        cursor.execute(_RECENT_LIVE_IDS_SQL, params)
+        params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
+        cursor.execute(_RECENT_SQL, params)
+        recent = cursor.fetchall()
         state = current_state(now)
-    return _Scrape(sorted(runs), sorted(effects), sorted(failures), state)
+    totals: dict[str, dict[tuple, int]] = {}
+    for family, name, detail, value in [*stored, *recent]:
+        if family != "mark":
+            key = (name, detail)
+            totals.setdefault(family, {})[key] = totals.get(family, {}).get(key, 0) + int(value)
+
+    def rows(family: str, *, with_detail: bool = True) -> list:
+        found = totals.get(family, {})
+        return sorted((*key, n) if with_detail else (key[0], n) for key, n in found.items())
+
+    return _Scrape(
+        rows("runs"),
+        rows("committed", with_detail=False),
+        rows("compensated", with_detail=False),
+        rows("open"),
+        rows("failures"),
+        state,
+    )
 
 
-def _all_time_failures(cursor, now: datetime) -> list[tuple[str, str, int]]:
-    """Tool failures of every run ever, from the day rows, the run rows and the live runs, in
-    four queries (whatever the history) plus two more when the rollup missed runs."""
-    cursor.execute(f"SELECT min(created_at) FROM {T['run']}")
-    first = cursor.fetchone()[0]
-    if first is None:
-        return []
-    # Up to now (and at least three days long, so that it is bucketed by day).
-    window = Window("all", first, max(now + timedelta(microseconds=1), first + timedelta(days=3)))
-    params = window_params(window, now)
-    result, _missed = over_rows(cursor, TOOL_FAILURES_SQL, params, _tools_covered)
-    return [(tool, cls, int(n)) for tool, cls, n in result if tool != ""]
-
-
-def _tools_covered(result: list) -> bool:
-    totals = {cls: n for tool, cls, n in result if tool == ""}
-    return totals.get("runs") == totals.get("expected")
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
 
 
 class RecoveryCollector:
@@ -87,7 +128,7 @@ class RecoveryCollector:
     def collect(self) -> Iterator[Metric]:
         scrape = _read(self.now or timezone.now())
         yield from _run_families(scrape.runs)
-        yield from _side_effect_families(scrape.effects)
+        yield from _side_effect_families(scrape)
         yield _family(
             CounterMetricFamily,
             "taskpilots_step_failures_total",
@@ -135,31 +176,22 @@ def _run_families(runs: Iterable[tuple[str, str, int]]) -> Iterator[Metric]:
     )
 
 
-def _side_effect_families(effects: Iterable[tuple[str, str, int, int]]) -> Iterator[Metric]:
-    committed: dict[str, int] = {}
-    compensated: dict[str, int] = {}
-    open_effects = []
-    for tool, status, n, ever_committed in effects:
-        committed[tool] = committed.get(tool, 0) + ever_committed
-        if status == "compensated":
-            compensated[tool] = n
-        if status in ("intended", "unknown"):
-            open_effects.append((tool, status, n))
+def _side_effect_families(scrape: _Scrape) -> Iterator[Metric]:
     yield _family(
         CounterMetricFamily,
         "taskpilots_side_effects_total",
         "Side effects committed (status=committed, compensated ones included) and compensated, "
         "by tool.",
         ["tool", "status"],
-        [(tool, "committed", n) for tool, n in sorted(committed.items())]
-        + [(tool, "compensated", n) for tool, n in sorted(compensated.items())],
+        [(tool, "committed", n) for tool, n in scrape.committed]
+        + [(tool, "compensated", n) for tool, n in scrape.compensated],
     )
     yield _family(
         GaugeMetricFamily,
         "taskpilots_side_effects_open",
         "Side effects whose outcome is not settled yet (intended or unknown), by tool.",
         ["tool", "status"],
-        open_effects,
+        scrape.open_effects,
     )
 
 

@@ -8,18 +8,25 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
-from datetime import date, datetime, time, timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 from django.db import connection
 from django.utils import timezone
 
-from approvals.metrics.facts import COHORT_SQL, NO_CURRENT_ROW, fact_params, facts_sql
-from approvals.metrics.sql import DAY_END, DAY_START, T
-from approvals.metrics.store import high_water
+from approvals.metrics import sketch
+from approvals.metrics.facts import (
+    COHORT_SQL,
+    FACT_COLUMNS,
+    NO_CURRENT_ROW,
+    fact_params,
+    facts_sql,
+)
+from approvals.metrics.sql import T, durations_of
+from approvals.metrics.store import EPOCH, HIGH_WATER_MARGIN
 from approvals.metrics.window import Window
-from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
+from approvals.models import SKETCH_FIELDS, SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
 from runs.models import Step
 
 logger = logging.getLogger("taskpilots.metrics")
@@ -27,17 +34,24 @@ logger = logging.getLogger("taskpilots.metrics")
 # A run, step or side effect stuck this long in a state that should not last is an alert.
 STALE_MINUTES = 10
 
-# The window's runs without a current stored row (running, just changed, or not rolled up yet)
-# are computed live. An ended run whose row went stale after its day was summed (an event
-# appended after the end, which the engine never does) stays counted by its day row until the
+# A window's rows (see Coverage): the day rows of its whole past days, the hour rows of its
+# whole past hours that no day row covers, and run rows for the rest: the ended runs started in
+# the spans no day or hour row covers (the window's partial first and last hours, the current
+# hour, any day or hour whose row is missing), the open runs, and the runs computed live.
+
+# The runs without a current stored row (running, just changed, or not rolled up yet) are
+# computed live. An ended run whose row went stale after a day or hour row summed it (an event
+# appended after the end, which the engine never does) stays counted by that row until the
 # rollup rebuilds it.
+_COVERED = (
+    "EXISTS (SELECT 1 FROM unnest(%(covered_lo)s::timestamptz[], %(covered_hi)s::timestamptz[])"
+    " AS c(lo, hi) WHERE r.created_at >= c.lo AND r.created_at < c.hi)"
+)
 _LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s
   AND {NO_CURRENT_ROW}
   AND NOT (r.status = ANY(%(terminal)s)
            AND EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE m.run_id = r.id AND m.finished = 1)
-           AND EXISTS (SELECT 1 FROM {T["day"]} d WHERE d.tz = %(tz)s
-                       AND d.day = (r.created_at AT TIME ZONE %(tz)s)::date
-                       AND d.day >= %(first_day)s AND d.day < %(last_day)s))"""
+           AND {_COVERED})"""
 # Where such runs are, once the rollup runs: open runs (the status index) and runs that ended
 # after the stored rows' high-water mark (run_finished_idx). WINDOW_SQL checks that the rows
 # it adds up cover every run of the window; if they do not (runs loaded with old ends after
@@ -49,69 +63,78 @@ SELECT r.id FROM {T["run"]} r
 WHERE r.finished_at >= %(recent)s AND r.status = ANY(%(terminal)s) AND {_LIVE_FILTER}"""
 LIVE_IDS_ALL_SQL = f"SELECT r.id FROM {T['run']} r WHERE {_LIVE_FILTER}"
 
-# The columns any row of a window (a run's, a day's) has, in this order.
-SUM_COLUMNS = ", ".join([*SUM_FIELDS, *VALUE_FIELDS, *TOOL_FIELDS])
-# Sums over the window's rows, per trend bucket and for the whole window (bucket NULL).
-_COUNTS = {name: f"sum({name})" for name in SUM_FIELDS} | {
-    "closed_after_failure": "sum(cardinality(close_s))"
-}
-# Durations whose mean, median and p95 the figures show: (name, column).
-_VALUES = [(name.rsplit("_", 1)[0], name) for name in VALUE_FIELDS]
-_VALUE_COLUMNS = ", ".join(name for name, _array in _VALUES)
-_VALUE_STATS = ",\n    ".join(
-    f"avg({name}) AS {name}_mean, "
-    f"percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY {name}) AS {name}_p"
-    for name, _array in _VALUES
+# Which day and hour rows a window could use, and the stored rows' latest end (one query).
+COVERAGE_SQL = f"""
+SELECT 'day', d.day, NULL::timestamptz FROM {T["day"]} d
+WHERE d.tz = %(tz)s AND d.day >= %(first_day)s AND d.day < %(last_day)s
+UNION ALL
+SELECT 'hour', NULL, h.hour FROM {T["hour"]} h
+WHERE h.hour >= %(first_hour)s AND h.hour < %(last_hour)s
+UNION ALL
+SELECT 'high', NULL, max(m.finished_at) FROM {T["metrics"]} m"""
+
+# The columns every row of a window has (a day's, an hour's, a run's), in this order: a run row
+# has no sketch, a day or hour row no durations.
+_NO_DURATIONS = ", ".join(f"'{{}}'::float8[] AS {name}" for name in VALUE_FIELDS)
+_NO_SKETCH = (
+    "'{}'::smallint[] AS sketch_kinds, '{}'::int[] AS sketch_bins, '{}'::int[] AS sketch_counts"
 )
-_BUCKET_OF = "date_trunc(%(bucket)s, m.created_at AT TIME ZONE %(tz)s)"
+_COUNTS_AND_TOOLS = ", ".join([*SUM_FIELDS, *TOOL_FIELDS])
+_PERIOD_COLUMNS = f"{_COUNTS_AND_TOOLS}, {_NO_DURATIONS}, {', '.join(SKETCH_FIELDS)}"
+_RUN_COLUMNS = f"{_COUNTS_AND_TOOLS}, {', '.join(VALUE_FIELDS)}, {_NO_SKETCH}"
+_BUCKET_OF = "date_trunc(%(bucket)s, {} AT TIME ZONE %(tz)s)"
+# `live` when no run is computed live: no rows, the same columns.
+NO_LIVE = f"SELECT {FACT_COLUMNS} FROM {T['metrics']} WHERE false"
 _NOT_LIVE = "NOT EXISTS (SELECT 1 FROM live l WHERE l.run_id = m.run_id)"
-# A window's rows: the MetricsDay rows of its whole past days (with day buckets), and the run
-# rows of everything else: the edges of the window, today, open runs, any whole day without a
-# day row yet, and the runs computed live. Each part reads its rows through an index, and each
-# aggregate reads only the columns it needs: wide rows are never copied into an intermediate.
-_ROWS_CTES = f"""
-WITH live AS MATERIALIZED ({facts_sql(COHORT_SQL)}),
-days AS MATERIALIZED (
-  SELECT * FROM {T["day"]} d
-  WHERE d.tz = %(tz)s AND d.day >= %(first_day)s AND d.day < %(last_day)s
-),
-uncovered AS MATERIALIZED (
-  SELECT g::date AS day FROM generate_series(%(first_day)s::date, %(last_day)s::date - 1,
-                                             interval '1 day') AS g
-  WHERE NOT EXISTS (SELECT 1 FROM days d WHERE d.day = g::date)
-),
-src AS NOT MATERIALIZED (
-  SELECT {SUM_COLUMNS}, d.day::timestamp AS bucket FROM days d
+
+
+# Each part reads its rows through an index. `src` is materialized: the sums read it three
+# times, and a single plan of it keeps planning short (the window's rows are few: periods,
+# partial hours, open runs).
+def _rows_ctes(live: str) -> str:
+    return f"""
+WITH live AS MATERIALIZED ({live}),
+src AS MATERIALIZED (
+  SELECT {_PERIOD_COLUMNS}, d.day::timestamp AS bucket FROM {T["day"]} d
+  WHERE d.tz = %(tz)s AND d.day = ANY(%(days)s::date[])
   UNION ALL
-  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM {T["metrics"]} m
-  WHERE ((m.created_at >= %(start)s AND m.created_at < %(days_start)s)
-         OR (m.created_at >= %(days_end)s AND m.created_at < %(end)s)) AND {_NOT_LIVE}
+  SELECT {_PERIOD_COLUMNS}, {_BUCKET_OF.format("h.hour")} FROM {T["hour"]} h
+  WHERE h.hour = ANY(%(hours)s::timestamptz[])
   UNION ALL
-  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM {T["metrics"]} m
-  WHERE m.finished = 0 AND m.created_at >= %(days_start)s AND m.created_at < %(days_end)s
-    AND {_NOT_LIVE}
-  UNION ALL
-  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM uncovered u JOIN {T["metrics"]} m
-    ON m.created_at >= {DAY_START} AND m.created_at < {DAY_END}
+  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")}
+  FROM unnest(%(spans_lo)s::timestamptz[], %(spans_hi)s::timestamptz[]) AS s(lo, hi)
+  JOIN {T["metrics"]} m ON m.created_at >= s.lo AND m.created_at < s.hi
   WHERE m.finished = 1 AND {_NOT_LIVE}
   UNION ALL
-  SELECT {SUM_COLUMNS}, {_BUCKET_OF} FROM live m
+  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")} FROM {T["metrics"]} m
+  WHERE m.finished = 0 AND m.created_at >= %(start)s AND m.created_at < %(end)s AND {_NOT_LIVE}
+  UNION ALL
+  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")} FROM live m
 )
 """
+
+
 # The sums of `src`'s rows, per trend bucket and for them all (bucket NULL), as (part, bucket,
-# jsonb) rows: "counts", "values" (the mean, p50 and p95 of each kind of duration), "tools".
+# jsonb) rows: "counts", "tools", and "sketch": the sketch of each day or hour row, and one per
+# bucket of the durations of its run rows (window_rows() adds them up).
+_COUNTS = {name: f"sum({name})" for name in SUM_FIELDS}
 _SUMS = f"""
 counts AS (
   SELECT bucket, {", ".join(f"{expr} AS {name}" for name, expr in _COUNTS.items())}
   FROM src GROUP BY GROUPING SETS ((bucket), ())
 ),
-vals AS (
-  SELECT bucket, {_VALUE_STATS}
+sketches AS (
+  SELECT bucket, jsonb_build_array(sketch_kinds, sketch_bins, sketch_counts) AS data
+  FROM src WHERE cardinality(sketch_kinds) > 0
+  UNION ALL
+  SELECT bucket, jsonb_build_array(array_agg(kind ORDER BY kind, bin),
+                                   array_agg(bin ORDER BY kind, bin),
+                                   array_agg(n ORDER BY kind, bin))
   FROM (
-    SELECT src.bucket, u.*
-    FROM src CROSS JOIN LATERAL unnest({", ".join(a for _n, a in _VALUES)}) AS u({_VALUE_COLUMNS})
-  ) v
-  GROUP BY GROUPING SETS ((bucket), ())
+    SELECT src.bucket, v.kind, {sketch.bin_sql("v.x")} AS bin, count(*)::int AS n
+    FROM src CROSS JOIN {durations_of("src")} v GROUP BY 1, 2, 3
+  ) entries
+  GROUP BY bucket
 ),
 tools AS (
   SELECT t.tool, t.failure_class, sum(t.n) AS n
@@ -120,32 +143,22 @@ tools AS (
   GROUP BY 1, 2
 )
 SELECT 'counts' AS part, bucket, to_jsonb(counts) - 'bucket' AS data FROM counts
-UNION ALL SELECT 'values', bucket, to_jsonb(vals) - 'bucket' FROM vals
+UNION ALL SELECT 'sketch', bucket, data FROM sketches
 UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools) FROM tools"""
-WINDOW_SQL = f"""
-{_ROWS_CTES},
-{_SUMS}
+_EXPECTED = f"""
 UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)) FROM {T["run"]} r
-  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
-"""
+  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s"""
+# With the runs %(ids)s computed live; and the same when there are none, without planning FACTS
+# (a few ms of planning for a statement this size).
+WINDOW_SQL = f"{_rows_ctes(facts_sql(COHORT_SQL))},\n{_SUMS}\n{_EXPECTED}"
+WINDOW_NO_LIVE_SQL = f"{_rows_ctes(NO_LIVE)},\n{_SUMS}\n{_EXPECTED}"
 # The sums of the runs %(ids)s, wherever they started, all computed live (one bucket, NULL).
 SEED_SQL = f"""
 WITH live AS MATERIALIZED ({facts_sql(COHORT_SQL)}),
-src AS NOT MATERIALIZED (SELECT {SUM_COLUMNS}, NULL::timestamp AS bucket FROM live),
+src AS NOT MATERIALIZED (
+  SELECT {_RUN_COLUMNS}, NULL::timestamp AS bucket FROM live
+),
 {_SUMS}
-"""
-# All-time tool failures by tool and class (the Prometheus counter), from the same rows, with
-# the window's run count and the count the rows cover (see compute()).
-TOOL_FAILURES_SQL = f"""
-{_ROWS_CTES}
-SELECT t.tool, t.failure_class, sum(t.n)
-FROM src CROSS JOIN LATERAL unnest(src.tool_names, src.tool_classes, src.tool_counts)
-  AS t(tool, failure_class, n)
-WHERE t.failure_class <> ''
-GROUP BY 1, 2
-UNION ALL SELECT '', 'runs', COALESCE(sum(runs), 0) FROM src
-UNION ALL SELECT '', 'expected', count(*) FROM {T["run"]} r
-  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
 """
 
 # Now, not windowed. Each count reads a partial or status index.
@@ -179,21 +192,93 @@ def _whole_days(window: Window, now: datetime) -> tuple[date, date]:
     return first, last
 
 
+def _whole_hours(window: Window, now: datetime) -> tuple[datetime, datetime]:
+    """The window's whole past hours [first, last), which MetricsHour rows can stand for."""
+    start = window.start.astimezone(UTC)
+    first = start.replace(minute=0, second=0, microsecond=0)
+    if first < start:
+        first += timedelta(hours=1)
+    last = min(window.end, now).astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+    return first, max(first, last)
+
+
 def window_params(window: Window, now: datetime) -> dict:
-    """The parameters of the window's queries (WINDOW_SQL, TOOL_FAILURES_SQL)."""
-    tz = timezone.get_current_timezone()
+    """The parameters of the window's queries (COVERAGE_SQL; Coverage adds the rest)."""
     first_day, last_day = _whole_days(window, now)
+    first_hour, last_hour = _whole_hours(window, now)
     return {
         "first_day": first_day,
         "last_day": last_day,
-        "days_start": timezone.make_aware(datetime.combine(first_day, time(0)), tz),
-        "days_end": timezone.make_aware(datetime.combine(last_day, time(0)), tz),
+        "first_hour": first_hour,
+        "last_hour": last_hour,
         "start": window.start,
         "end": window.end,
         "bucket": window.bucket,
         "tz": timezone.get_current_timezone_name(),
         **fact_params(),
     }
+
+
+@dataclass
+class Coverage:
+    """Which rows stand for which runs of a window: the day rows of its whole past days, the
+    hour rows of its whole past hours outside those days (hours that start on the hour in the
+    current zone, so that each lies in one trend bucket), and run rows for the spans left."""
+
+    days: list[date] = field(default_factory=list)
+    hours: list[datetime] = field(default_factory=list)
+    covered: list[tuple[datetime, datetime]] = field(default_factory=list)
+    spans: list[tuple[datetime, datetime]] = field(default_factory=list)
+    high_water: datetime = EPOCH
+
+    @classmethod
+    def read(cls, cursor, params: dict) -> Coverage:
+        cursor.execute(COVERAGE_SQL, params)
+        rows = cursor.fetchall()
+        tz = timezone.get_current_timezone()
+        coverage = cls()
+        for kind, day, hour in rows:
+            if kind == "high" and hour is not None:
+                coverage.high_water = hour - HIGH_WATER_MARGIN
+            elif kind == "day":
+                start = timezone.make_aware(datetime.combine(day, time(0)), tz)
+                end = timezone.make_aware(datetime.combine(day + timedelta(days=1), time(0)), tz)
+                coverage.days.append(day)
+                coverage.covered.append((start, end))
+        days = list(coverage.covered)
+        for kind, _day, hour in rows:
+            if kind != "hour" or timezone.localtime(hour, tz).minute != 0:
+                continue
+            end = hour + timedelta(hours=1)
+            if not any(lo < end and hour < hi for lo, hi in days):
+                coverage.hours.append(hour)
+                coverage.covered.append((hour, end))
+        coverage.covered.sort()
+        coverage.spans = _gaps(params["start"], params["end"], coverage.covered)
+        return coverage
+
+    def params(self) -> dict:
+        return {
+            "days": self.days,
+            "hours": self.hours,
+            "covered_lo": [lo for lo, _hi in self.covered],
+            "covered_hi": [hi for _lo, hi in self.covered],
+            "spans_lo": [lo for lo, _hi in self.spans],
+            "spans_hi": [hi for _lo, hi in self.spans],
+            "recent": self.high_water,
+        }
+
+
+def _gaps(start: datetime, end: datetime, covered: list[tuple[datetime, datetime]]) -> list:
+    """[start, end) less the sorted, disjoint spans `covered`."""
+    gaps, at = [], start
+    for lo, hi in covered:
+        if lo > at:
+            gaps.append((at, min(lo, end)))
+        at = max(at, hi)
+    if at < end:
+        gaps.append((at, end))
+    return [(lo, hi) for lo, hi in gaps if lo < hi]
 
 
 def current_state(now: datetime | None = None) -> dict[str, int]:
@@ -209,25 +294,27 @@ def current_state(now: datetime | None = None) -> dict[str, int]:
     return {name: int(value) for name, value in zip(columns, row, strict=True)}
 
 
-def over_rows(cursor, sql: str, params: dict, covered: Callable[[list], bool]) -> tuple[list, bool]:
-    """Run `sql` (built on _ROWS_CTES) with the runs that lack a current row computed live.
+def over_rows(cursor, params: dict) -> tuple[list, bool, int]:
+    """WINDOW_SQL with the runs that lack a current row computed live.
 
-    Those runs are looked for where the rollup leaves them (LIVE_IDS_SQL). If the result does
-    not cover every run of the window (`covered`), the rollup missed some: the query runs again
-    with every run that lacks a current row. Returns the result and whether runs were missed.
+    Which stored rows stand for which runs comes first (Coverage). The runs without a current
+    row are looked for where the rollup leaves them (LIVE_IDS_SQL). If the result does not cover
+    every run of the window, the rollup missed some: the query runs again with every run that
+    lacks a current row. Returns the result, whether runs were missed, and how many runs were
+    computed live.
     """
-    params["recent"] = high_water(cursor)
+    params.update(Coverage.read(cursor, params).params())
     cursor.execute(LIVE_IDS_SQL, params)
     params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
-    cursor.execute(sql, params)
+    cursor.execute(WINDOW_SQL if params["ids"] else WINDOW_NO_LIVE_SQL, params)
     result = cursor.fetchall()
-    if covered(result):
-        return result, False
+    if window_covered(result):
+        return result, False, len(params["ids"])
     logger.warning("metrics: the rollup missed runs; run rollup_metrics --full")
     cursor.execute(LIVE_IDS_ALL_SQL, params)
     params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
-    cursor.execute(sql, params)
-    return cursor.fetchall(), True
+    cursor.execute(WINDOW_SQL if params["ids"] else WINDOW_NO_LIVE_SQL, params)
+    return cursor.fetchall(), True, len(params["ids"])
 
 
 def window_covered(result: list) -> bool:
@@ -240,18 +327,32 @@ def window_covered(result: list) -> bool:
     return runs == expected
 
 
+# Each kind of duration by its index in VALUE_FIELDS: the prefix of its statistics in a row
+# ("close" for close_s: close_mean, close_p50, close_p95).
+_PREFIXES = [name.rsplit("_", 1)[0] for name in VALUE_FIELDS]
+
+
 def window_rows(result: list) -> tuple[dict[Any, dict], list[dict]]:
-    rows: dict[Any, dict] = {}
+    """The sums per bucket (and for them all, None), with each kind of duration's statistics
+    read from the bucket's sketches added up; and the tool tallies."""
+    rows: dict[Any, dict] = {None: {}}
     tools: list[dict] = []
+    sketches: dict[Any, list[dict]] = {}
     for part, bucket, text in result:
         data = json.loads(text)  # Django reads jsonb as text
         if part == "tools":
             tools.append(data)
         elif part == "counts":
             rows.setdefault(bucket, {}).update(data)
-        elif part == "values":
-            row = rows.setdefault(bucket, {})
-            for name, _array in _VALUES:
-                row[f"{name}_mean"] = data[f"{name}_mean"]
-                row[f"{name}_p50"], row[f"{name}_p95"] = data[f"{name}_p"] or (None, None)
+        elif part == "sketch":
+            sketches.setdefault(bucket, []).append(sketch.parts(*data))
+    every = [found for bucket_sketches in sketches.values() for found in bucket_sketches]
+    for bucket, found in [*sketches.items(), (None, every)]:
+        row = rows.setdefault(bucket, {})
+        for kind, prefix in enumerate(_PREFIXES):
+            stats = sketch.statistics([s[kind] for s in found if kind in s])
+            for name, value in stats.items():
+                row[f"{prefix}_{name}"] = value
+    for row in rows.values():
+        row["closed_after_failure"] = row.get("close_n", 0)
     return rows, tools

@@ -7,7 +7,17 @@ from contextlib import contextmanager
 
 from django.db import connection, transaction
 
-from approvals.models import ApprovalRequest, HumanDecision, MetricsDay, RunMetrics, Takeover
+from approvals.models import (
+    VALUE_FIELDS,
+    ApprovalRequest,
+    HumanDecision,
+    MetricsCounter,
+    MetricsCounterMark,
+    MetricsDay,
+    MetricsHour,
+    RunMetrics,
+    Takeover,
+)
 from runs.models import Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
 
 T = {
@@ -22,10 +32,23 @@ T = {
     "decision": HumanDecision._meta.db_table,
     "metrics": RunMetrics._meta.db_table,
     "day": MetricsDay._meta.db_table,
+    "hour": MetricsHour._meta.db_table,
+    "counter": MetricsCounter._meta.db_table,
+    "mark": MetricsCounterMark._meta.db_table,
 }
 # The start and end of the day `u.day` (a date in %(tz)s).
 DAY_START = "(u.day::timestamp AT TIME ZONE %(tz)s)"
 DAY_END = "((u.day + 1)::timestamp AT TIME ZONE %(tz)s)"
+
+
+def durations_of(row: str) -> str:
+    """A LATERAL subquery of (kind, x): every duration of the run row `row`, with its kind (the
+    index of its column in VALUE_FIELDS)."""
+    parts = " UNION ALL ".join(
+        f"SELECT {kind} AS kind, x FROM unnest({row}.{column}) AS x"
+        for kind, column in enumerate(VALUE_FIELDS)
+    )
+    return f"LATERAL ({parts})"
 
 
 @contextmanager

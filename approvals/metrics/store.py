@@ -1,5 +1,5 @@
 """The rollup: the stored rows (RunMetrics) of runs that have been still for a while, and the
-day sums (MetricsDay) of their ended runs."""
+day and hour sums (MetricsDay, MetricsHour) of their ended runs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from django.db import connection
 from django.utils import timezone
 
+from approvals.metrics import sketch
 from approvals.metrics.facts import (
     COHORT_SQL,
     FACT_COLUMNS,
@@ -17,9 +18,9 @@ from approvals.metrics.facts import (
     fact_params,
     facts_sql,
 )
-from approvals.metrics.sql import DAY_END, DAY_START, T, no_jit
+from approvals.metrics.sql import DAY_END, DAY_START, T, durations_of, no_jit
 from approvals.metrics.window import MAX_CUSTOM_DAYS
-from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
+from approvals.models import SKETCH_FIELDS, SUM_FIELDS, TOOL_FIELDS
 
 # A run's row is stored once the run has been still this long (so a run in motion is not
 # recomputed at every step); until then the dashboard computes it live.
@@ -31,22 +32,22 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ROLLUP_BATCH = 2000
 ROLLUP_LOCK = 0x7461736B  # pg_advisory_xact_lock key of the metrics rollup ("task")
 
-# One MetricsDay row per day of %(days)s (dates in %(tz)s): the sums of the stored rows of the
-# ended runs that started that day.
-_IN_DAY = f"m.finished = 1 AND m.created_at >= {DAY_START} AND m.created_at < {DAY_END}"
-_DAY_COLUMNS = ["tz", "day", "computed_at", *SUM_FIELDS, *VALUE_FIELDS, *TOOL_FIELDS]
-_DAY_SUMS = ", ".join(f"COALESCE(sum(m.{col}), 0)" for col in SUM_FIELDS)
-# Every duration of the day's rows, so that the day's medians stay exact.
-_DAY_DURATIONS = ", ".join(
-    f"ARRAY(SELECT x FROM {T['metrics']} m, unnest(m.{col}) AS x WHERE {_IN_DAY})"
-    for col in VALUE_FIELDS
-)
-_DAY_UPDATES = ", ".join(f"{col} = EXCLUDED.{col}" for col in _DAY_COLUMNS[2:])
-DAY_SQL = f"""
-INSERT INTO {T["day"]} AS d ({", ".join(_DAY_COLUMNS)})
-SELECT %(tz)s, u.day, %(now)s, s.*, {_DAY_DURATIONS}, t.*
-FROM unnest(%(days)s::date[]) AS u(day)
-CROSS JOIN LATERAL (SELECT {_DAY_SUMS} FROM {T["metrics"]} m WHERE {_IN_DAY}) AS s
+_PERIOD_COLUMNS = [*SUM_FIELDS, *TOOL_FIELDS, *SKETCH_FIELDS]
+_PERIOD_SUMS = ", ".join(f"COALESCE(sum(m.{col}), 0)" for col in SUM_FIELDS)
+
+
+def _period_sql(table: str, keys: dict[str, str], periods: str, in_period: str) -> str:
+    """INSERT or replace one row of `table` per period of `periods` (a FROM item aliased u):
+    the sums of the stored rows of the ended runs `in_period` (a condition on m and u), their
+    tool tallies, and the sketch of their durations. `keys` are the row's key columns and their
+    values."""
+    columns = [*keys, "computed_at", *_PERIOD_COLUMNS]
+    updates = ", ".join(f"{col} = EXCLUDED.{col}" for col in columns[len(keys) :])
+    return f"""
+INSERT INTO {table} AS p ({", ".join(columns)})
+SELECT {", ".join(keys.values())}, %(now)s, s.*, t.*, k.*
+FROM {periods}
+CROSS JOIN LATERAL (SELECT {_PERIOD_SUMS} FROM {T["metrics"]} m WHERE {in_period}) AS s
 CROSS JOIN LATERAL (
   SELECT COALESCE(array_agg(x.tool ORDER BY x.tool, x.cls), '{{}}'),
          COALESCE(array_agg(x.cls ORDER BY x.tool, x.cls), '{{}}'),
@@ -54,11 +55,37 @@ CROSS JOIN LATERAL (
   FROM (
     SELECT t.tool, t.cls, sum(t.n)::int AS n
     FROM {T["metrics"]} m, unnest(m.tool_names, m.tool_classes, m.tool_counts) AS t(tool, cls, n)
-    WHERE {_IN_DAY} GROUP BY 1, 2
+    WHERE {in_period} GROUP BY 1, 2
   ) x
 ) AS t
-ON CONFLICT (tz, day) DO UPDATE SET {_DAY_UPDATES}
+CROSS JOIN LATERAL (
+  SELECT COALESCE(array_agg(x.kind ORDER BY x.kind, x.bin), '{{}}'),
+         COALESCE(array_agg(x.bin ORDER BY x.kind, x.bin), '{{}}'),
+         COALESCE(array_agg(x.n ORDER BY x.kind, x.bin), '{{}}')
+  FROM (
+    SELECT v.kind::smallint AS kind, {sketch.bin_sql("v.x")} AS bin, count(*)::int AS n
+    FROM {T["metrics"]} m CROSS JOIN {durations_of("m")} v
+    WHERE {in_period} GROUP BY 1, 2
+  ) x
+) AS k
+ON CONFLICT ({", ".join(keys)}) DO UPDATE SET {updates}
 """
+
+
+# One MetricsDay row per day of %(days)s (dates in %(tz)s), one MetricsHour row per hour of
+# %(hours)s: the ended runs that started then.
+DAY_SQL = _period_sql(
+    T["day"],
+    {"tz": "%(tz)s", "day": "u.day"},
+    "unnest(%(days)s::date[]) AS u(day)",
+    f"m.finished = 1 AND m.created_at >= {DAY_START} AND m.created_at < {DAY_END}",
+)
+HOUR_SQL = _period_sql(
+    T["hour"],
+    {"hour": "u.hour"},
+    "unnest(%(hours)s::timestamptz[]) AS u(hour)",
+    "m.finished = 1 AND m.created_at >= u.hour AND m.created_at < u.hour + interval '1 hour'",
+)
 
 # Ended runs without a current row, oldest end first, from `since` on (see rollup()).
 ROLLUP_ENDED_SQL = f"""
@@ -79,8 +106,51 @@ INSERT INTO {T["metrics"]} AS m ({FACT_COLUMNS}, computed_at)
 SELECT {FACT_COLUMNS}, %(now)s FROM ({facts_sql(COHORT_SQL)}) AS facts
 ON CONFLICT (run_id) DO UPDATE SET {_UPDATES}, computed_at = EXCLUDED.computed_at
   WHERE m.event_seq < EXCLUDED.event_seq
-RETURNING (m.created_at AT TIME ZONE %(tz)s)::date, m.finished
+RETURNING (m.created_at AT TIME ZONE %(tz)s)::date, date_trunc('hour', m.created_at, 'UTC'),
+  m.finished
 """
+
+
+# The /metrics counters (MetricsCounter) of the runs that ended in [since, through): runs by
+# workflow and final status, their side effects committed (compensated ones included) and
+# compensated, and their failed tool attempts (from their stored rows). An ended run never
+# changes again, so each is counted once, when the mark passes its end.
+ENDED_COUNTS_SQL = f"""
+WITH ended AS MATERIALIZED (
+  SELECT r.id, r.workflow, r.status FROM {T["run"]} r
+  WHERE r.finished_at >= %(since)s AND r.finished_at < %(through)s
+    AND r.status = ANY(%(terminal)s)
+)
+SELECT 'runs', workflow, status, count(*) FROM ended GROUP BY 2, 3
+UNION ALL
+SELECT 'committed', e.tool, '', count(*) FROM ended JOIN {T["effect"]} e ON e.run_id = ended.id
+WHERE e.committed_at IS NOT NULL GROUP BY 2
+UNION ALL
+SELECT 'compensated', e.tool, '', count(*) FROM ended JOIN {T["effect"]} e ON e.run_id = ended.id
+WHERE e.status = 'compensated' GROUP BY 2
+UNION ALL
+SELECT 'failures', t.tool, t.cls, sum(t.n) FROM ended JOIN {T["metrics"]} m ON m.run_id = ended.id
+CROSS JOIN LATERAL unnest(m.tool_names, m.tool_classes, m.tool_counts) AS t(tool, cls, n)
+WHERE t.cls <> '' GROUP BY 2, 3"""
+ADVANCE_COUNTERS_SQL = f"""
+WITH counts(family, name, detail, n) AS ({ENDED_COUNTS_SQL}),
+added AS (
+  INSERT INTO {T["counter"]} AS c (family, name, detail, value)
+  SELECT family, name, detail, n FROM counts
+  ON CONFLICT (family, name, detail) DO UPDATE SET value = c.value + EXCLUDED.value
+)
+INSERT INTO {T["mark"]} (name, through) VALUES ('counters', %(through)s)
+ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through"""
+
+
+def advance_counters(cursor, params: dict) -> None:
+    """Count the runs that ended since the counters' mark and before the stored rows'
+    high-water mark (each has its row), and move the mark there. In the rollup's lock."""
+    cursor.execute(f"SELECT through FROM {T['mark']} WHERE name = 'counters' FOR UPDATE")
+    row = cursor.fetchone()
+    since, through = (row[0] if row else EPOCH), high_water(cursor)
+    if through > since:
+        cursor.execute(ADVANCE_COUNTERS_SQL, {**params, "since": since, "through": through})
 
 
 def high_water(cursor) -> datetime:
@@ -123,6 +193,7 @@ def rollup(
         "limit": batch_size,
     }
     today = timezone.localtime(now, tz).date()
+    this_hour = now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
     params["days_end_today"] = timezone.make_aware(datetime.combine(today, time(0)), tz)
     since = EPOCH
     if not full:
@@ -139,9 +210,7 @@ def rollup(
                     cursor.execute(ROLLUP_SQL, {**params, "ids": [run_id for run_id, _ in batch]})
                     written = cursor.fetchall()
                     stored += len(written)
-                    days = sorted({day for day, ended in written if ended and day < today})
-                    if days:
-                        cursor.execute(DAY_SQL, {**params, "days": days})
+                    _rebuild_periods(cursor, params, written, today, this_hour)
             if progress:
                 progress(stored)
             if len(batch) < batch_size:
@@ -150,7 +219,38 @@ def rollup(
                 # Every run that ended before the batch's last end now has its row.
                 since = batch[-1][1]
     _build_missing_days(params, today, MAX_CUSTOM_DAYS + 1 if full else 3)
+    _build_missing_hours(params, this_hour, (MAX_CUSTOM_DAYS + 1) * 24 if full else 48)
+    with no_jit(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ROLLUP_LOCK])
+        advance_counters(cursor, params)
     return stored
+
+
+def _rebuild_periods(cursor, params: dict, written: list, today: date, this_hour) -> None:
+    """The day and hour rows of the past days and hours whose ended runs just got a row."""
+    days = sorted({day for day, _hour, ended in written if ended and day < today})
+    hours = sorted({hour for _day, hour, ended in written if ended and hour < this_hour})
+    if days:
+        cursor.execute(DAY_SQL, {**params, "days": days})
+    if hours:
+        cursor.execute(HOUR_SQL, {**params, "hours": hours})
+
+
+def _build_missing_hours(params: dict, this_hour: datetime, lookback: int) -> None:
+    """Build the hour rows of the last `lookback` whole hours that have ended runs but no row."""
+    with no_jit(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ROLLUP_LOCK])
+        cursor.execute(
+            f"""SELECT DISTINCT date_trunc('hour', m.created_at, 'UTC') AS hour
+            FROM {T["metrics"]} m
+            WHERE m.finished = 1 AND m.created_at >= %(from)s AND m.created_at < %(to)s
+              AND NOT EXISTS (SELECT 1 FROM {T["hour"]} h
+                              WHERE h.hour = date_trunc('hour', m.created_at, 'UTC'))""",
+            {"from": this_hour - timedelta(hours=lookback), "to": this_hour},
+        )
+        hours = [hour for (hour,) in cursor.fetchall()]
+        if hours:
+            cursor.execute(HOUR_SQL, {**params, "hours": hours})
 
 
 def _build_missing_days(params: dict, today: date, lookback: int) -> None:

@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from approvals import metrics
+from approvals.metrics import sketch
 from approvals.models import ApprovalRequest, HumanDecision
 from runs.models import Run, StepKind, TimelineEvent, Wait, digest, to_json_value
 from taskpilots.evidence.loadgen import load_fake_runs
@@ -99,7 +100,8 @@ def world(db):
     def step(r, name, tool="", kind=StepKind.SIDE_EFFECT, **kw):
         return StepFactory(run=r, name=name, tool=tool, kind=kind, **kw)
 
-    r0 = RunFactory(created_at=now - timedelta(days=40), status="succeeded")
+    long_ago = now - timedelta(days=40)
+    r0 = RunFactory(created_at=long_ago, finished_at=long_ago, status="succeeded")
     side_effect(step(r0, "send", "mail.send", attempts=1, **done),
                 snapshot_at=r0.created_at, committed_at=r0.created_at)  # fmt: skip
 
@@ -214,19 +216,30 @@ def test_every_figure_matches_the_hand_computed_answer(world):
     for key, (value, counts) in expect.items():
         assert f[key].value == pytest.approx(value), key
         assert f[key].counts == counts, key
-    # R2's step: failed at t+10 s, done t+60 s → 50 s; R3's: t+100 s → t+300 s = 200 s.
-    assert f["time_to_recover_median"].value == pytest.approx(125)
-    assert f["time_to_recover_median"].extra["mean"] == pytest.approx(125)
-    # First failure → run ended: R2 90 s, R3 300 s, R4 800 s.
-    assert f["time_to_close_median"].value == pytest.approx(300)
-    assert f["time_to_close_median"].extra["mean"] == pytest.approx((90 + 300 + 800) / 3, 1e-3)
-    # Resolved waits: 30 s (approval) and 10 s (event).
-    assert f["pause_to_resume_median"].value == pytest.approx(20)
-    assert f["approval_handling_median"].value == pytest.approx(30)
-    assert f["approval_handling_median"].extra["mean"] == pytest.approx(30)
-    # Covered latencies (ms): 100, 200, 500, 1000, 30000, 210000.
-    assert f["snapshot_latency_p50"].value == pytest.approx(750)
-    assert f["snapshot_latency_p50"].extra["p95"] == pytest.approx(30000 + 0.75 * 180000)
+    # Durations are read from sketches (approvals/metrics/sketch.py): within 1 % of the exact
+    # median, mean and p95, and exactly what sketch.quantile() and sketch.mean() say.
+    durations = {
+        # R2's step: failed at t+10 s, done t+60 s → 50 s; R3's: t+100 s → t+300 s = 200 s.
+        "time_to_recover_median": ([50, 200], 125, {"mean": 125}),
+        # First failure → run ended: R2 90 s, R3 300 s, R4 800 s.
+        "time_to_close_median": ([90, 300, 800], 300, {"mean": (90 + 300 + 800) / 3}),
+        # Resolved waits: 30 s (approval) and 10 s (event).
+        "pause_to_resume_median": ([30, 10], 20, {}),
+        "approval_handling_median": ([30], 30, {"mean": 30}),
+        # Covered latencies (ms): 100, 200, 500, 1000, 30000, 210000.
+        "snapshot_latency_p50": (
+            [100, 200, 500, 1000, 30000, 210000],
+            750,
+            {"p95": 30000 + 0.75 * 180000},
+        ),
+    }
+    for key, (values, median, extra) in durations.items():
+        assert f[key].value == pytest.approx(sketch.quantile(values, 0.5)), key
+        assert f[key].value == pytest.approx(median, rel=sketch.ACCURACY), key
+        for stat, exact in extra.items():
+            ours = sketch.mean(values) if stat == "mean" else sketch.quantile(values, 0.95)
+            assert f[key].extra[stat] == pytest.approx(ours, rel=1e-3), (key, stat)
+            assert f[key].extra[stat] == pytest.approx(exact, rel=sketch.ACCURACY), (key, stat)
 
 
 def test_tool_failures_are_broken_down_by_tool_and_class(world):
@@ -459,7 +472,7 @@ def test_prometheus_costs_the_same_queries_for_small_and_large_data(
 
 
 def test_prometheus_label_values_are_escaped(db, client, admin_user):
-    RunFactory(workflow='odd"flow\\with\nnewline', status="succeeded")
+    RunFactory(workflow='odd"flow\\with\nnewline', status="succeeded", finished_at=timezone.now())
     client.force_login(admin_user)
     families = parse_prometheus(client.get("/metrics").content.decode())
     labels = [labels for labels, _ in families["taskpilots_runs_total"]["samples"]]
