@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection
 
 from approvals import paging
@@ -161,7 +163,9 @@ def _free_port() -> int:
 def gunicorn(workers: int, say: Say) -> Iterator[int]:
     """gunicorn as `make run` starts it (taskpilots/devrun.py), on a free port; yields the port."""
     port = _free_port()
-    env = {**os.environ, "TASKPILOTS_BENCH_QUERY_HEADER": "1"}
+    # As the scratch database's commands run (scratch.scratch_env): plain HTTP on localhost
+    # (no redirect to HTTPS, no Secure cookies) and static files without collectstatic.
+    env = {**os.environ, "TASKPILOTS_BENCH_QUERY_HEADER": "1", "TASKPILOTS_TESTING": "1"}
     command = [sys.executable, "-m", "gunicorn", "taskpilots.wsgi"]
     command += ["--config", "python:taskpilots.gunicorn_conf", "--bind", f"127.0.0.1:{port}"]
     command += ["--workers", str(workers), "--no-control-socket", "--log-level", "warning"]
@@ -266,6 +270,9 @@ def measure(port: int, cookies: dict, page: Page, requests: int) -> dict:
 
 
 def bench_console(runs: int, say: Say, *, requests: int = 20, workers: int = 2) -> dict:
+    if not settings.TESTING:
+        # gunicorn runs with it (see gunicorn()): its password hasher must be this process's.
+        raise CommandError("bench console --here needs TASKPILOTS_TESTING=1, as in its scratch")
     load(runs, say)
     bench_user()
     listed = pages()
