@@ -99,7 +99,9 @@ class Stalls:
 
     # -- logs ------------------------------------------------------------------------------
     def log(self, name: str, entry: dict) -> None:
-        line = json.dumps({"pid": os.getpid(), "t": time.time(), **entry}, default=str) + "\n"
+        # The thread tells the stalled task from the worker's other tasks (threads pool).
+        head = {"pid": os.getpid(), "thread": threading.get_ident(), "t": time.time()}
+        line = json.dumps({**head, **entry}, default=str) + "\n"
         path = self.folder / f"{name}-{os.getpid()}.jsonl"
         with contextlib.suppress(OSError), open(path, "a") as log:
             log.write(line)
@@ -126,6 +128,7 @@ class Stalls:
         report = {
             **plan,
             "pid": os.getpid(),
+            "thread": threading.get_ident(),
             "pgid": os.getpgid(0),
             "worker": worker_id(),
             "at": time.time(),

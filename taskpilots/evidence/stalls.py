@@ -80,6 +80,7 @@ class Episode:
     worker: str = ""
     lease_owner: str = ""  # as the step row named the stalled worker's claim
     pid: int | None = None
+    thread: int | None = None  # the stalled task's thread in the worker (threads pool)
     stalled_at: float | None = None
     taken_back_at: float | None = None
     new_owner_done_at: float | None = None
@@ -269,6 +270,7 @@ class StallRunner:
             episode.note = "no worker reached the moment"
             return
         episode.pid, episode.worker = report["pid"], report["worker"]
+        episode.thread = report.get("thread")
         drill.stalled_pgid = report["pgid"]
         episode.stalled_at = report["at"]
         episode.proxy = {"address": report.get("proxy", ""), "answer": report.get("proxy_answer")}
@@ -396,7 +398,7 @@ def analyse(episodes: list[Episode], folder: StallFolder | None, sandbox: Sandbo
             _analyse_one(episode, calls, writer, sandbox)
             episode.errors = [
                 {
-                    "by": "stalled worker" if e["pid"] == episode.pid else "other worker",
+                    "by": "stalled worker" if _by_stalled_task(e, episode) else "other worker",
                     "after_s": round(e["t"] - episode.stalled_at, 2),
                     "error": e["error"],
                 }
@@ -419,6 +421,14 @@ def analyse(episodes: list[Episode], folder: StallFolder | None, sandbox: Sandbo
     }
 
 
+def _by_stalled_task(entry: dict, episode: Episode) -> bool:
+    """Logged by the stalled task itself: its process and, in a threads pool, its thread (the
+    worker's other threads may claim the run afresh once the new owner let it go)."""
+    if entry["pid"] != episode.pid:
+        return False
+    return episode.thread is None or entry.get("thread") in (None, episode.thread)
+
+
 def _analyse_one(episode: Episode, calls: list, writer: dict, sandbox: SandboxClient) -> None:
     events = list(
         TimelineEvent.objects.filter(run_id=episode.run)
@@ -430,12 +440,15 @@ def _analyse_one(episode: Episode, calls: list, writer: dict, sandbox: SandboxCl
     until = episode.back_at or time.time()
     for event in events:
         event["writer"] = writer.get((episode.run, event["hash"]))
-    mine = {e["id"] for e in events if e["writer"] and e["writer"]["pid"] == episode.pid}
+    mine = {e["id"] for e in events if e["writer"] and _by_stalled_task(e["writer"], episode)}
+    same_worker = {e["id"] for e in events if e["writer"] and e["writer"]["pid"] == episode.pid}
     if lost_claim is not None:
         episode.stale_calls = [
             {"tool": c["tool"], "key": c["key"], "after_s": round(c["t"] - episode.stalled_at, 2)}
             for c in calls
-            if c["pid"] == episode.pid and c["run"] == episode.run and lost_claim < c["t"] <= until
+            if _by_stalled_task(c, episode)
+            and c["run"] == episode.run
+            and lost_claim < c["t"] <= until
         ]
         for event in events:
             if event["id"] not in mine:
@@ -460,6 +473,9 @@ def _analyse_one(episode: Episode, calls: list, writer: dict, sandbox: SandboxCl
         if event["id"] in mine:
             over = episode.back_at and event["writer"]["t"] > episode.back_at
             entry["by"] = "stalled worker, next task" if over else "stalled worker"
+        elif event["id"] in same_worker:
+            # Another of the worker's threads, on a claim of its own (a later hint).
+            entry["by"] = "stalled worker, another task"
         else:
             entry["by"] = "other worker" if event["writer"] else "drill"
         episode.timeline.append(entry)
