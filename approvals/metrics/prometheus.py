@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from approvals.metrics.facts import COHORT_SQL, NO_CURRENT_ROW, fact_params, facts_sql
 from approvals.metrics.figures import INCONSISTENCIES
-from approvals.metrics.queries import STALE_MINUTES, current_state
+from approvals.metrics.queries import NO_LIVE, STALE_MINUTES, current_state
 from approvals.metrics.sql import T, no_jit
 from approvals.metrics.store import EPOCH
 from runs.models import Run
@@ -43,31 +43,47 @@ _RECENT = f"""recent AS MATERIALIZED (
 )"""
 _RECENT_LIVE_IDS_SQL = f"""WITH {_RECENT}
 SELECT r.id FROM recent r WHERE {NO_CURRENT_ROW}"""
+
+
 # Those runs by workflow and status; their side effects committed and compensated by tool;
 # their failed tool attempts, from their current stored rows and computed live for %(ids)s, the
 # ones without; and the side effects whose outcome is open (side_effect_open_idx).
-_RECENT_SQL = f"""WITH {_RECENT},
-live AS MATERIALIZED ({facts_sql(COHORT_SQL)})
+def _recent_sql(live: str) -> str:
+    return f"""WITH {_RECENT},
+live AS MATERIALIZED ({live}),
+-- Each recent run's rows through its index, never a hash of the whole ledger (OFFSET 0 keeps
+-- the planner from flattening the subqueries into a join it would rather hash).
+effects AS MATERIALIZED (
+  SELECT e.tool, e.status, e.committed_at FROM recent r CROSS JOIN LATERAL (
+    SELECT e.tool, e.status, e.committed_at FROM {T["effect"]} e WHERE e.run_id = r.id OFFSET 0
+  ) e
+),
+stored AS (
+  SELECT m.tool_names, m.tool_classes, m.tool_counts FROM recent r CROSS JOIN LATERAL (
+    SELECT m.tool_names, m.tool_classes, m.tool_counts FROM {T["metrics"]} m
+    WHERE m.run_id = r.id AND m.event_seq = r.event_seq OFFSET 0
+  ) m
+)
 SELECT 'runs', workflow, status, count(*) FROM recent GROUP BY 2, 3
 UNION ALL
-SELECT 'committed', e.tool, '', count(*) FROM recent r JOIN {T["effect"]} e ON e.run_id = r.id
-WHERE e.committed_at IS NOT NULL GROUP BY 2
+SELECT 'committed', tool, '', count(*) FROM effects WHERE committed_at IS NOT NULL GROUP BY 2
 UNION ALL
-SELECT 'compensated', e.tool, '', count(*) FROM recent r JOIN {T["effect"]} e ON e.run_id = r.id
-WHERE e.status = 'compensated' GROUP BY 2
+SELECT 'compensated', tool, '', count(*) FROM effects WHERE status = 'compensated' GROUP BY 2
 UNION ALL
 SELECT 'open', e.tool, e.status, count(*) FROM {T["effect"]} e
 WHERE e.status IN ('intended', 'unknown') GROUP BY 2, 3
 UNION ALL
 SELECT 'failures', t.tool, t.cls, sum(t.n)
 FROM (
-  SELECT m.tool_names, m.tool_classes, m.tool_counts
-  FROM recent r JOIN {T["metrics"]} m ON m.run_id = r.id AND m.event_seq = r.event_seq
-  UNION ALL
-  SELECT l.tool_names, l.tool_classes, l.tool_counts FROM live l
+  SELECT * FROM stored UNION ALL SELECT l.tool_names, l.tool_classes, l.tool_counts FROM live l
 ) f
 CROSS JOIN LATERAL unnest(f.tool_names, f.tool_classes, f.tool_counts) AS t(tool, cls, n)
 WHERE t.cls <> '' GROUP BY 2, 3"""
+
+
+# With the runs %(ids)s computed live; and without planning FACTS when there are none.
+RECENT_SQL = _recent_sql(facts_sql(COHORT_SQL))
+RECENT_NO_LIVE_SQL = _recent_sql(NO_LIVE)
 
 
 @dataclass
@@ -92,7 +108,7 @@ def _read(now: datetime) -> _Scrape:
         params = {**fact_params(), "through": _at(marks[0]) if marks else EPOCH}
         cursor.execute(_RECENT_LIVE_IDS_SQL, params)
         params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
-        cursor.execute(_RECENT_SQL, params)
+        cursor.execute(RECENT_SQL if params["ids"] else RECENT_NO_LIVE_SQL, params)
         recent = cursor.fetchall()
         state = current_state(now)
     totals: dict[str, dict[tuple, int]] = {}

@@ -23,7 +23,7 @@ from approvals.metrics.facts import (
     fact_params,
     facts_sql,
 )
-from approvals.metrics.sql import T, durations_of
+from approvals.metrics.sql import DAY_END, DAY_START, T, durations_of
 from approvals.metrics.store import EPOCH, HIGH_WATER_MARGIN
 from approvals.metrics.window import Window
 from approvals.models import SKETCH_FIELDS, SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
@@ -57,7 +57,12 @@ _LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s
 # it adds up cover every run of the window; if they do not (runs loaded with old ends after
 # the rollup passed them), over_rows() falls back to LIVE_IDS_ALL_SQL.
 LIVE_IDS_SQL = f"""
-SELECT r.id FROM {T["run"]} r WHERE r.status = ANY(%(open)s) AND {_LIVE_FILTER}
+SELECT r.id FROM {T["run"]} r
+-- An open run's current row is an open one (finished = 0): the two sides of one hash join.
+LEFT JOIN {T["metrics"]} m ON m.run_id = r.id AND m.finished = 0
+  AND m.created_at >= %(start)s AND m.created_at < %(end)s
+WHERE r.status = ANY(%(open)s) AND r.created_at >= %(start)s AND r.created_at < %(end)s
+  AND m.event_seq IS DISTINCT FROM r.event_seq
 UNION ALL
 SELECT r.id FROM {T["run"]} r
 WHERE r.finished_at >= %(recent)s AND r.status = ANY(%(terminal)s) AND {_LIVE_FILTER}"""
@@ -70,6 +75,9 @@ WHERE d.tz = %(tz)s AND d.day >= %(first_day)s AND d.day < %(last_day)s
 UNION ALL
 SELECT 'hour', NULL, h.hour FROM {T["hour"]} h
 WHERE h.hour >= %(first_hour)s AND h.hour < %(last_hour)s
+  AND NOT EXISTS (SELECT 1 FROM {T["day"]} u WHERE u.tz = %(tz)s
+                  AND u.day >= %(first_day)s AND u.day < %(last_day)s
+                  AND h.hour >= {DAY_START} AND h.hour < {DAY_END})
 UNION ALL
 SELECT 'high', NULL, max(m.finished_at) FROM {T["metrics"]} m"""
 
@@ -124,12 +132,11 @@ counts AS (
   FROM src GROUP BY GROUPING SETS ((bucket), ())
 ),
 sketches AS (
-  SELECT bucket, jsonb_build_array(sketch_kinds, sketch_bins, sketch_counts) AS data
+  SELECT bucket, sketch_kinds AS kinds, sketch_bins AS bins, sketch_counts AS counts
   FROM src WHERE cardinality(sketch_kinds) > 0
   UNION ALL
-  SELECT bucket, jsonb_build_array(array_agg(kind ORDER BY kind, bin),
-                                   array_agg(bin ORDER BY kind, bin),
-                                   array_agg(n ORDER BY kind, bin))
+  SELECT bucket, array_agg(kind::smallint ORDER BY kind, bin), array_agg(bin ORDER BY kind, bin),
+    array_agg(n ORDER BY kind, bin)
   FROM (
     SELECT src.bucket, v.kind, {sketch.bin_sql("v.x")} AS bin, count(*)::int AS n
     FROM src CROSS JOIN {durations_of("src")} v GROUP BY 1, 2, 3
@@ -142,11 +149,13 @@ tools AS (
     AS t(tool, failure_class, n)
   GROUP BY 1, 2
 )
-SELECT 'counts' AS part, bucket, to_jsonb(counts) - 'bucket' AS data FROM counts
-UNION ALL SELECT 'sketch', bucket, data FROM sketches
-UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools) FROM tools"""
+SELECT 'counts' AS part, bucket, to_jsonb(counts) - 'bucket' AS data,
+  NULL::smallint[] AS kinds, NULL::int[] AS bins, NULL::int[] AS counts FROM counts
+UNION ALL SELECT 'sketch', bucket, NULL, kinds, bins, counts FROM sketches
+UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools), NULL, NULL, NULL FROM tools"""
 _EXPECTED = f"""
-UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)) FROM {T["run"]} r
+UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)), NULL, NULL, NULL
+  FROM {T["run"]} r
   WHERE r.created_at >= %(start)s AND r.created_at < %(end)s"""
 # With the runs %(ids)s computed live; and the same when there are none, without planning FACTS
 # (a few ms of planning for a statement this size).
@@ -245,14 +254,13 @@ class Coverage:
                 end = timezone.make_aware(datetime.combine(day + timedelta(days=1), time(0)), tz)
                 coverage.days.append(day)
                 coverage.covered.append((start, end))
-        days = list(coverage.covered)
+        days = set(coverage.days)
         for kind, _day, hour in rows:
-            if kind != "hour" or timezone.localtime(hour, tz).minute != 0:
-                continue
-            end = hour + timedelta(hours=1)
-            if not any(lo < end and hour < hi for lo, hi in days):
+            local = timezone.localtime(hour, tz) if kind == "hour" else None
+            # An hour that starts on the hour here lies in one day (and one hourly bucket).
+            if local is not None and local.minute == 0 and local.date() not in days:
                 coverage.hours.append(hour)
-                coverage.covered.append((hour, end))
+                coverage.covered.append((hour, hour + timedelta(hours=1)))
         coverage.covered.sort()
         coverage.spans = _gaps(params["start"], params["end"], coverage.covered)
         return coverage
@@ -319,7 +327,7 @@ def over_rows(cursor, params: dict) -> tuple[list, bool, int]:
 
 def window_covered(result: list) -> bool:
     runs = expected = 0
-    for part, bucket, text in result:
+    for part, bucket, text, *_sketch in result:
         if part == "expected":
             expected = json.loads(text)
         elif part == "counts" and bucket is None:
@@ -338,14 +346,15 @@ def window_rows(result: list) -> tuple[dict[Any, dict], list[dict]]:
     rows: dict[Any, dict] = {None: {}}
     tools: list[dict] = []
     sketches: dict[Any, list[dict]] = {}
-    for part, bucket, text in result:
+    for part, bucket, text, *arrays in result:
+        if part == "sketch":
+            sketches.setdefault(bucket, []).append(sketch.parts(*arrays))
+            continue
         data = json.loads(text)  # Django reads jsonb as text
         if part == "tools":
             tools.append(data)
         elif part == "counts":
             rows.setdefault(bucket, {}).update(data)
-        elif part == "sketch":
-            sketches.setdefault(bucket, []).append(sketch.parts(*data))
     every = [found for bucket_sketches in sketches.values() for found in bucket_sketches]
     for bucket, found in [*sketches.items(), (None, every)]:
         row = rows.setdefault(bucket, {})

@@ -23,7 +23,9 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 from itertools import accumulate
+from operator import mul
 
 ACCURACY = 0.01
 GAMMA = (1 + ACCURACY) / (1 - ACCURACY)
@@ -55,11 +57,16 @@ def value_sql(bucket: str) -> str:
 
 @dataclass(frozen=True)
 class Part:
-    """One kind of duration of one sketch: its buckets in order, and how many values fell in
-    each of them or below."""
+    """One kind of duration of one sketch: its buckets in order, how many values fell in each
+    of them or below, and the sum of the values they stand for (for the mean)."""
 
     bins: list[int]
     upto: list[int]
+    weighted: float
+
+    @classmethod
+    def of(cls, bins: list[int], counts: list[int]) -> Part:
+        return cls(bins, list(accumulate(counts)), sum(map(mul, counts, map(value_of, bins))))
 
     @property
     def n(self) -> int:
@@ -69,11 +76,6 @@ class Part:
         at = bisect_right(self.bins, bucket)
         return self.upto[at - 1] if at else 0
 
-    def weighted(self) -> float:
-        """The sum of the values the sketch stands for."""
-        counts = [b - a for a, b in zip([0, *self.upto], self.upto, strict=False)]
-        return sum(map(lambda bucket, n: n * value_of(bucket), self.bins, counts))
-
 
 def parts(kinds: list[int], bins: list[int], counts: list[int]) -> dict[int, Part]:
     """A stored sketch (three parallel arrays sorted by kind and bucket) by kind."""
@@ -82,7 +84,7 @@ def parts(kinds: list[int], bins: list[int], counts: list[int]) -> dict[int, Par
     while start < len(kinds):
         kind = kinds[start]
         end = bisect_right(kinds, kind, lo=start)
-        found[kind] = Part(bins[start:end], list(accumulate(counts[start:end])))
+        found[kind] = Part.of(bins[start:end], counts[start:end])
         start = end
     return found
 
@@ -109,7 +111,7 @@ def statistics(sketches: list[Part]) -> dict[str, float | int | None]:
     if not n:
         return {"n": 0, "mean": None, **dict.fromkeys(QUANTILES)}
     found: dict[str, float | int | None] = {"n": n}
-    found["mean"] = sum(p.weighted() for p in sketches) / n
+    found["mean"] = sum(p.weighted for p in sketches) / n
     for name, q in QUANTILES.items():
         rank = q * (n - 1)
         low = value_of(_kth(sketches, math.floor(rank)))
@@ -128,6 +130,7 @@ def bin_of(value: float) -> int:
     return math.ceil(math.log(value) / LN_GAMMA)
 
 
+@cache
 def value_of(bucket: int) -> float:
     return 0.0 if bucket == ZERO_BIN else 2 / (GAMMA + 1) * GAMMA**bucket
 
