@@ -50,10 +50,13 @@ def pool_options(size: int, timeout: float) -> dict:
 def worker_connection_options(idle_in_transaction_s: float) -> dict:
     """What a worker's connections add, so a worker cut off from PostgreSQL mid-transaction (a
     network partition) can neither hold a run's lock for long nor hang forever: the server
-    ends a session idle in a transaction after `idle_in_transaction_s`, and TCP keepalives and
-    a user timeout end a connection whose peer went silent."""
+    ends a session idle in a transaction after `idle_in_transaction_s`, TCP keepalives and a
+    user timeout end a connection whose peer went silent, and a connection attempt that gets no
+    answer gives up after 5 s (the pool tries again) instead of holding one of the pool's
+    connecting threads for as long as the partition lasts."""
     return {
         "options": f"-cidle_in_transaction_session_timeout={int(idle_in_transaction_s * 1000)}",
+        "connect_timeout": 5,
         "keepalives": 1,
         "keepalives_idle": 10,
         "keepalives_interval": 3,

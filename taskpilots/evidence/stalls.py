@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from django.db import InterfaceError, OperationalError, close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connections
 
 from runs.models import Run, Step, TimelineEvent
 from taskpilots.sandbox.client import SandboxClient, SandboxError
@@ -160,14 +160,18 @@ class StallFolder:
         except (OSError, ValueError):
             return None
 
-    def task_over(self, pid: int, *, after: float) -> float | None:
-        """When the first task process `pid` ran to its end after `after` ended."""
+    def task_over(self, pid: int, *, after: float, thread: int | None = None) -> float | None:
+        """When the first task process `pid` ran to its end after `after` ended (on `thread`
+        when given: the worker's other threads run tasks of their own)."""
         path = self.path / f"tasks-{pid}.jsonl"
         with contextlib.suppress(OSError):
             for line in path.read_text().splitlines():
                 with contextlib.suppress(ValueError):
-                    if (t := json.loads(line)["t"]) > after:
-                        return t
+                    entry = json.loads(line)
+                    if thread is not None and entry.get("thread") not in (None, thread):
+                        continue
+                    if entry["t"] > after:
+                        return entry["t"]
         return None
 
     def log(self, name: str) -> list[dict]:
@@ -365,11 +369,15 @@ class StallRunner:
         worker gives up by itself): no hang. Its end is in the worker's task log."""
 
         def over():
-            return self.folder.task_over(episode.pid, after=episode.stalled_at) or (
-                worker is not None and not worker.alive and time.time()
+            ended = self.folder.task_over(
+                episode.pid, after=episode.stalled_at, thread=episode.thread
             )
+            return ended or (worker is not None and not worker.alive and time.time())
 
-        episode.back_at = _wait(over, timeout=15, interval=0.1)
+        # A task that waits for a pooled connection while its worker's connections come back
+        # is slow, not hung: it fails on its own after the pool's timeout.
+        pool = connections["default"].settings_dict["OPTIONS"].get("pool") or {}
+        episode.back_at = _wait(over, timeout=15 + pool.get("timeout", 0), interval=0.1)
 
     def _release(self, episode: Episode) -> None:
         """Never leave a worker stopped or a hole open behind an episode."""
