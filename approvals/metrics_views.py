@@ -138,24 +138,29 @@ def sparkline(series: list[float | None]) -> Spark:
     return Spark(segments, dots, point(last_index, series[last_index]))
 
 
-def _trend_title(fig: m.Figure, buckets: list[datetime], bucket: str, viewer) -> str:
-    """Hours in the viewer's zone (like every time on the page); days are the server zone's
-    days, which the stored day sums are for."""
-    parts = []
-    for at, value in zip(buckets, fig.series, strict=True):
-        if value is None:
-            continue
+def bucket_labels(buckets: list[datetime], bucket: str, viewer) -> list[str]:
+    """Each trend bucket's name in the tooltips: hours in the viewer's zone (like every time on
+    the page); days are the server zone's days, which the stored day sums are for."""
+    labels = []
+    for at in buckets:
         if bucket == "hour":
             server_time = timezone.make_aware(at, timezone.get_default_timezone())
-            local = timezone.localtime(server_time, viewer)
-            label = formats.date_format(local, "H:i")
+            labels.append(formats.date_format(timezone.localtime(server_time, viewer), "H:i"))
         else:
-            label = formats.date_format(at, "M j")
-        parts.append(f"{label}: {format_value(value, fig.unit)}")
+            labels.append(formats.date_format(at, "M j"))
+    return labels
+
+
+def _trend_title(fig: m.Figure, labels: list[str]) -> str:
+    parts = [
+        f"{label}: {format_value(value, fig.unit)}"
+        for label, value in zip(labels, fig.series, strict=True)
+        if value is not None
+    ]
     return "\n".join(parts[-48:])
 
 
-def _card(fig: m.Figure, dashboard: m.Dashboard, viewer) -> dict[str, Any]:
+def _card(fig: m.Figure, labels: list[str]) -> dict[str, Any]:
     detail = ""
     if fig.unit == "ratio" and fig.counts:
         detail = _("%(n)s of %(d)s") % {
@@ -179,7 +184,7 @@ def _card(fig: m.Figure, dashboard: m.Dashboard, viewer) -> dict[str, Any]:
         "display": format_value(fig.value, fig.unit),
         "detail": detail,
         "spark": sparkline(fig.series),
-        "trend_title": _trend_title(fig, dashboard.buckets, dashboard.window.bucket, viewer),
+        "trend_title": _trend_title(fig, labels),
         "tone": "good" if fig.higher_is_better else "bad" if fig.higher_is_better is False else "",
     }
 
@@ -240,9 +245,8 @@ def metrics_page(request: HttpRequest) -> HttpResponse:
         dashboard = m.compute(window)
         local_start, local_end = timezone.localtime(window.start), timezone.localtime(window.end)
     figures = {f.key: f for f in dashboard.figures}
-    groups = [
-        (title, [_card(figures[key], dashboard, viewer) for key in keys]) for title, keys in GROUPS
-    ]
+    labels = bucket_labels(dashboard.buckets, window.bucket, viewer)
+    groups = [(title, [_card(figures[key], labels) for key in keys]) for title, keys in GROUPS]
     context = {
         "dashboard": dashboard,
         "groups": groups,

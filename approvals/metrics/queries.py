@@ -35,23 +35,14 @@ logger = logging.getLogger("taskpilots.metrics")
 STALE_MINUTES = 10
 
 # A window's rows (see Coverage): the day rows of its whole past days, the hour rows of its
-# whole past hours that no day row covers, and run rows for the rest: the ended runs started in
-# the spans no day or hour row covers (the window's partial first and last hours, the current
-# hour, any day or hour whose row is missing), the open runs, and the runs computed live.
+# whole past hours that no day row covers, and run rows for the rest: the stored rows of the
+# runs started in the spans no day or hour row covers (the window's partial first and last
+# hours, the current hour, any day or hour whose row is missing), and the runs computed live.
 
 # The runs without a current stored row (running, just changed, or not rolled up yet) are
-# computed live. An ended run whose row went stale after a day or hour row summed it (an event
-# appended after the end, which the engine never does) stays counted by that row until the
-# rollup rebuilds it.
-_COVERED = (
-    "EXISTS (SELECT 1 FROM unnest(%(covered_lo)s::timestamptz[], %(covered_hi)s::timestamptz[])"
-    " AS c(lo, hi) WHERE r.created_at >= c.lo AND r.created_at < c.hi)"
-)
-_LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s
-  AND {NO_CURRENT_ROW}
-  AND NOT (r.status = ANY(%(terminal)s)
-           AND EXISTS (SELECT 1 FROM {T["metrics"]} m WHERE m.run_id = r.id AND m.finished = 1)
-           AND {_COVERED})"""
+# computed live. A day or hour row sums every stored row of its runs, so the stored row of such
+# a run, if it has one, is taken back out of its day or hour row (see _rows_ctes).
+_LIVE_FILTER = f"""r.created_at >= %(start)s AND r.created_at < %(end)s AND {NO_CURRENT_ROW}"""
 # Where such runs are, once the rollup runs: open runs (the status index) and runs that ended
 # after the stored rows' high-water mark (run_finished_idx). WINDOW_SQL checks that the rows
 # it adds up cover every run of the window; if they do not (runs loaded with old ends after
@@ -90,6 +81,7 @@ _NO_SKETCH = (
 _COUNTS_AND_TOOLS = ", ".join([*SUM_FIELDS, *TOOL_FIELDS])
 _PERIOD_COLUMNS = f"{_COUNTS_AND_TOOLS}, {_NO_DURATIONS}, {', '.join(SKETCH_FIELDS)}"
 _RUN_COLUMNS = f"{_COUNTS_AND_TOOLS}, {', '.join(VALUE_FIELDS)}, {_NO_SKETCH}"
+_STALE_COLUMNS = ", ".join(f"m.{name}" for name in [*SUM_FIELDS, *TOOL_FIELDS, *VALUE_FIELDS])
 _BUCKET_OF = "date_trunc(%(bucket)s, {} AT TIME ZONE %(tz)s)"
 # `live` when no run is computed live: no rows, the same columns.
 NO_LIVE = f"SELECT {FACT_COLUMNS} FROM {T['metrics']} WHERE false"
@@ -98,26 +90,29 @@ _NOT_LIVE = "NOT EXISTS (SELECT 1 FROM live l WHERE l.run_id = m.run_id)"
 
 # Each part reads its rows through an index. `src` is materialized: the sums read it three
 # times, and a single plan of it keeps planning short (the window's rows are few: periods,
-# partial hours, open runs).
+# partial hours, runs that move). `sign` is -1 for a row taken out again.
 def _rows_ctes(live: str) -> str:
     return f"""
 WITH live AS MATERIALIZED ({live}),
 src AS MATERIALIZED (
-  SELECT {_PERIOD_COLUMNS}, d.day::timestamp AS bucket FROM {T["day"]} d
+  SELECT {_PERIOD_COLUMNS}, d.day::timestamp AS bucket, 1 AS sign FROM {T["day"]} d
   WHERE d.tz = %(tz)s AND d.day = ANY(%(days)s::date[])
   UNION ALL
-  SELECT {_PERIOD_COLUMNS}, {_BUCKET_OF.format("h.hour")} FROM {T["hour"]} h
+  SELECT {_PERIOD_COLUMNS}, {_BUCKET_OF.format("h.hour")}, 1 FROM {T["hour"]} h
   WHERE h.hour = ANY(%(hours)s::timestamptz[])
   UNION ALL
-  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")}
+  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")}, 1
   FROM unnest(%(spans_lo)s::timestamptz[], %(spans_hi)s::timestamptz[]) AS s(lo, hi)
   JOIN {T["metrics"]} m ON m.created_at >= s.lo AND m.created_at < s.hi
-  WHERE m.finished = 1 AND {_NOT_LIVE}
+  WHERE {_NOT_LIVE}
   UNION ALL
-  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")} FROM {T["metrics"]} m
-  WHERE m.finished = 0 AND m.created_at >= %(start)s AND m.created_at < %(end)s AND {_NOT_LIVE}
+  -- The stale stored rows of the runs computed live, out of the day and hour rows again.
+  SELECT {_STALE_COLUMNS}, {_NO_SKETCH}, {_BUCKET_OF.format("m.created_at")}, -1
+  FROM live l JOIN {T["metrics"]} m ON m.run_id = l.run_id
+  WHERE EXISTS (SELECT 1 FROM unnest(%(covered_lo)s::timestamptz[], %(covered_hi)s::timestamptz[])
+                AS c(lo, hi) WHERE m.created_at >= c.lo AND m.created_at < c.hi)
   UNION ALL
-  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")} FROM live m
+  SELECT {_RUN_COLUMNS}, {_BUCKET_OF.format("m.created_at")}, 1 FROM live m
 )
 """
 
@@ -125,7 +120,7 @@ src AS MATERIALIZED (
 # The sums of `src`'s rows, per trend bucket and for them all (bucket NULL), as (part, bucket,
 # jsonb) rows: "counts", "tools", and "sketch": the sketch of each day or hour row, and one per
 # bucket of the durations of its run rows (window_rows() adds them up).
-_COUNTS = {name: f"sum({name})" for name in SUM_FIELDS}
+_COUNTS = {name: f"sum(sign * {name})" for name in SUM_FIELDS}
 _SUMS = f"""
 counts AS (
   SELECT bucket, {", ".join(f"{expr} AS {name}" for name, expr in _COUNTS.items())}
@@ -138,13 +133,15 @@ sketches AS (
   SELECT bucket, array_agg(kind::smallint ORDER BY kind, bin), array_agg(bin ORDER BY kind, bin),
     array_agg(n ORDER BY kind, bin)
   FROM (
-    SELECT src.bucket, v.kind, {sketch.bin_sql("v.x")} AS bin, count(*)::int AS n
-    FROM src CROSS JOIN {durations_of("src")} v GROUP BY 1, 2, 3
+    SELECT src.bucket, v.kind, {sketch.bin_sql("v.x")} AS bin, sum(src.sign)::int AS n
+    FROM src CROSS JOIN {durations_of("src")} v
+    WHERE {" + ".join(f"cardinality(src.{name})" for name in VALUE_FIELDS)} > 0
+    GROUP BY 1, 2, 3
   ) entries
   GROUP BY bucket
 ),
 tools AS (
-  SELECT t.tool, t.failure_class, sum(t.n) AS n
+  SELECT t.tool, t.failure_class, sum(src.sign * t.n) AS n
   FROM src CROSS JOIN LATERAL unnest(src.tool_names, src.tool_classes, src.tool_counts)
     AS t(tool, failure_class, n)
   GROUP BY 1, 2
@@ -165,7 +162,7 @@ WINDOW_NO_LIVE_SQL = f"{_rows_ctes(NO_LIVE)},\n{_SUMS}\n{_EXPECTED}"
 SEED_SQL = f"""
 WITH live AS MATERIALIZED ({facts_sql(COHORT_SQL)}),
 src AS NOT MATERIALIZED (
-  SELECT {_RUN_COLUMNS}, NULL::timestamp AS bucket FROM live
+  SELECT {_RUN_COLUMNS}, NULL::timestamp AS bucket, 1 AS sign FROM live
 ),
 {_SUMS}
 """

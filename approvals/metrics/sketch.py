@@ -58,15 +58,28 @@ def value_sql(bucket: str) -> str:
 @dataclass(frozen=True)
 class Part:
     """One kind of duration of one sketch: its buckets in order, how many values fell in each
-    of them or below, and the sum of the values they stand for (for the mean)."""
+    of them and in it or below, and the sum of the values they stand for (for the mean)."""
 
     bins: list[int]
+    counts: list[int]
     upto: list[int]
     weighted: float
 
     @classmethod
     def of(cls, bins: list[int], counts: list[int]) -> Part:
-        return cls(bins, list(accumulate(counts)), sum(map(mul, counts, map(value_of, bins))))
+        weighted = sum(map(mul, counts, map(value_of, bins)))
+        return cls(bins, counts, list(accumulate(counts)), weighted)
+
+    @classmethod
+    def merged(cls, parts: list[Part]) -> Part:
+        """One part for the values of all of them."""
+        total: dict[int, int] = {}
+        for part in parts:
+            for bucket, n in zip(part.bins, part.counts, strict=True):
+                total[bucket] = total.get(bucket, 0) + n
+        bins = sorted(total)
+        counts = [total[bucket] for bucket in bins]
+        return cls(bins, counts, list(accumulate(counts)), sum(p.weighted for p in parts))
 
     @property
     def n(self) -> int:
@@ -75,6 +88,10 @@ class Part:
     def below_or_in(self, bucket: int) -> int:
         at = bisect_right(self.bins, bucket)
         return self.upto[at - 1] if at else 0
+
+
+# Above this many sketches, statistics() adds them up first rather than bisecting each.
+_MERGE_ABOVE = 4
 
 
 def parts(kinds: list[int], bins: list[int], counts: list[int]) -> dict[int, Part]:
@@ -107,6 +124,8 @@ def _kth(sketches: list[Part], k: int) -> int:
 def statistics(sketches: list[Part]) -> dict[str, float | int | None]:
     """n, mean, p50 and p95 of the values of `sketches` added up (one kind of duration)."""
     sketches = [p for p in sketches if p.bins]
+    if len(sketches) > _MERGE_ABOVE:
+        sketches = [Part.merged(sketches)]
     n = sum(p.n for p in sketches)
     if not n:
         return {"n": 0, "mean": None, **dict.fromkeys(QUANTILES)}

@@ -78,13 +78,13 @@ DAY_SQL = _period_sql(
     T["day"],
     {"tz": "%(tz)s", "day": "u.day"},
     "unnest(%(days)s::date[]) AS u(day)",
-    f"m.finished = 1 AND m.created_at >= {DAY_START} AND m.created_at < {DAY_END}",
+    f"m.created_at >= {DAY_START} AND m.created_at < {DAY_END}",
 )
 HOUR_SQL = _period_sql(
     T["hour"],
     {"hour": "u.hour"},
     "unnest(%(hours)s::timestamptz[]) AS u(hour)",
-    "m.finished = 1 AND m.created_at >= u.hour AND m.created_at < u.hour + interval '1 hour'",
+    "m.created_at >= u.hour AND m.created_at < u.hour + interval '1 hour'",
 )
 
 # Ended runs without a current row, oldest end first, from `since` on (see rollup()).
@@ -106,8 +106,7 @@ INSERT INTO {T["metrics"]} AS m ({FACT_COLUMNS}, computed_at)
 SELECT {FACT_COLUMNS}, %(now)s FROM ({facts_sql(COHORT_SQL)}) AS facts
 ON CONFLICT (run_id) DO UPDATE SET {_UPDATES}, computed_at = EXCLUDED.computed_at
   WHERE m.event_seq < EXCLUDED.event_seq
-RETURNING (m.created_at AT TIME ZONE %(tz)s)::date, date_trunc('hour', m.created_at, 'UTC'),
-  m.finished
+RETURNING (m.created_at AT TIME ZONE %(tz)s)::date, date_trunc('hour', m.created_at, 'UTC')
 """
 
 
@@ -228,8 +227,8 @@ def rollup(
 
 def _rebuild_periods(cursor, params: dict, written: list, today: date, this_hour) -> None:
     """The day and hour rows of the past days and hours whose ended runs just got a row."""
-    days = sorted({day for day, _hour, ended in written if ended and day < today})
-    hours = sorted({hour for _day, hour, ended in written if ended and hour < this_hour})
+    days = sorted({day for day, _hour in written if day < today})
+    hours = sorted({hour for _day, hour in written if hour < this_hour})
     if days:
         cursor.execute(DAY_SQL, {**params, "days": days})
     if hours:
@@ -243,7 +242,7 @@ def _build_missing_hours(params: dict, this_hour: datetime, lookback: int) -> No
         cursor.execute(
             f"""SELECT DISTINCT date_trunc('hour', m.created_at, 'UTC') AS hour
             FROM {T["metrics"]} m
-            WHERE m.finished = 1 AND m.created_at >= %(from)s AND m.created_at < %(to)s
+            WHERE m.created_at >= %(from)s AND m.created_at < %(to)s
               AND NOT EXISTS (SELECT 1 FROM {T["hour"]} h
                               WHERE h.hour = date_trunc('hour', m.created_at, 'UTC'))""",
             {"from": this_hour - timedelta(hours=lookback), "to": this_hour},
@@ -264,7 +263,7 @@ def _build_missing_days(params: dict, today: date, lookback: int) -> None:
         cursor.execute(
             f"""SELECT DISTINCT (m.created_at AT TIME ZONE %(tz)s)::date AS day
             FROM {T["metrics"]} m
-            WHERE m.finished = 1 AND m.created_at >= %(from)s AND m.created_at < %(to)s
+            WHERE m.created_at >= %(from)s AND m.created_at < %(to)s
               AND NOT EXISTS (SELECT 1 FROM {T["day"]} d WHERE d.tz = %(tz)s
                               AND d.day = (m.created_at AT TIME ZONE %(tz)s)::date)""",
             {**params, "from": start, "to": params["days_end_today"]},
