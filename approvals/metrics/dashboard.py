@@ -84,8 +84,8 @@ def compute(window: Window, *, now: datetime | None = None) -> Dashboard:
     now = now or timezone.now()
     params = window_params(window, now)
     with no_jit(), connection.cursor() as cursor:
-        result, missed, live_runs = over_rows(cursor, params)
-        rows, tools = window_rows(result)
+        result, missed, live_runs, coverage = over_rows(cursor, params)
+        rows, tools = window_rows(result, coverage)
         state = current_state(now)
     data = Data(window.buckets(), rows, tools)
     needing_human = state.pop("needing_human")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -26,7 +28,7 @@ from approvals.metrics.facts import (
 from approvals.metrics.sql import DAY_END, DAY_START, T, durations_of
 from approvals.metrics.store import EPOCH, HIGH_WATER_MARGIN
 from approvals.metrics.window import Window
-from approvals.models import SKETCH_FIELDS, SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
+from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
 from runs.models import Step
 
 logger = logging.getLogger("taskpilots.metrics")
@@ -59,27 +61,28 @@ SELECT r.id FROM {T["run"]} r
 WHERE r.finished_at >= %(recent)s AND r.status = ANY(%(terminal)s) AND {_LIVE_FILTER}"""
 LIVE_IDS_ALL_SQL = f"SELECT r.id FROM {T['run']} r WHERE {_LIVE_FILTER}"
 
-# Which day and hour rows a window could use, and the stored rows' latest end (one query).
+# Which day and hour rows a window could use (with when they were computed and their row
+# version: their sketches are kept in memory by those), and the stored rows' latest end.
 COVERAGE_SQL = f"""
-SELECT 'day', d.day, NULL::timestamptz FROM {T["day"]} d
+SELECT 'day', d.day, NULL::timestamptz, d.computed_at, d.xmin::text FROM {T["day"]} d
 WHERE d.tz = %(tz)s AND d.day >= %(first_day)s AND d.day < %(last_day)s
 UNION ALL
-SELECT 'hour', NULL, h.hour FROM {T["hour"]} h
+SELECT 'hour', NULL, h.hour, h.computed_at, h.xmin::text FROM {T["hour"]} h
 WHERE h.hour >= %(first_hour)s AND h.hour < %(last_hour)s
   AND NOT EXISTS (SELECT 1 FROM {T["day"]} u WHERE u.tz = %(tz)s
                   AND u.day >= %(first_day)s AND u.day < %(last_day)s
                   AND h.hour >= {DAY_START} AND h.hour < {DAY_END})
 UNION ALL
-SELECT 'high', NULL, max(m.finished_at) FROM {T["metrics"]} m"""
+SELECT 'high', NULL, max(m.finished_at), NULL, NULL FROM {T["metrics"]} m"""
 
-# The columns every row of a window has (a day's, an hour's, a run's), in this order: a run row
-# has no sketch, a day or hour row no durations.
+# The columns every row of a window has (a day's, an hour's, a run's), in this order: a day or
+# hour row's durations are its sketch, read apart (PERIOD_SKETCHES_SQL).
 _NO_DURATIONS = ", ".join(f"'{{}}'::float8[] AS {name}" for name in VALUE_FIELDS)
 _NO_SKETCH = (
     "'{}'::smallint[] AS sketch_kinds, '{}'::int[] AS sketch_bins, '{}'::int[] AS sketch_counts"
 )
 _COUNTS_AND_TOOLS = ", ".join([*SUM_FIELDS, *TOOL_FIELDS])
-_PERIOD_COLUMNS = f"{_COUNTS_AND_TOOLS}, {_NO_DURATIONS}, {', '.join(SKETCH_FIELDS)}"
+_PERIOD_COLUMNS = f"{_COUNTS_AND_TOOLS}, {_NO_DURATIONS}, {_NO_SKETCH}"
 _RUN_COLUMNS = f"{_COUNTS_AND_TOOLS}, {', '.join(VALUE_FIELDS)}, {_NO_SKETCH}"
 _STALE_COLUMNS = ", ".join(f"m.{name}" for name in [*SUM_FIELDS, *TOOL_FIELDS, *VALUE_FIELDS])
 _BUCKET_OF = "date_trunc(%(bucket)s, {} AT TIME ZONE %(tz)s)"
@@ -118,8 +121,8 @@ src AS MATERIALIZED (
 
 
 # The sums of `src`'s rows, per trend bucket and for them all (bucket NULL), as (part, bucket,
-# jsonb) rows: "counts", "tools", and "sketch": the sketch of each day or hour row, and one per
-# bucket of the durations of its run rows (window_rows() adds them up).
+# jsonb) rows: "counts", "tools", and "sketch": one per bucket, of the durations of its run rows
+# (window_rows() adds them to the sketches of its day and hour rows).
 _COUNTS = {name: f"sum(sign * {name})" for name in SUM_FIELDS}
 _SUMS = f"""
 counts AS (
@@ -127,11 +130,8 @@ counts AS (
   FROM src GROUP BY GROUPING SETS ((bucket), ())
 ),
 sketches AS (
-  SELECT bucket, sketch_kinds AS kinds, sketch_bins AS bins, sketch_counts AS counts
-  FROM src WHERE cardinality(sketch_kinds) > 0
-  UNION ALL
-  SELECT bucket, array_agg(kind::smallint ORDER BY kind, bin), array_agg(bin ORDER BY kind, bin),
-    array_agg(n ORDER BY kind, bin)
+  SELECT bucket, array_agg(kind::smallint ORDER BY kind, bin) AS kinds,
+    array_agg(bin ORDER BY kind, bin) AS bins, array_agg(n ORDER BY kind, bin) AS counts
   FROM (
     SELECT src.bucket, v.kind, {sketch.bin_sql("v.x")} AS bin, sum(src.sign)::int AS n
     FROM src CROSS JOIN {durations_of("src")} v
@@ -153,7 +153,11 @@ UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools), NULL, NULL, NULL FRO
 _EXPECTED = f"""
 UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)), NULL, NULL, NULL
   FROM {T["run"]} r
-  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s"""
+  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
+UNION ALL SELECT 'day', NULL, to_jsonb(d.day), d.sketch_kinds, d.sketch_bins, d.sketch_counts
+  FROM {T["day"]} d WHERE d.tz = %(tz)s AND d.day = ANY(%(sketch_days)s::date[])
+UNION ALL SELECT 'hour', NULL, to_jsonb(h.hour), h.sketch_kinds, h.sketch_bins, h.sketch_counts
+  FROM {T["hour"]} h WHERE h.hour = ANY(%(sketch_hours)s::timestamptz[])"""
 # With the runs %(ids)s computed live; and the same when there are none, without planning FACTS
 # (a few ms of planning for a statement this size).
 WINDOW_SQL = f"{_rows_ctes(facts_sql(COHORT_SQL))},\n{_SUMS}\n{_EXPECTED}"
@@ -231,8 +235,12 @@ class Coverage:
     hour rows of its whole past hours outside those days (hours that start on the hour in the
     current zone, so that each lies in one trend bucket), and run rows for the spans left."""
 
+    bucket: str
     days: list[date] = field(default_factory=list)
     hours: list[datetime] = field(default_factory=list)
+    # Each day or hour row's version (computed_at, xmin): its sketch is read once per process
+    # and kept by it.
+    computed: dict[tuple, tuple] = field(default_factory=dict)
     covered: list[tuple[datetime, datetime]] = field(default_factory=list)
     spans: list[tuple[datetime, datetime]] = field(default_factory=list)
     high_water: datetime = EPOCH
@@ -242,36 +250,93 @@ class Coverage:
         cursor.execute(COVERAGE_SQL, params)
         rows = cursor.fetchall()
         tz = timezone.get_current_timezone()
-        coverage = cls()
-        for kind, day, hour in rows:
+        coverage = cls(params["bucket"])
+        for kind, day, hour, *version in rows:
             if kind == "high" and hour is not None:
                 coverage.high_water = hour - HIGH_WATER_MARGIN
             elif kind == "day":
                 start = timezone.make_aware(datetime.combine(day, time(0)), tz)
                 end = timezone.make_aware(datetime.combine(day + timedelta(days=1), time(0)), tz)
                 coverage.days.append(day)
+                coverage.computed[("day", day)] = tuple(version)
                 coverage.covered.append((start, end))
         days = set(coverage.days)
-        for kind, _day, hour in rows:
+        for kind, _day, hour, *version in rows:
             local = timezone.localtime(hour, tz) if kind == "hour" else None
             # An hour that starts on the hour here lies in one day (and one hourly bucket).
             if local is not None and local.minute == 0 and local.date() not in days:
                 coverage.hours.append(hour)
+                coverage.computed[("hour", hour)] = tuple(version)
                 coverage.covered.append((hour, hour + timedelta(hours=1)))
         coverage.covered.sort()
         coverage.spans = _gaps(params["start"], params["end"], coverage.covered)
         return coverage
 
     def params(self) -> dict:
+        unknown = [key for key in self.computed if _SKETCHES.get(self._cache_key(key)) is None]
         return {
             "days": self.days,
             "hours": self.hours,
+            "sketch_days": [day for kind, day in unknown if kind == "day"],
+            "sketch_hours": [hour for kind, hour in unknown if kind == "hour"],
             "covered_lo": [lo for lo, _hi in self.covered],
             "covered_hi": [hi for _lo, hi in self.covered],
             "spans_lo": [lo for lo, _hi in self.spans],
             "spans_hi": [hi for _lo, hi in self.spans],
             "recent": self.high_water,
         }
+
+    def _cache_key(self, key: tuple) -> tuple:
+        return (timezone.get_current_timezone_name(), *key, *self.computed[key])
+
+    def bucket_of(self, key: tuple) -> datetime:
+        """The trend bucket of a day or hour row, as WINDOW_SQL names it (naive, local)."""
+        kind, at = key
+        if kind == "day":
+            return datetime.combine(at, time(0))
+        local = timezone.localtime(at, timezone.get_current_timezone()).replace(tzinfo=None)
+        return local if self.bucket == "hour" else local.replace(hour=0)
+
+    def sketches(self, fetched: dict[tuple, dict]) -> dict[datetime, list[dict]]:
+        """The day and hour rows' sketches by trend bucket: `fetched` from the database, the
+        others from memory."""
+        found: dict[datetime, list[dict]] = {}
+        for key in self.computed:
+            parts = fetched.get(key)
+            if parts is None:
+                parts = _SKETCHES.get(self._cache_key(key))
+            else:
+                _SKETCHES.put(self._cache_key(key), parts)
+            found.setdefault(self.bucket_of(key), []).append(parts)
+        return found
+
+
+class _Sketches:
+    """The sketches of day and hour rows by (zone, kind, key, computed_at, xmin), the last
+    `limit` used: a rebuilt row is a new row version, so a kept sketch is never out of date."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.kept: OrderedDict[tuple, dict] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> dict | None:
+        with self.lock:
+            found = self.kept.get(key)
+            if found is not None:
+                self.kept.move_to_end(key)
+            return found
+
+    def put(self, key: tuple, parts: dict) -> None:
+        with self.lock:
+            self.kept[key] = parts
+            self.kept.move_to_end(key)
+            while len(self.kept) > self.limit:
+                self.kept.popitem(last=False)
+
+
+# A year of days and a few days of hours (a day's sketch holds ~1,500 buckets, an hour's ~300).
+_SKETCHES = _Sketches(limit=500)
 
 
 def _gaps(start: datetime, end: datetime, covered: list[tuple[datetime, datetime]]) -> list:
@@ -299,27 +364,28 @@ def current_state(now: datetime | None = None) -> dict[str, int]:
     return {name: int(value) for name, value in zip(columns, row, strict=True)}
 
 
-def over_rows(cursor, params: dict) -> tuple[list, bool, int]:
+def over_rows(cursor, params: dict) -> tuple[list, bool, int, Coverage]:
     """WINDOW_SQL with the runs that lack a current row computed live.
 
     Which stored rows stand for which runs comes first (Coverage). The runs without a current
     row are looked for where the rollup leaves them (LIVE_IDS_SQL). If the result does not cover
     every run of the window, the rollup missed some: the query runs again with every run that
-    lacks a current row. Returns the result, whether runs were missed, and how many runs were
-    computed live.
+    lacks a current row. Returns the result, whether runs were missed, how many runs were
+    computed live, and the coverage.
     """
-    params.update(Coverage.read(cursor, params).params())
+    coverage = Coverage.read(cursor, params)
+    params.update(coverage.params())
     cursor.execute(LIVE_IDS_SQL, params)
     params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
     cursor.execute(WINDOW_SQL if params["ids"] else WINDOW_NO_LIVE_SQL, params)
     result = cursor.fetchall()
     if window_covered(result):
-        return result, False, len(params["ids"])
+        return result, False, len(params["ids"]), coverage
     logger.warning("metrics: the rollup missed runs; run rollup_metrics --full")
     cursor.execute(LIVE_IDS_ALL_SQL, params)
     params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
     cursor.execute(WINDOW_SQL if params["ids"] else WINDOW_NO_LIVE_SQL, params)
-    return cursor.fetchall(), True, len(params["ids"])
+    return cursor.fetchall(), True, len(params["ids"]), coverage
 
 
 def window_covered(result: list) -> bool:
@@ -337,12 +403,16 @@ def window_covered(result: list) -> bool:
 _PREFIXES = [name.rsplit("_", 1)[0] for name in VALUE_FIELDS]
 
 
-def window_rows(result: list) -> tuple[dict[Any, dict], list[dict]]:
+def window_rows(
+    result: list, coverage: Coverage | None = None
+) -> tuple[dict[Any, dict], list[dict]]:
     """The sums per bucket (and for them all, None), with each kind of duration's statistics
-    read from the bucket's sketches added up; and the tool tallies."""
+    read from the bucket's sketches added up (its day and hour rows' and its run rows'); and the
+    tool tallies."""
     rows: dict[Any, dict] = {None: {}}
     tools: list[dict] = []
     sketches: dict[Any, list[dict]] = {}
+    fetched: dict[tuple, dict] = {}
     for part, bucket, text, *arrays in result:
         if part == "sketch":
             sketches.setdefault(bucket, []).append(sketch.parts(*arrays))
@@ -352,6 +422,13 @@ def window_rows(result: list) -> tuple[dict[Any, dict], list[dict]]:
             tools.append(data)
         elif part == "counts":
             rows.setdefault(bucket, {}).update(data)
+        elif part == "day":
+            fetched[("day", date.fromisoformat(data))] = sketch.parts(*arrays)
+        elif part == "hour":
+            fetched[("hour", datetime.fromisoformat(data))] = sketch.parts(*arrays)
+    if coverage is not None:
+        for bucket, found in coverage.sketches(fetched).items():
+            sketches.setdefault(bucket, []).extend(found)
     every = [found for bucket_sketches in sketches.values() for found in bucket_sketches]
     for bucket, found in [*sketches.items(), (None, every)]:
         row = rows.setdefault(bucket, {})
