@@ -58,11 +58,14 @@ def test_the_drill_command_leaves_the_install_it_runs_beside_as_it_found_it(sand
         assert cursor.fetchall() == []  # the scratch database is gone
 
 
-def _stall_drill(sandbox, kind: str, runs: int, **worker_env: str) -> tuple[Drill, dict]:
+def _stall_drill(
+    sandbox, kind: str, runs: int, concurrency: int = 1, **worker_env: str
+) -> tuple[Drill, dict]:
     config = DrillConfig(
         runs=runs,
         faults=(kind,),
         workers=2,
+        concurrency=concurrency,
         batch_timeout=60,
         sandbox_url=sandbox.base_url,
         worker_env=worker_env,
@@ -112,8 +115,10 @@ def test_on_the_hot_path_a_stopped_worker_that_wakes_sends_nothing(sandbox):
 def test_a_black_holed_worker_is_taken_over_and_sends_nothing_twice(sandbox):
     # The worker's PostgreSQL connection black-holed (no reset: the sockets stay open) before
     # the intent, inside the intent's transaction, on its COMMIT, right after it and after the
-    # answer; held past the lease; then healed, and the same again cut.
-    drill, report = _stall_drill(sandbox, "partition", 2 * len(PARTITION_MOMENTS))
+    # answer; held past the lease; then healed, and the same again cut. The workers run 4
+    # threads, as production runs many: the stalled task's other threads go on beside it, and
+    # may take the run afresh once its new owner let it go (that is not a stale write).
+    drill, report = _stall_drill(sandbox, "partition", 2 * len(PARTITION_MOMENTS), concurrency=4)
     _assert_stalled_workers_did_nothing(drill, report, sandbox, 2 * len(PARTITION_MOMENTS))
     assert {e["variant"] for e in report["episodes"]} == {"heal", "cut"}
     assert [e["proxy"]["holes"][-1]["ended"] for e in report["episodes"]] == (
@@ -147,3 +152,19 @@ def test_a_short_chaos_soak_loses_nothing_and_duplicates_nothing(sandbox):
     assert report["duplicate_side_effects"] == 0, report["duplicates"]
     assert report["chaos"], "no fault was injected"
     assert report["succeeded"] + report["needs_human"] == report["runs"]
+
+
+def test_only_the_stalled_tasks_own_calls_and_records_count_as_stale():
+    # In a threads pool the stalled task shares its process with other tasks: what another
+    # thread did on a claim of its own is not the stalled task's doing; logs without a thread
+    # (a process that runs one task at a time) are the process's.
+    from taskpilots.evidence.stalls import Episode, _by_stalled_task
+
+    episode = Episode(number=0, kind="partition", moment="in_transaction", variant="heal", wake="x")
+    episode.pid, episode.thread = 41, 7
+    assert _by_stalled_task({"pid": 41, "thread": 7}, episode)
+    assert not _by_stalled_task({"pid": 41, "thread": 8}, episode)
+    assert not _by_stalled_task({"pid": 42, "thread": 7}, episode)
+    assert _by_stalled_task({"pid": 41}, episode)
+    episode.thread = None
+    assert _by_stalled_task({"pid": 41, "thread": 8}, episode)
