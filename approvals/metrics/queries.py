@@ -297,18 +297,31 @@ class Coverage:
         local = timezone.localtime(at, timezone.get_current_timezone()).replace(tzinfo=None)
         return local if self.bucket == "hour" else local.replace(hour=0)
 
-    def sketches(self, fetched: dict[tuple, dict]) -> dict[datetime, list[dict]]:
-        """The day and hour rows' sketches by trend bucket: `fetched` from the database, the
-        others from memory."""
-        found: dict[datetime, list[dict]] = {}
+    def sketches(self, fetched: dict[tuple, dict]) -> tuple[dict[datetime, list[dict]], list]:
+        """The day and hour rows' sketches by trend bucket (`fetched` from the database, the
+        others from memory), and the same for the window's total: the day rows' added up once
+        (and kept, by the versions of those rows), and the hour rows'."""
+        parts_of: dict[tuple, dict] = {}
         for key in self.computed:
             parts = fetched.get(key)
             if parts is None:
                 parts = _SKETCHES.get(self._cache_key(key))
             else:
                 _SKETCHES.put(self._cache_key(key), parts)
-            found.setdefault(self.bucket_of(key), []).append(parts)
-        return found
+            parts_of[key] = parts
+        by_bucket: dict[datetime, list[dict]] = {}
+        for key, parts in parts_of.items():
+            by_bucket.setdefault(self.bucket_of(key), []).append(parts)
+        days = [key for key in parts_of if key[0] == "day"]
+        total = [parts for key, parts in parts_of.items() if key[0] == "hour"]
+        if days:
+            whole = ("days", *(self._cache_key(key) for key in days))
+            added = _SKETCHES.get(whole)
+            if added is None:
+                added = sketch.added([parts_of[key] for key in days])
+                _SKETCHES.put(whole, added)
+            total.append(added)
+        return by_bucket, total
 
 
 class _Sketches:
@@ -426,10 +439,13 @@ def window_rows(
             fetched[("day", date.fromisoformat(data))] = sketch.parts(*arrays)
         elif part == "hour":
             fetched[("hour", datetime.fromisoformat(data))] = sketch.parts(*arrays)
-    if coverage is not None:
-        for bucket, found in coverage.sketches(fetched).items():
-            sketches.setdefault(bucket, []).extend(found)
+    # The window's total: the run rows' sketches, and the day and hour rows' (added up).
     every = [found for bucket_sketches in sketches.values() for found in bucket_sketches]
+    if coverage is not None:
+        by_bucket, periods = coverage.sketches(fetched)
+        for bucket, found in by_bucket.items():
+            sketches.setdefault(bucket, []).extend(found)
+        every.extend(periods)
     for bucket, found in [*sketches.items(), (None, every)]:
         row = rows.setdefault(bucket, {})
         for kind, prefix in enumerate(_PREFIXES):

@@ -106,6 +106,12 @@ def parts(kinds: list[int], bins: list[int], counts: list[int]) -> dict[int, Par
     return found
 
 
+def added(sketches: list[dict[int, Part]]) -> dict[int, Part]:
+    """Sketches (by kind, as parts() gives them) added up into one."""
+    kinds = sorted({kind for found in sketches for kind in found})
+    return {kind: Part.merged([s[kind] for s in sketches if kind in s]) for kind in kinds}
+
+
 def _kth(sketches: list[Part], k: int) -> int:
     """The bucket of the k-th smallest value (from 0) of the sketches added up."""
     if len(sketches) == 1:

@@ -260,3 +260,15 @@ def test_the_page_says_when_the_rollup_is_behind(client, auditor_user, monkeypat
     assert "the metrics rollup is behind" not in client.get("/console/metrics/").content.decode()
     data = client.get("/console/metrics.json?window=7d").json()["rollup"]
     assert not data["behind"] and data["live_runs"] < 5  # the few still moving
+
+
+def test_hour_rows_give_the_same_figures_as_their_runs_late_in_the_day():
+    # Late in the day a week's window reads today from many hour rows, and the 24 h window reads
+    # yesterday's and today's: each hour's sketch and counts must count once, in its own bucket.
+    now = timezone.now().replace(hour=21, minute=30)
+    load_fake_runs(240, days=2, batch_size=240, seed=5, now=now)
+    live = boards(now)
+    metrics.rollup(now=now + timedelta(minutes=2), full=True)
+    assert MetricsHour.objects.filter(hour__gte=now - timedelta(hours=21)).count() >= 15
+    for key in WINDOWS:
+        same(board(now, key), live[key], key)
