@@ -95,3 +95,34 @@ def test_an_auditor_finds_a_run_and_reads_its_timeline(page, sandbox, monkeypatc
         page.goto(f"/console/runs/{run.pk}/timeline/")
         page.set_viewport_size({"width": 1440, "height": 1300})
         page.screenshot(path=OUT / "timeline.png", full_page=False)
+
+
+def test_an_auditor_pages_to_the_oldest_runs_and_back_with_htmx(page):
+    # The keyset pager swaps only the results and pushes each page's URL; Last then Previous
+    # reach the oldest runs and the ones just newer, with no script or CSP error.
+    from runs.models import Run
+    from tests.factories import RunFactory, UserFactory
+
+    start = timezone.now() - timedelta(days=2)
+    for minutes in range(60):
+        at = start - timedelta(minutes=minutes)
+        RunFactory(created_at=at, updated_at=at)
+    oldest = list(Run.objects.order_by("created_at", "id").values_list("pk", flat=True))
+    UserFactory(username="ada.auditor", groups=["auditor"])
+    log_in(page, "ada.auditor")
+    page.goto("/console/audit/?outcome=open")
+    page.click("#audit-results nav.pager >> text=Last")
+    page.wait_for_url("**last=1")
+    shown = page.locator("#audit-results tbody a.mono").evaluate_all(
+        "links => links.map(a => a.getAttribute('href'))"
+    )
+    assert shown[-1].endswith(f"/console/runs/{oldest[0]}/timeline/")
+    assert len(shown) == 25
+    page.click("#audit-results nav.pager >> text=Previous")
+    page.wait_for_url("**before=*")
+    assert page.locator("#audit-results tbody tr").count() == 25
+    assert page.locator("#audit-results nav.pager >> text=Next").is_visible()
+    page.click("#audit-results nav.pager >> text=First")
+    page.wait_for_url("**/console/audit/?outcome=open")
+    assert not page.locator("#audit-results nav.pager >> text=Previous").count()
+    assert page.console_errors == []
