@@ -99,7 +99,9 @@ def bench_user() -> None:
     user, _created = get_user_model().objects.get_or_create(username=USERNAME)
     user.set_password(PASSWORD)
     user.save()
-    user.groups.set(Group.objects.filter(name__in=["support", "auditor", "admin"]))
+    user.groups.set(
+        Group.objects.get_or_create(name=name)[0] for name in ("support", "auditor", "admin")
+    )
 
 
 def pages() -> list[Page]:
