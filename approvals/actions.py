@@ -368,8 +368,15 @@ def confirm_outcome(
         effect = SideEffect.objects.select_for_update().get(
             step=step, idempotency_key=step.idempotency_key
         )
+        late = effect.status == SideEffect.Status.COMMITTED
+        if late and not happened:
+            # The call's receipt came in while the question was open: it did happen.
+            raise DecisionConflict(
+                f"The tool's receipt for {step.name} came in meanwhile (external id "
+                f"{effect.external_id or 'none given'}): it happened. Confirm that it happened."
+            )
         if happened:
-            proof = proof.strip()
+            proof = proof.strip() or (effect.external_id if late else "")
             if not proof:
                 raise ActionRefused(
                     "To confirm it happened, give the external reference (e.g. the message or "
@@ -377,9 +384,12 @@ def confirm_outcome(
                 )
             # Shaped like a tool response, so later steps read it the same way.
             answer = {"id": proof, "external_id": proof, "confirmed_by": actor}
-            effect.commit(
-                Receipt(proof, {**answer, "comment": comment}), confirmed_by=actor, actor=actor
-            )
+            if late:  # the tool's own receipt is in the ledger: it is the step's answer
+                answer = effect.receipt.get("response", answer)
+            else:
+                effect.commit(
+                    Receipt(proof, {**answer, "comment": comment}), confirmed_by=actor, actor=actor
+                )
             step.succeed(answer, actor=actor)
         else:
             effect.mark_not_committed(confirmed_by=actor, actor=actor)
@@ -390,7 +400,7 @@ def confirm_outcome(
             "confirm_happened" if happened else "confirm_not_happened",
             step=step,
             snapshot=effect.snapshot,
-            before={"status": "unknown"},
+            before={"status": "committed by a late receipt" if late else "unknown"},
             after={"status": effect.status},
             proof=proof,
             comment=comment,

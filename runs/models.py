@@ -1224,17 +1224,27 @@ class SideEffect(models.Model):
         if target == self.Status.INTENDED:
             updates.setdefault("attempted_at", now)
         own_transaction = not connection.in_atomic_block
+        sources = _sources(self.TRANSITIONS, target)
         with transaction.atomic(savepoint=False):
             if own_transaction:
                 Run.lock(self.run_id)  # the lock order; a caller's transaction took it already
-            count = SideEffect.objects.filter(
-                pk=self.pk, status__in=_sources(self.TRANSITIONS, target)
-            ).update(**updates)
+            known = self.status
+            # Compare-and-set on the status this object knows; when another writer moved the row
+            # meanwhile (a late receipt after the new owner marked it unknown), once more from
+            # the status it has now, so the event says where the row really came from.
+            count = 0
+            for again in (False, True):
+                if known in sources:
+                    count = SideEffect.objects.filter(pk=self.pk, status=known).update(**updates)
+                if count or again:
+                    break
+                row = SideEffect.objects.filter(pk=self.pk).values_list("status", flat=True)
+                known = row.first() or "?"
             if count:
+                self.status = known
                 TimelineEvent.append(self.run_id, verb, self.event_data(target, data), actor=actor)
         if count == 0:
-            row = SideEffect.objects.filter(pk=self.pk).values_list("status", flat=True)
-            raise InvalidTransition("side effect", self.pk, row.first() or "?", target)
+            raise InvalidTransition("side effect", self.pk, known, target)
         for name, value in updates.items():
             setattr(self, name, value)
 

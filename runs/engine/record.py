@@ -55,7 +55,28 @@ def record_outcome(claim: Claim, outcome: Outcome) -> bool:
                     "why": "the lease expired and the step was taken over",
                 },
             )
+            _answer_with_late_receipt(claim, outcome)
             return False
+
+
+def _answer_with_late_receipt(claim: Claim, outcome: Outcome) -> None:
+    """The call's receipt landed after the step's new owner had parked it for a person over an
+    unknown outcome: the receipt answers that question. The step goes back to the engine, whose
+    replay takes the receipt from the ledger instead of calling again, and the run leaves the
+    inbox. A run a person has taken over stays theirs (the console shows the receipt)."""
+    if not (isinstance(outcome, Succeeded) and outcome.committed is not None):
+        return
+    effect, _ = outcome.committed
+    run = Run.objects.get(pk=claim.run.pk)  # locked by record_outcome
+    step = type(claim.step).objects.select_for_update().get(pk=claim.step.pk)
+    if run.status != Run.Status.NEEDS_HUMAN or step.status != step.Status.UNKNOWN_OUTCOME:
+        return
+    committed = SideEffect.Status.COMMITTED
+    if not SideEffect.objects.filter(pk=effect.pk, status=committed).exists():
+        return
+    step.request_retry(actor="system", data={"why": "the call's receipt came in late"})
+    run.resume(reason=f"the receipt of {step.name} came in after it was parked")
+    enqueue(run.pk)
 
 
 def _settle_ledger(claim: Claim, outcome: Outcome) -> None:

@@ -155,6 +155,51 @@ class TestAPausedWorkerIsFenced:
         assert engine.run_until_quiet(run.pk).status == "succeeded"
         assert flows.CALLS.get("flaky", 0) >= 1
 
+    def test_a_late_receipt_answers_the_unknown_outcome_it_left_behind(self, sandbox):
+        # The first worker's call landed, but it was away before recording it: the new owner
+        # found an intent no one can look up (the CRM cannot be asked by key, does not dedupe)
+        # and parked the run for a person. Then the first worker's receipt arrives: it is the
+        # answer. The run leaves the inbox and its replay takes the receipt from the ledger.
+        run, claim = _claimed_by("w-old")
+        landed = engine.execute(claim)  # the intent, the call, its receipt (not yet recorded)
+        new = self._take_back(run, claim)
+        engine.record_outcome(new, engine.execute(new))
+        assert Run.objects.get(pk=run.pk).status == Run.Status.NEEDS_HUMAN
+        assert Step.objects.get(pk=claim.step.pk).status == Step.Status.UNKNOWN_OUTCOME
+        assert engine.record_outcome(claim, landed) is False  # its claim is gone
+        committed = TimelineEvent.objects.get(run=run, verb="side_effect.committed")
+        assert committed.data["from"] == "unknown"  # where the row really came from
+        assert Run.objects.get(pk=run.pk).status == Run.Status.RUNNING
+        assert engine.run_until_quiet(run.pk).status == Run.Status.SUCCEEDED
+        assert len(sandbox.ledger(system="crm", run=str(run.pk))) == 1  # called once
+        effect = SideEffect.objects.get(run=run)
+        assert effect.status == SideEffect.Status.COMMITTED and effect.confirmed_by == "tool"
+
+    def test_a_late_receipt_on_a_taken_over_run_is_what_the_person_confirms(
+        self, sandbox, support_user
+    ):
+        # The same, but a person had taken the run over: it stays theirs. The receipt in the
+        # ledger is the answer they confirm (no proof to type); "it did not happen" is refused.
+        from approvals import actions
+
+        run, claim = _claimed_by("w-old")
+        landed = engine.execute(claim)
+        new = self._take_back(run, claim)
+        engine.record_outcome(new, engine.execute(new))
+        actions.take_over(run.pk, support_user)
+        engine.record_outcome(claim, landed)
+        assert Run.objects.get(pk=run.pk).status == Run.Status.TAKEN_OVER
+        effect = SideEffect.objects.get(run=run)
+        assert effect.status == SideEffect.Status.COMMITTED
+        with pytest.raises(actions.DecisionConflict, match="receipt .* came in meanwhile"):
+            actions.confirm_outcome(claim.step.pk, support_user, happened=False)
+        step = actions.confirm_outcome(claim.step.pk, support_user, happened=True)
+        assert step.status == Step.Status.SUCCEEDED
+        assert step.result == effect.receipt["response"]
+        actions.release(run.pk, support_user)
+        assert engine.run_until_quiet(run.pk).status == Run.Status.SUCCEEDED
+        assert len(sandbox.ledger(system="crm", run=str(run.pk))) == 1
+
 
 # ------------------------------------------------------------------------------------------
 # Real workers, the default lease (60 s): the heartbeat, not the lease, notices.
