@@ -133,28 +133,10 @@ def _taskpilots(
         groups = [w.process.pid for w in started_workers]
         worker = started_workers[0]
         sampler.watch(database=_current_database(), process_groups=groups)
-        warm_up, _ = engine.start_run("bench.io", {"n": -1}, business_key=f"io-{tag}-warm-up")
-        advance_run.apply_async((str(warm_up.pk),), queue=barrier)
-        if _wait_for_runs([warm_up.pk], time.monotonic() + 60)[SUCCEEDED] != 1:
-            raise RuntimeError(
-                f"the warm-up run did not succeed ({Run.objects.get(pk=warm_up.pk).status}); "
-                "the worker said:\n" + "".join(worker.output[-30:])
-            )
+        _warm_up(tag, barrier, worker)
         tool.reset("taskpilots")
         sampler.restart()
-        say(f"TaskPilots: creating {runs} runs of bench.io")
-        begun = time.monotonic()
-        ids = [
-            engine.start_run("bench.io", {"n": n}, business_key=f"io-{tag}-{n}")[0].pk
-            for n in range(runs)
-        ]
-        start_s = time.monotonic() - begun
-        say(f"TaskPilots: {runs} runs created in {start_s:.2f} s; publishing their hints")
-        hinting = time.monotonic()
-        for run_id in ids:
-            advance_run.delay(str(run_id))
-        hints_s = time.monotonic() - hinting
-        say(f"TaskPilots: {runs} hints waiting in the broker ({hints_s:.2f} s); workers go")
+        ids, start_s, hints_s = _runs_and_hints(runs, tag, say)
         started_at, started = timezone.now(), time.monotonic()
         cpu_before = process_groups_cpu_s(groups)
         workers.release(started_workers)
@@ -186,6 +168,37 @@ def _taskpilots(
         "db_connections_peak": sampler.peak_connections,
         "server_connections_peak": sampler.peak_server_connections,
     }
+
+
+def _warm_up(tag: str, barrier: str, worker) -> None:
+    """One run through the workers on their barrier queue: every import and connection made
+    before the clock starts."""
+    warm_up, _ = engine.start_run("bench.io", {"n": -1}, business_key=f"io-{tag}-warm-up")
+    advance_run.apply_async((str(warm_up.pk),), queue=barrier)
+    if _wait_for_runs([warm_up.pk], time.monotonic() + 60)[SUCCEEDED] != 1:
+        raise RuntimeError(
+            f"the warm-up run did not succeed ({Run.objects.get(pk=warm_up.pk).status}); "
+            "the worker said:\n" + "".join(worker.output[-30:])
+        )
+
+
+def _runs_and_hints(runs: int, tag: str, say: Say) -> tuple[list, float, float]:
+    """The N runs, then their N hints in the broker (the workers still on their barrier);
+    how long each took."""
+    say(f"TaskPilots: creating {runs} runs of bench.io")
+    begun = time.monotonic()
+    ids = [
+        engine.start_run("bench.io", {"n": n}, business_key=f"io-{tag}-{n}")[0].pk
+        for n in range(runs)
+    ]
+    start_s = time.monotonic() - begun
+    say(f"TaskPilots: {runs} runs created in {start_s:.2f} s; publishing their hints")
+    hinting = time.monotonic()
+    for run_id in ids:
+        advance_run.delay(str(run_id))
+    hints_s = time.monotonic() - hinting
+    say(f"TaskPilots: {runs} hints waiting in the broker ({hints_s:.2f} s); workers go")
+    return ids, start_s, hints_s
 
 
 def _tally(ids: list, statuses: Counter, started_at, landed: dict) -> dict:

@@ -37,8 +37,6 @@ def inserts(args) -> None:
 
 
 def dbos_io(args) -> None:
-    import resource
-    import sys
     import threading
 
     from dbos import DBOS, DBOSConfig
@@ -78,53 +76,71 @@ def dbos_io(args) -> None:
     release.set()
     io("dbos-warmup", -1)  # connections, schema
     release.clear()
-    threads_peak = threading.active_count()
-    sampling = True
+    with _ThreadPeak() as threads:
+        begun = time.perf_counter()
+        handles = [DBOS.start_workflow(io, "dbos", n) for n in range(args.workflows)]
+        started = time.perf_counter()
+        cpu_before = _cpu_s()
+        release.set()
+        failed = _results(handles)
+        elapsed = time.perf_counter() - started
+        cpu_s = _cpu_s() - cpu_before
+    figures = {
+        "workflows": args.workflows,
+        "failed": len(failed),
+        "failures": failed[:5],
+        "elapsed_s": elapsed,
+        "start_s": started - begun,
+        "rss_mb": _peak_rss_mb(),
+        "cpu_s": cpu_s,
+        "threads_peak": threads.peak,
+        "sys_db_pool_size": _dbos_pool_size(dbos),
+    }
+    print(json.dumps(figures), flush=True)
+    DBOS.destroy()
 
-    def sample_threads() -> None:
-        nonlocal threads_peak
-        while sampling:
-            threads_peak = max(threads_peak, threading.active_count())
+
+class _ThreadPeak:
+    """The most threads this process ran at once while the block ran (sampled every 0.1 s)."""
+
+    def __enter__(self):
+        import threading
+
+        self.peak, self._on = threading.active_count(), True
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        import threading
+
+        while self._on:
+            self.peak = max(self.peak, threading.active_count())
             time.sleep(0.1)
 
-    sampler = threading.Thread(target=sample_threads, daemon=True)
-    sampler.start()
-    begun = time.perf_counter()
-    handles = [DBOS.start_workflow(io, "dbos", n) for n in range(args.workflows)]
-    started = time.perf_counter()
-    start_s = started - begun
-    cpu_before = _cpu_s()
-    release.set()
+    def __exit__(self, *exc) -> None:
+        self._on = False
+        self._sampler.join()
+
+
+def _results(handles) -> list[str]:
+    """Wait for every workflow; the failures, named."""
     failed = []
     for handle in handles:
         try:
             handle.get_result()
         except Exception as exc:  # counted, and the first few named
             failed.append(f"{type(exc).__name__}: {exc}"[:200])
-    elapsed = time.perf_counter() - started
-    cpu_s = _cpu_s() - cpu_before
-    sampling = False
-    sampler.join()
+    return failed
+
+
+def _peak_rss_mb() -> float:
+    import resource
+    import sys
+
     # ru_maxrss: the peak resident set of this process, in KiB on Linux and bytes on macOS.
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    rss_mb = peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
-    print(
-        json.dumps(
-            {
-                "workflows": args.workflows,
-                "failed": len(failed),
-                "failures": failed[:5],
-                "elapsed_s": elapsed,
-                "start_s": start_s,
-                "rss_mb": rss_mb,
-                "cpu_s": cpu_s,
-                "threads_peak": threads_peak,
-                "sys_db_pool_size": _dbos_pool_size(dbos),
-            }
-        ),
-        flush=True,
-    )
-    DBOS.destroy()
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 def _cpu_s() -> float:
