@@ -340,3 +340,14 @@ def control(address: str, line: str, timeout: float = 5.0) -> dict:
                 break
             answer += chunk
     return json.loads(answer or b"{}")
+
+
+def database_address(db: dict) -> tuple[str, int] | str:
+    """Where a Django database's PostgreSQL listens, for a proxy in front of it: host and port,
+    or the Unix socket's path. No port means libpq's default, 5432 (the embedded server on its
+    default port leaves it out of its URL)."""
+    port = int(db.get("PORT") or 5432)
+    host = db.get("HOST") or "/var/run/postgresql"
+    if host.startswith("/"):
+        return f"{host}/.s.PGSQL.{port}"
+    return (host, port)

@@ -42,7 +42,7 @@ from taskpilots import embedded
 from taskpilots.celery import app as celery_app
 from taskpilots.env import format_database_url
 from taskpilots.evidence import faults, stalls
-from taskpilots.evidence.blackhole import BlackHoleProxy
+from taskpilots.evidence.blackhole import BlackHoleProxy, database_address
 from taskpilots.evidence.workers import WorkerProcess, Workers
 from taskpilots.sandbox.client import SandboxClient, SandboxError, start_sandbox
 
@@ -418,9 +418,10 @@ class Drill:
         if not self._proxied:
             return self._workers.start(concurrency=self.config.concurrency, wait=wait, **env)
         name = f"w{len(self._workers.started) + 1}-{uuid.uuid4().hex[:6]}"
-        proxy = BlackHoleProxy(_database_address(), name=name).start()
+        database = connections["default"].settings_dict
+        proxy = BlackHoleProxy(database_address(database), name=name).start()
         self.proxies[name] = proxy
-        db = {**connections["default"].settings_dict, "HOST": "127.0.0.1", "PORT": proxy.port}
+        db = {**database, "HOST": "127.0.0.1", "PORT": proxy.port}
         env = {
             "DATABASE_URL": format_database_url(db),
             faults.DB_PROXY: proxy.control_address,
@@ -784,16 +785,6 @@ class Drill:
 
 def env_flag(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _database_address() -> tuple[str, int] | str:
-    """Where the drill's PostgreSQL listens: host and port, or the Unix socket's path."""
-    db = connections["default"].settings_dict
-    port = int(db["PORT"] or 5432)
-    host = db["HOST"] or "/var/run/postgresql"
-    if host.startswith("/"):
-        return f"{host}/.s.PGSQL.{port}"
-    return (host, port)
 
 
 def _local_cluster(port: int) -> tuple[str, str] | None:

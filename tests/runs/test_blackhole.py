@@ -12,17 +12,14 @@ import pytest
 from django.db import connection
 
 from taskpilots.env import format_database_url
-from taskpilots.evidence.blackhole import BlackHoleProxy, control
+from taskpilots.evidence.blackhole import BlackHoleProxy, control, database_address
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def proxy():
-    db = connection.settings_dict
-    host = db["HOST"] or "/var/run/postgresql"
-    upstream = f"{host}/.s.PGSQL.{db['PORT']}" if host.startswith("/") else (host, int(db["PORT"]))
-    proxy = BlackHoleProxy(upstream).start()
+    proxy = BlackHoleProxy(database_address(connection.settings_dict)).start()
     yield proxy
     proxy.close()
 
