@@ -302,7 +302,10 @@ class StallRunner:
 
     def _zombie(self, episode: Episode, report: dict) -> None:
         if not _wait(lambda: process_state(episode.pid) in ("T", "t"), timeout=5):
-            episode.note = f"the worker did not stop (state {process_state(episode.pid)!r})"
+            state = process_state(episode.pid)
+            if not state:  # gone: the soak SIGKILLed it first; this stall proves nothing
+                episode.interrupted = "the stalled worker died meanwhile (the soak's SIGKILL)"
+            episode.note = f"the worker did not stop (state {state!r})"
             return
         worker = self._worker_of(report)
         if episode.variant == "group":
