@@ -18,7 +18,7 @@ from uuid import UUID
 from django.db import connection
 from django.db.models import QuerySet
 
-from runs.api.schema import decode_cursor, encode_cursor
+from runs.api.schema import decode_cursor, encode_cursor, newer_than, older_than
 
 PAGE_SIZE = 25
 # The query parameters a page link sets; every other parameter (the filters) is kept.
@@ -76,16 +76,11 @@ class KeysetPage:
 
 
 def _older_than(runs: QuerySet, at: Position) -> QuerySet:
-    # (created_at, id) < at, with the redundant bound that lets run_created_idx do the work.
-    return runs.filter(created_at__lte=at.created_at).exclude(
-        created_at=at.created_at, id__gte=at.id
-    )
+    return older_than(runs, at.created_at, at.id)
 
 
 def _newer_than(runs: QuerySet, at: Position) -> QuerySet:
-    return runs.filter(created_at__gte=at.created_at).exclude(
-        created_at=at.created_at, id__lte=at.id
-    )
+    return newer_than(runs, at.created_at, at.id)
 
 
 NEWEST, OLDEST = ("-created_at", "-id"), ("created_at", "id")

@@ -205,11 +205,7 @@ def list_runs(request, filters: Query[RunFilters]):
     if filters.created_before:
         runs = runs.filter(created_at__lt=filters.created_before)
     if filters.cursor is not None:  # an empty cursor is not the first page, but a mistake
-        created_at, run_id = _decode_cursor(filters.cursor)
-        # (created_at, id) < cursor, with the redundant bound that lets the index do the work.
-        runs = runs.filter(created_at__lte=created_at).exclude(
-            created_at=created_at, id__gte=run_id
-        )
+        runs = api_schema.older_than(runs, *_decode_cursor(filters.cursor))
     page = list(runs.order_by("-created_at", "-id")[: filters.limit + 1])
     more = len(page) > filters.limit
     page = page[: filters.limit]

@@ -135,6 +135,17 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID] | None:
     return _EPOCH + timedelta(microseconds=int(micros)), UUID(hex=run_hex)
 
 
+def older_than(runs, created_at: datetime, run_id: UUID):
+    """The runs before a position, newest first: (created_at, id) < (created_at, run_id), with
+    the redundant bound that lets run_created_idx do the work."""
+    return runs.filter(created_at__lte=created_at).exclude(created_at=created_at, id__gte=run_id)
+
+
+def newer_than(runs, created_at: datetime, run_id: UUID):
+    """The runs after a position: (created_at, id) > (created_at, run_id)."""
+    return runs.filter(created_at__gte=created_at).exclude(created_at=created_at, id__lte=run_id)
+
+
 # --------------------------------------------------------------------------------------------
 # The schema document
 
