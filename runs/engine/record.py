@@ -23,7 +23,7 @@ from runs.engine.outcomes import (
 )
 from runs.engine.routing import route_failure
 from runs.engine.waits import close_recovery_wait, hold_for_pause, park
-from runs.models import FailureClass, Run, SideEffect, TimelineEvent, TransitionError, Wait
+from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent, TransitionError, Wait
 from runs.people import people
 from runs.verbs import Verb
 
@@ -68,8 +68,8 @@ def _answer_with_late_receipt(claim: Claim, outcome: Outcome) -> None:
         return
     effect, _ = outcome.committed
     run = Run.objects.get(pk=claim.run.pk)  # locked by record_outcome
-    step = type(claim.step).objects.select_for_update().get(pk=claim.step.pk)
-    if run.status != Run.Status.NEEDS_HUMAN or step.status != step.Status.UNKNOWN_OUTCOME:
+    step = Step.objects.select_for_update().get(pk=claim.step.pk)
+    if run.status != Run.Status.NEEDS_HUMAN or step.status != Step.Status.UNKNOWN_OUTCOME:
         return
     committed = SideEffect.Status.COMMITTED
     if not SideEffect.objects.filter(pk=effect.pk, status=committed).exists():
