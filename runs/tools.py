@@ -85,6 +85,27 @@ class LookupResult:
     response: Any = None
 
 
+@dataclass(frozen=True)
+class Verification:
+    """How to find out, with reads, whether a call's effect is there: for a tool that cannot be
+    asked by key and does not dedupe (a file write, a git commit behind a third-party server).
+
+    After a crash or an unanswered call the engine reads (`read(params, ctx)`) and asks
+    `recognise(params, observed, baseline)`: True — the effect is there (the verification is
+    recorded as the commit proof), False — it is not (once the settle window has passed, the
+    call is made again under the same key), None — the read cannot tell (a person decides).
+    `baseline(params, ctx)`, when given, is read before the first call and kept in the snapshot,
+    so an effect can be told from what was there before (a new commit, not an old one with the
+    same message). `external_id(params, observed, baseline)` is the proof's external id.
+    """
+
+    read: Callable[[dict, CallContext], Any]
+    recognise: Callable[[dict, Any, Any], bool | None]
+    baseline: Callable[[dict, CallContext], Any] | None = None
+    external_id: Callable[[dict, Any, Any], str] | None = None
+    description: str = ""
+
+
 @dataclass
 class Tool:
     name: str
@@ -93,6 +114,8 @@ class Tool:
     risk: str = Risk.LOW
     dedupes_by_key: bool = False
     lookup: Callable[[str, CallContext], LookupResult] | None = None
+    # Reconciliation by reads, for a tool without a lookup by key (see Verification).
+    verification: Verification | None = None
     compensating_tool: str = ""
     # Parameters for the compensating call, from the committed effect's receipt and params.
     compensation_params: Callable[[dict, dict], dict] | None = None
@@ -153,6 +176,7 @@ class Tool:
             "risk": self.risk,
             "dedupes_by_key": self.dedupes_by_key,
             "lookup_by_key": self.lookup_by_key,
+            "verified_by_read": self.verification is not None,
             "compensating_tool": self.compensating_tool,
             "fallback_tool": self.fallback_tool,
             "timeout": self.timeout,
@@ -165,6 +189,16 @@ class Tool:
 # Registry
 
 _TOOLS: dict[str, Tool] = {}
+# Local decisions over a tool's own metadata (an admin's, from the console): set by the
+# people's side at start-up (approvals.apps), which `runs` never imports. None: as registered.
+_local_metadata: Callable[[Tool], Tool] | None = None
+
+
+def set_local_metadata(apply: Callable[[Tool], Tool] | None) -> None:
+    """Install `apply(tool) -> tool`: the tool as this deployment decided it (the same object
+    when nothing is overridden). It runs on every `get`, so it must be cheap (cached)."""
+    global _local_metadata
+    _local_metadata = apply
 
 
 class UnknownTool(LookupError):
@@ -187,13 +221,22 @@ def get(name: str) -> Tool:
         except ImportError as exc:  # e.g. an optional extra that is not installed
             raise UnknownTool(f"tool {name!r} cannot be loaded: {exc}") from exc
     try:
-        return _TOOLS[name]
+        tool = _TOOLS[name]
     except KeyError:
         raise UnknownTool(f"tool {name!r} is not registered") from None
+    return tool if _local_metadata is None else _local_metadata(tool)
+
+
+def registered(name: str) -> Tool:
+    """The tool exactly as its code registered it, without local decisions."""
+    get(name)
+    return _TOOLS[name]
 
 
 def all_tools() -> dict[str, Tool]:
-    return dict(_TOOLS)
+    if _local_metadata is None:
+        return dict(_TOOLS)
+    return {name: _local_metadata(tool) for name, tool in _TOOLS.items()}
 
 
 # --------------------------------------------------------------------------------------------
