@@ -9,10 +9,10 @@
 - Export streams one run or a search result as JSON Lines (verifiable) or CSV (for people),
   reading the events in batches with `.iterator()` so a large export never sits in memory.
 - Pruning replaces the payloads of runs that finished before the retention cutoff: event data
-  becomes {"pruned": true} and snapshot params / prior results become {}. `data_digest`, the
-  hashes and the snapshot checksums stay, so the chain still verifies and still proves what
-  the payload was. The append-only trigger lets exactly these UPDATEs through in transactions
-  that `SET LOCAL taskpilots.prune = 'on'`.
+  becomes {"pruned": true} and snapshot params, prior results and verification baselines
+  become {}. `data_digest`, the hashes and the snapshot checksums stay, so the chain still
+  verifies and still proves what the payload was. The append-only trigger lets exactly these
+  UPDATEs through in transactions that `SET LOCAL taskpilots.prune = 'on'`.
 """
 
 from __future__ import annotations
@@ -610,7 +610,8 @@ def prune_payloads(
                 events = cursor.rowcount
                 cursor.execute(
                     "UPDATE runs_snapshot SET params = '{}'::jsonb, "
-                    "prior_results_summary = '{}'::jsonb, pruned = true "
+                    "prior_results_summary = '{}'::jsonb, verification_baseline = '{}'::jsonb, "
+                    "pruned = true "
                     "WHERE run_id = ANY(%s) AND NOT pruned",
                     [ids],
                 )

@@ -1044,6 +1044,9 @@ class Snapshot(ImmutableModel):
     # The person's decision this call executes (an approval, or edited parameters): id, verb,
     # who, and the digest of what they were shown. Empty when no person decided.
     human_decision = models.JSONField(default=dict, blank=True)
+    # What a tool's verification read saw just before this call (runs.tools.Verification
+    # baseline), so that after a crash its effect can be told from what was there before.
+    verification_baseline = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
     checksum = models.CharField(max_length=64)
     # Retention dropped the payload (params, prior results); the checksum stays as its proof.
     pruned = models.BooleanField(default=False)
@@ -1073,6 +1076,11 @@ class Snapshot(ImmutableModel):
             # Only when present: snapshots written before decisions were named keep their
             # checksums.
             **({"human_decision": self.human_decision} if self.human_decision else {}),
+            **(
+                {"verification_baseline": self.verification_baseline}
+                if self.verification_baseline
+                else {}
+            ),
         }
 
     def compute_checksum(self) -> str:
@@ -1081,6 +1089,7 @@ class Snapshot(ImmutableModel):
     def save(self, *args, **kwargs):
         self.params = to_json_value(self.params)
         self.prior_results_summary = to_json_value(self.prior_results_summary)
+        self.verification_baseline = to_json_value(self.verification_baseline)
         self.checksum = self.compute_checksum()
         super().save(*args, **kwargs)
 
@@ -1098,6 +1107,7 @@ class Snapshot(ImmutableModel):
         )
         snapshot.params = to_json_value(snapshot.params)
         snapshot.prior_results_summary = to_json_value(snapshot.prior_results_summary)
+        snapshot.verification_baseline = to_json_value(snapshot.verification_baseline)
         snapshot.missing_fields = snapshot.missing()
         snapshot.checksum = snapshot.compute_checksum()
         return snapshot

@@ -212,7 +212,29 @@ def register(tool: Tool, *, replace: bool = False) -> Tool:
     return tool
 
 
+# Tools that register themselves on first use, by name or "prefix." (e.g. an MCP server's,
+# listed the first time one of them is asked for in a process: runs.agents.mcp).
+_SOURCES: dict[str, Callable[[bool], Any]] = {}
+
+
+def register_source(prefix: str, load: Callable[[bool], Any]) -> None:
+    """`load(connect)` registers the tools named `prefix` (or starting with it, when it ends
+    with "."); `connect=False` asks for what is known without reaching any outside system (what
+    a web process lists), `connect=True` may connect (a worker about to call one)."""
+    _SOURCES[prefix] = load
+
+
+def _from_sources(name: str) -> None:
+    for prefix, load in list(_SOURCES.items()):
+        if name == prefix or (prefix.endswith(".") and name.startswith(prefix)):
+            load(True)
+            if name in _TOOLS:
+                return
+
+
 def get(name: str) -> Tool:
+    if name not in _TOOLS and _SOURCES:
+        _from_sources(name)
     if name not in _TOOLS:
         from runs.registry import load_lazily
 
@@ -234,6 +256,10 @@ def registered(name: str) -> Tool:
 
 
 def all_tools() -> dict[str, Tool]:
+    """Every tool this process knows, those of lazy sources as far as they are known without
+    connecting anywhere."""
+    for load in list(_SOURCES.values()):
+        load(False)
     if _local_metadata is None:
         return dict(_TOOLS)
     return {name: _local_metadata(tool) for name, tool in _TOOLS.items()}

@@ -54,6 +54,8 @@ class Verb(StrEnum):
     SIDE_EFFECT_LOOKUP_FAILED = "side_effect.lookup_failed"
     SIDE_EFFECT_RESEND_WITH_SAME_KEY = "side_effect.resend_with_same_key"
     SIDE_EFFECT_RECHECK_SCHEDULED = "side_effect.recheck_scheduled"
+    SIDE_EFFECT_VERIFIED = "side_effect.verified"
+    SIDE_EFFECT_VERIFY_FAILED = "side_effect.verify_failed"
     # Compensation
     COMPENSATION_PLANNED = "compensation.planned"
     COMPENSATION_NOT_AVAILABLE = "compensation.not_available"

@@ -16,11 +16,19 @@ when not destructive but `openWorldHint` (default), low otherwise; `idempotentHi
 dedupes by key (resending the same call changes nothing more). Annotations are the server's
 claims, not proof: `McpToolConfig` overrides any of them per tool.
 
-Calls. Tool calls run in Celery workers (sync code): each call opens its own client session
-(`anyio.run`; stdio starts the server process, streamable HTTP connects) under the tool's hard
-timeout, and closes it. The idempotency key always travels in the request's `_meta`
+Lazy, per process. Registering connects nowhere: without a manifest, a server's tools are
+listed on first use in each process (McpToolset), so importing a module, a `manage.py` command
+or a web process starts no server. Calls run in Celery workers (sync code): a stdio server is
+started on the first call in a worker process and kept for the next ones (_StdioConnection),
+and closed when the worker shuts down; streamable HTTP opens a session per call. Each call runs
+under the tool's hard timeout. The idempotency key always travels in the request's `_meta`
 (`taskpilots/idempotency-key`, with `taskpilots/run`, `taskpilots/step`, `taskpilots/attempt`);
 `key_argument` also passes it as a tool argument, for servers that only read arguments.
+
+Reconciliation. A server with a lookup-by-key tool names it (`lookup_tool`). One without can
+still say with its read tools whether a call's effect is there (`McpVerification`: read the
+file, list the commits); after a crash the engine verifies before resending or asking a person
+(runs.tools.Verification, runs.engine.ledger).
 
 Failures map onto TaskPilots classes: the server cannot be started or reached → outage (nothing
 was sent); a timeout or a broken connection after the request went out → unknown outcome for a
@@ -32,13 +40,15 @@ anything is sent.
 
 Results are normalised to one shape whatever the server: `{"result": structuredContent, or the
 text parsed as JSON, or the text; "content": [non-text blocks, described]; "server", "tool"}`;
-the external id (commit proof) is `_meta["taskpilots/external-id"]`, else `result.id`.
+the external id (commit proof) is what the tool's `external_id` extractor finds in the result,
+else `_meta["taskpilots/external-id"]`, else `result.id`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import importlib.util
 import json
 import os
@@ -46,6 +56,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -53,7 +64,15 @@ import anyio
 from runs import tools as tool_registry
 from runs.agents import AgentToolInfo, MissingExtra, flat_schema, set_tool_info
 from runs.models import FailureClass, Risk
-from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult, about_to_wait
+from runs.tools import (
+    CallContext,
+    LookupResult,
+    Tool,
+    ToolError,
+    ToolResult,
+    Verification,
+    about_to_wait,
+)
 
 # mcp is imported where it is used (importing it takes most of a second); that it is there at all
 # (the optional `agents` extra) is checked now, so a missing extra is found at import.
@@ -143,6 +162,43 @@ class McpToolConfig:
     compensating_tool: str = ""
     compensation_params: Callable[[dict, dict], dict] | None = None
     fallback_tool: str = ""
+    # For a tool that cannot be asked by key: how a read of the same server tells whether a
+    # call's effect is there (reconciliation by verification, see McpVerification).
+    verification: McpVerification | None = None
+    # The commit proof from the call's own answer: (params, the normalised result value) → the
+    # external id (a commit hash in the reply text, a file's path and digest). Default:
+    # `_meta["taskpilots/external-id"]`, else the result's `id`.
+    external_id: Callable[[dict, Any], str] | None = None
+    # How long after a call the server may still apply it (runs.tools.Tool.settle_seconds).
+    settle_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class McpRead:
+    """What a read tool answered, as a verification sees it."""
+
+    ok: bool  # False for an isError answer (a file that is not there): an answer, not a failure
+    result: Any  # the normalised result (structuredContent, the text parsed as JSON, or the text)
+    text: str  # the text blocks, joined
+
+
+@dataclass(frozen=True)
+class McpVerification:
+    """How to tell, with a read tool of the same server, whether a call's effect is there.
+
+    `arguments(params)` are the read's arguments from the call's parameters; `recognise(params,
+    observed, baseline)` answers True (the effect is there), False (it is not) or None (cannot
+    tell), where `observed` is the McpRead after the crash and `baseline` the McpRead taken just
+    before the first call when `baseline=True` (else None). `external_id(params, observed,
+    baseline)` is the commit proof. See runs.tools.Verification for what the engine does with it.
+    """
+
+    tool: str
+    arguments: Callable[[dict], dict]
+    recognise: Callable[[dict, McpRead, McpRead | None], bool | None]
+    baseline: bool = False
+    external_id: Callable[[dict, McpRead, McpRead | None], str] | None = None
+    description: str = ""
 
 
 @dataclass
@@ -152,6 +208,8 @@ class McpTool(Tool):
     server: str = ""
     mcp_name: str = ""
     input_schema: dict = field(default_factory=dict)
+    # The server's own annotations (its claims: readOnlyHint, destructiveHint, ...), as listed.
+    annotations: dict = field(default_factory=dict)
 
     def validate(self, params: Any) -> dict:
         params = super().validate(params)
@@ -223,6 +281,7 @@ class _StdioConnection:
     def __init__(self, server: McpServer):
         self.loop = asyncio.new_event_loop()
         self.opened: concurrent.futures.Future = concurrent.futures.Future()
+        self.closed = threading.Event()
         self.alive = True
         threading.Thread(
             target=self.loop.run_forever, daemon=True, name=f"mcp-{server.name}"
@@ -242,7 +301,10 @@ class _StdioConnection:
             async with server.client() as client:
                 self.opened.set_result(True)
                 while True:
-                    request, future, limit, started = await self.queue.get()
+                    item = await self.queue.get()
+                    if item is None:  # close(): leave the session, which stops the server
+                        return
+                    request, future, limit, started = item
                     started.set()
                     try:
                         with anyio.fail_after(limit):
@@ -259,9 +321,17 @@ class _StdioConnection:
         finally:
             self.alive = False
             while not self.queue.empty():
-                _, future, _, _ = self.queue.get_nowait()
-                future.set_exception(_NotSent("the MCP session closed"))
+                item = self.queue.get_nowait()
+                if item is not None:
+                    item[1].set_exception(_NotSent("the MCP session closed"))
             self.loop.call_soon(self.loop.stop)  # and the thread ends
+            self.closed.set()
+
+    def close(self, wait: float = 5.0) -> None:
+        """End the session (the stdio server exits with it), after the call in progress."""
+        if self.alive and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, None)
+            self.closed.wait(wait)
 
     def run(self, request, limit: float):
         try:
@@ -293,8 +363,44 @@ def _connection(server: McpServer) -> _StdioConnection:
     with _CONNECTIONS_LOCK:
         connection = _CONNECTIONS.get(key)
         if connection is None or not connection.alive:
+            _close_at_exit()
             connection = _CONNECTIONS[key] = _StdioConnection(server)
         return connection
+
+
+def close_connections() -> int:
+    """Close this process's MCP sessions (their stdio servers exit): at worker shutdown, and
+    at interpreter exit. Returns how many were open."""
+    with _CONNECTIONS_LOCK:
+        mine = [k for k in _CONNECTIONS if k[0] == os.getpid()]
+        connections = [_CONNECTIONS.pop(k) for k in mine]
+    for connection in connections:
+        connection.close()
+    return sum(1 for c in connections if c.closed.is_set())
+
+
+_EXIT_HOOKS: set[int] = set()
+
+
+def _close_at_exit() -> None:
+    """Once per process: close the sessions when it ends. Celery's pool children leave with
+    os._exit (no atexit), so its worker_process_shutdown signal closes them there."""
+    if os.getpid() in _EXIT_HOOKS:
+        return
+    _EXIT_HOOKS.add(os.getpid())
+    import atexit
+
+    atexit.register(close_connections)
+    try:
+        from celery import signals
+    except ImportError:  # pragma: no cover - celery is a dependency
+        return
+    signals.worker_process_shutdown.connect(_on_worker_shutdown, weak=False)
+    signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
+
+
+def _on_worker_shutdown(*args, **kwargs) -> None:
+    close_connections()
 
 
 def _run(server: McpServer, request, limit: float):
@@ -433,7 +539,14 @@ def _invoker(server: McpServer, mcp_name: str, write: bool, config: McpToolConfi
             )
             raise ToolError(cls, f"MCP {server.name}/{mcp_name}: {_error_text(result)}")
         response = normalise(result, server=server.name, tool=mcp_name)
-        return ToolResult(response=response, external_id=_external_id(result, response["result"]))
+        if config.external_id is not None:
+            try:
+                external_id = str(config.external_id(params, response["result"]) or "")
+            except Exception:  # the proof is not where the extractor looks: none, not a failure
+                external_id = ""
+        else:
+            external_id = _external_id(result, response["result"])
+        return ToolResult(response=response, external_id=external_id)
 
     return invoke
 
@@ -462,6 +575,49 @@ def _lookup(server: McpServer, config: McpToolConfig):
         )
 
     return lookup
+
+
+def _verification(server: McpServer, config: McpToolConfig) -> Verification | None:
+    """runs.tools.Verification for an McpVerification: the read tool's answers as McpRead,
+    kept as JSON in the snapshot and the receipt."""
+    spec = config.verification
+    if spec is None:
+        return None
+
+    def read(params: dict, ctx: CallContext) -> dict:
+        result = call_tool(
+            server,
+            spec.tool,
+            spec.arguments(params),
+            meta=_meta(ctx),
+            timeout=ctx.timeout,
+            write=False,
+        )
+        value = normalise(result, server=server.name, tool=spec.tool)["result"]
+        text = "\n".join(b.text for b in result.content or () if getattr(b, "type", "") == "text")
+        return {"ok": not result.is_error, "result": value, "text": text}
+
+    def as_read(value: Any) -> McpRead | None:
+        if not isinstance(value, dict):
+            return None
+        return McpRead(bool(value.get("ok")), value.get("result"), str(value.get("text") or ""))
+
+    def recognise(params: dict, observed: Any, baseline: Any) -> bool | None:
+        return spec.recognise(params, as_read(observed), as_read(baseline))
+
+    external_id = None
+    if spec.external_id is not None:
+
+        def external_id(params: dict, observed: Any, baseline: Any) -> str:
+            return spec.external_id(params, as_read(observed), as_read(baseline))
+
+    return Verification(
+        read=read,
+        recognise=recognise,
+        baseline=read if spec.baseline else None,
+        external_id=external_id,
+        description=spec.description or f"MCP {server.name}/{spec.tool}",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,59 +650,198 @@ def register_mcp_tools(
     include: Sequence[str] | None = None,
     config: Mapping[str, McpToolConfig] | None = None,
     manifest: Sequence[Mapping[str, Any]] | None = None,
-) -> dict[str, McpTool]:
+) -> McpToolset:
     """Register the server's tools (all, or `include`) as TaskPilots tools.
 
-    `manifest` (what list_tools returned, e.g. kept in a file) registers without connecting.
-    Returns {MCP tool name: registered tool}.
+    Nothing connects here: with a `manifest` (what list_tools returned, e.g. kept in a file) the
+    tools are registered at once; without one, on first use in each process — the first
+    `runs.tools.get` of one of their names, or the first look into the returned mapping — the
+    server is asked for its tools (McpToolset). Returns {MCP tool name: registered tool}.
     """
-    config = dict(config or {})
-    offered = {t["name"]: t for t in (manifest if manifest is not None else list_tools(server))}
+    toolset = McpToolset(server, include=include, config=config, manifest=manifest)
+    if manifest is not None:
+        toolset.resolve(connect=False)
+    for prefix in toolset.prefixes():
+        tool_registry.register_source(prefix, toolset.resolve)
+    return toolset
+
+
+class McpToolset(Mapping):
+    """An MCP server's tools as registered TaskPilots tools, listed on first use in a process.
+
+    `resolve(connect=True)` (a worker about to call one, or anyone looking into the mapping)
+    lists them from the server and keeps the listing in a cache file (settings.VAR_DIR/mcp);
+    `resolve(connect=False)` (a web process showing the tools page) uses a manifest or that cache
+    file only. A server that cannot be reached while nothing is cached is an outage for the call
+    that asked (runs.tools.ToolError), not an unknown tool.
+    """
+
+    def __init__(self, server, *, include=None, config=None, manifest=None):
+        self.server = server
+        self.include = list(include) if include is not None else None
+        self.config = dict(config or {})
+        self.manifest = list(manifest) if manifest is not None else None
+        self._tools: dict[str, McpTool] | None = None
+        self._lock = threading.Lock()
+
+    def prefixes(self) -> list[str]:
+        names = {cfg.name for cfg in self.config.values() if cfg.name}
+        return [f"mcp.{self.server.name}.", *sorted(names)]
+
+    def resolve(self, connect: bool = True) -> dict[str, McpTool]:
+        if self._tools is not None:
+            return self._tools
+        with self._lock:
+            if self._tools is None:
+                listing = self._listing(connect)
+                if listing is None:
+                    return {}
+                self._tools = _register_listing(self.server, listing, self.include, self.config)
+        return self._tools
+
+    def _listing(self, connect: bool) -> list[dict] | None:
+        if self.manifest is not None:
+            return self.manifest
+        cached = _read_listing_cache(self.server)
+        if not connect:
+            return cached
+        try:
+            listing = list_tools(self.server)
+        except McpSetupError as exc:
+            if cached is not None:
+                return cached  # the call itself will say what is wrong with the server
+            raise ToolError(FailureClass.OUTAGE, str(exc)) from None
+        _write_listing_cache(self.server, listing)
+        return listing
+
+    def __getitem__(self, name: str) -> McpTool:
+        return self.resolve()[name]
+
+    def __iter__(self):
+        return iter(self.resolve())
+
+    def __len__(self) -> int:
+        return len(self.resolve())
+
+
+def _listing_cache_path(server: McpServer):
+    from django.conf import settings
+
+    identity = json.dumps([server.name, list(server.command), server.url, server.cwd or ""])
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in server.name)[:60]
+    return Path(settings.VAR_DIR) / "mcp" / f"{safe}-{digest}.tools.json"
+
+
+def _read_listing_cache(server: McpServer) -> list[dict] | None:
+    try:
+        listing = json.loads(_listing_cache_path(server).read_text())
+    except (OSError, ValueError):
+        return None
+    return listing if isinstance(listing, list) else None
+
+
+def _write_listing_cache(server: McpServer, listing: list[dict]) -> None:
+    path = _listing_cache_path(server)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(listing, indent=1, sort_keys=True))
+        partial.replace(path)  # readers see the old listing or the new one, never half
+    except OSError:
+        pass  # a cache: the next process lists again
+
+
+def _register_listing(
+    server: McpServer,
+    listing: Sequence[Mapping[str, Any]],
+    include: Sequence[str] | None,
+    config: Mapping[str, McpToolConfig],
+) -> dict[str, McpTool]:
+    offered = {t["name"]: t for t in listing}
     wanted = list(include) if include is not None else list(offered)
-    unknown = sorted((set(wanted) | set(config)) - set(offered))
+    named = {cfg.verification.tool for cfg in config.values() if cfg.verification} | {
+        cfg.lookup_tool for cfg in config.values() if cfg.lookup_tool
+    }
+    unknown = sorted((set(wanted) | set(config) | named) - set(offered))
     if unknown:
         raise McpSetupError(f"MCP server {server.name!r} has no tools named {unknown}")
-    registered = {}
-    for mcp_name in wanted:
-        spec = offered[mcp_name]
-        cfg = config.get(mcp_name, McpToolConfig())
-        meta = metadata_from_annotations(spec.get("annotations"))
-        for key in ("side_effect", "risk", "dedupes_by_key"):
-            if getattr(cfg, key) is not None:
-                meta[key] = getattr(cfg, key)
-        name = cfg.name or f"mcp.{server.name}.{mcp_name}"
-        schema = _model_schema(spec.get("inputSchema") or {"type": "object"}, cfg.key_argument)
-        description = spec.get("description") or spec.get("title") or ""
-        tool = McpTool(
-            name=name,
-            invoke=_invoker(server, mcp_name, meta["side_effect"], cfg),
-            lookup=_lookup(server, cfg),
-            target=cfg.target or (lambda params, _n=mcp_name: f"mcp:{server.name}/{_n}"),
-            scope=cfg.scope,
-            timeout=cfg.timeout,
-            compensating_tool=cfg.compensating_tool,
-            compensation_params=cfg.compensation_params,
-            fallback_tool=cfg.fallback_tool,
-            params_schema=flat_schema(schema),
-            description=description,
-            server=server.name,
-            mcp_name=mcp_name,
+    return {name: _register_one(server, offered[name], config.get(name)) for name in wanted}
+
+
+def _register_one(server: McpServer, spec: Mapping[str, Any], cfg: McpToolConfig | None):
+    cfg = cfg or McpToolConfig()
+    mcp_name = spec["name"]
+    meta = metadata_from_annotations(spec.get("annotations"))
+    for key in ("side_effect", "risk", "dedupes_by_key"):
+        if getattr(cfg, key) is not None:
+            meta[key] = getattr(cfg, key)
+    name = cfg.name or f"mcp.{server.name}.{mcp_name}"
+    schema = _model_schema(spec.get("inputSchema") or {"type": "object"}, cfg.key_argument)
+    description = spec.get("description") or spec.get("title") or ""
+    tool = McpTool(
+        name=name,
+        invoke=_invoker(server, mcp_name, meta["side_effect"], cfg),
+        lookup=_lookup(server, cfg),
+        verification=_verification(server, cfg),
+        settle_seconds=cfg.settle_seconds,
+        target=cfg.target or (lambda params, _n=mcp_name: f"mcp:{server.name}/{_n}"),
+        scope=cfg.scope,
+        timeout=cfg.timeout,
+        compensating_tool=cfg.compensating_tool,
+        compensation_params=cfg.compensation_params,
+        fallback_tool=cfg.fallback_tool,
+        params_schema=flat_schema(schema),
+        description=description,
+        server=server.name,
+        mcp_name=mcp_name,
+        input_schema=schema,
+        annotations=dict(spec.get("annotations") or {}),
+        **meta,
+    )
+    tool_registry.register(tool, replace=True)
+    set_tool_info(
+        name,
+        AgentToolInfo(
             input_schema=schema,
-            **meta,
-        )
-        tool_registry.register(tool, replace=True)
-        set_tool_info(
+            description=description,
+            needs_approval=cfg.needs_approval,
+            approval_reason=cfg.approval_reason,
+            queue=cfg.queue,
+        ),
+    )
+    return tool
+
+
+def server_from_sdk(sdk_server: Any, *, timeout: float | None = None) -> McpServer:
+    """TaskPilots' McpServer for an OpenAI Agents SDK MCP server (`MCPServerStdio`,
+    `MCPServerStreamableHttp`), so its tools are called through the engine's protocol. The
+    server's name, made safe for tool names, names its tools: mcp.<name>.<tool>."""
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in sdk_server.name).strip("_")
+    name = name[:60] or "server"
+    params = getattr(sdk_server, "params", None)
+    limit = timeout or float(getattr(sdk_server, "client_session_timeout_seconds", 0) or 0) or 30.0
+    command = getattr(params, "command", None)
+    if command:
+        return McpServer(
             name,
-            AgentToolInfo(
-                input_schema=schema,
-                description=description,
-                needs_approval=cfg.needs_approval,
-                approval_reason=cfg.approval_reason,
-                queue=cfg.queue,
-            ),
+            command=[command, *(params.args or [])],
+            env=dict(params.env) if params.env else None,
+            cwd=str(params.cwd) if params.cwd else None,
+            timeout=max(limit, 30.0),
         )
-        registered[mcp_name] = tool
-    return registered
+    if isinstance(params, Mapping) and params.get("url"):
+        if params.get("headers") or params.get("httpx_client_factory"):
+            raise McpSetupError(
+                f"MCP server {sdk_server.name!r}: custom headers or HTTP clients are not "
+                "supported under TaskPilots yet; put the credentials in the server's URL "
+                "handling or run it over stdio"
+            )
+        return McpServer(name, url=str(params["url"]), timeout=max(limit, 30.0))
+    raise McpSetupError(
+        f"MCP server {sdk_server.name!r} ({type(sdk_server).__name__}) is not supported under "
+        "TaskPilots: use MCPServerStdio or MCPServerStreamableHttp"
+    )
 
 
 def mcp_function_tools(registered: Mapping[str, Tool]) -> list:

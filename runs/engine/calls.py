@@ -93,3 +93,21 @@ def lookup(claim: Claim, tool: Tool, key: str) -> LookupResult:
     ctx = call_context(claim, tool, key)
     with when_waiting(_release_connection):
         return tool.lookup(key, ctx)
+
+
+def read_for_verification(claim: Claim, tool: Tool, params: dict, key: str, *, baseline=False):
+    """Run the tool's verification read (runs.tools.Verification) for the call's parameters:
+    its `baseline` read before the call, or its `read` afterwards. Anything but a ToolError
+    from the read is a transient failure of the read (it says nothing about the effect)."""
+    verification = tool.verification
+    read = verification.baseline if baseline else verification.read
+    ctx = call_context(claim, tool, key)
+    try:
+        with when_waiting(_release_connection):
+            return read(params, ctx)
+    except ToolError:
+        raise
+    except Exception as exc:
+        raise ToolError(
+            FailureClass.TRANSIENT, f"verification read failed: {type(exc).__name__}: {exc}"
+        ) from exc

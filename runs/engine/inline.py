@@ -34,6 +34,7 @@ from runs.engine.ledger import (
     idempotency_key_for,
     intent_in,
     intent_written,
+    needs_baseline,
     prepare_intent,
     snapshot_fields,
 )
@@ -185,8 +186,8 @@ def _prepare_call(claim: Claim):
     says which), a tool that is not a side effect."""
     try:
         tool = tool_registry.get(claim.definition.tool)
-        if not tool.side_effect:
-            return None
+        if not tool.side_effect or needs_baseline(tool):
+            return None  # a verification baseline is read before the intent: the ordinary path
         params = build_params(claim, tool)
         check_scope(claim, tool)
     except (ToolError, tool_registry.UnknownTool):

@@ -7,8 +7,9 @@ after it, and reconciliation of an outcome nobody saw.
    parameters is an error, never a second call.
 2. Call the tool with the key and a hard timeout.
 3. The receipt commits with the step's outcome (runs.engine.record); a failure is classified.
-4. An unknown outcome is reconciled: asked by key, resent where the tool dedupes by key, or
-   handed to a person — never guessed.
+4. An unknown outcome is reconciled: asked by key, verified with a read (runs.tools.Verification:
+   the effect is there, or it is not and the call is made again), resent where the tool dedupes
+   by key, or handed to a person — never guessed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.batch import SIDE_EFFECT_IDS, SNAPSHOT_IDS, Batch, Refused
-from runs.engine.calls import build_params, call_context, check_scope, invoke, lookup
+from runs.engine.calls import (
+    build_params,
+    call_context,
+    check_scope,
+    invoke,
+    lookup,
+    read_for_verification,
+)
 from runs.engine.claim import Claim
 from runs.engine.context import prior_results_summary
 from runs.engine.dispatch import conf
@@ -171,6 +179,8 @@ def write_intent(
     run, step = claim.run, claim.step
     checksum = digest(params)
     fields = snapshot_fields(claim, tool, params, key)
+    if needs_baseline(tool) and _new_attempt(key):
+        fields["verification_baseline"] = _read_baseline(claim, tool, params, key)
     fresh = _write_fresh_intent(claim, tool, fields, checksum, key)
     if fresh is not None:
         return fresh, None  # a new key on a first attempt: one round trip
@@ -204,6 +214,29 @@ def write_intent(
             effect.intend_again(snapshot)
         step.remember_key(key)
     return effect, None
+
+
+def needs_baseline(tool: Tool) -> bool:
+    return tool.verification is not None and tool.verification.baseline is not None
+
+
+def _new_attempt(key: str) -> bool:
+    """Whether write_intent will write a snapshot for this key (a new key, or one known not to
+    have landed): only then is a verification baseline read (a question to the outside world)."""
+    status = SideEffect.objects.filter(idempotency_key=key).values_list("status", flat=True)
+    return status.first() in (None, SideEffect.Status.NOT_COMMITTED)
+
+
+def _read_baseline(claim: Claim, tool: Tool, params: dict, key: str) -> dict:
+    """What the verification read sees before the call, for the snapshot. A failing read stops
+    the step before its intent: nothing was sent, the read's class routes it."""
+    try:
+        value = read_for_verification(claim, tool, params, key, baseline=True)
+    except ToolError as exc:
+        raise ToolError(
+            exc.failure_class, f"reading the verification baseline failed: {exc.message}"
+        ) from None
+    return {"value": to_json_value(value)}
 
 
 def prepare_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, key: str):
@@ -308,6 +341,10 @@ def reconcile(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict:
         verdict = _reconcile_by_lookup(claim, tool, effect)
         if verdict is not None:
             return verdict
+    elif tool.verification is not None:
+        verdict = _reconcile_by_verification(claim, tool, effect)
+        if verdict is not None:
+            return verdict
     if tool.dedupes_by_key:
         TimelineEvent.append(
             claim.run.pk,
@@ -347,6 +384,68 @@ def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdic
     return Verdict.RESEND
 
 
+def _reconcile_by_verification(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict | None:
+    """Read what the call would have changed and recognise its effect there (or its absence).
+    None: the read cannot tell (or cannot be made): the next way, or a person."""
+    key, snapshot = effect.idempotency_key, effect.snapshot
+    if snapshot.pruned:
+        return None
+    verification = tool.verification
+    baseline = (snapshot.verification_baseline or {}).get("value")
+    try:
+        observed = to_json_value(
+            read_for_verification(claim, tool, snapshot.params, key, baseline=False)
+        )
+    except ToolError as exc:
+        TimelineEvent.append(
+            claim.run.pk, Verb.SIDE_EFFECT_VERIFY_FAILED, {"key": key, "error": exc.message}
+        )
+        if exc.failure_class in (FailureClass.TRANSIENT, FailureClass.OUTAGE) and (
+            claim.step.attempts < RECHECK_ATTEMPTS
+        ):
+            return Verdict.RECHECK
+        return None
+    try:
+        found = verification.recognise(snapshot.params, observed, baseline)
+        external_id = (
+            str(verification.external_id(snapshot.params, observed, baseline) or "")
+            if found is True and verification.external_id is not None
+            else ""
+        )
+    except Exception as exc:  # the tool author's code: a bug there decides nothing
+        found, external_id = None, ""
+        problem = f"recognising the effect failed: {type(exc).__name__}: {exc}"
+    else:
+        problem = ""
+    TimelineEvent.append(
+        claim.run.pk,
+        Verb.SIDE_EFFECT_VERIFIED,
+        {
+            "key": key,
+            "found": found,
+            "by": verification.description or f"a read for {tool.name}",
+            "observed_digest": digest(observed),
+            **({"external_id": external_id[:255]} if external_id else {}),
+            **({"problem": problem} if problem else {}),
+        },
+    )
+    if found is True:
+        proof = {"verified_by": verification.description or "read", "observed": observed}
+        receipt = Receipt(external_id, proof)
+        _settle(effect, lambda: effect.commit(receipt, confirmed_by="verification"))
+        if effect.status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
+            return Verdict.COMMITTED
+        return Verdict.UNKNOWN  # the ledger and the system disagree: a person decides
+    if found is False:
+        if timezone.now() < effect.attempted_at + settle_window(claim, tool):
+            return Verdict.RECHECK
+        _settle(effect, lambda: effect.mark_not_committed(confirmed_by="verification"))
+        if effect.status == SideEffect.Status.COMMITTED:  # its receipt came in meanwhile
+            return Verdict.COMMITTED
+        return Verdict.RESEND
+    return None
+
+
 def _settle(effect: SideEffect, change) -> None:
     """A change of the ledger row that someone else may have made first (a woken worker's
     receipt racing this reconciliation): then the row is read again and stands as it is."""
@@ -370,7 +469,11 @@ def recheck(claim: Claim, tool: Tool, effect: SideEffect) -> Recheck:
 
 
 def unknown_outcome(tool: Tool, effect: SideEffect, error: str) -> UnknownOutcome:
+    if tool.verification is not None:
+        why = "its verification read could not tell whether it did, and it does not dedupe"
+    else:
+        why = "it cannot be asked by key, has no verification read and does not dedupe"
     return UnknownOutcome(
-        f"{error}. {tool.name} may or may not have done this; it cannot be asked by key and does "
-        f"not dedupe, so a person must check (idempotency key {effect.idempotency_key})."
+        f"{error}. {tool.name} may or may not have done this; {why}, so a person must check "
+        f"(idempotency key {effect.idempotency_key})."
     )
