@@ -374,9 +374,10 @@ def close_connections() -> int:
     with _CONNECTIONS_LOCK:
         mine = [k for k in _CONNECTIONS if k[0] == os.getpid()]
         connections = [_CONNECTIONS.pop(k) for k in mine]
-    for connection in connections:
+    alive = [c for c in connections if c.alive]
+    for connection in alive:
         connection.close()
-    return sum(1 for c in connections if c.closed.is_set())
+    return sum(1 for c in alive if c.closed.is_set())
 
 
 _EXIT_HOOKS: set[int] = set()
