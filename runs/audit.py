@@ -505,7 +505,8 @@ def _cell(value: Any) -> str:
 
 
 def export_csv(runs) -> Iterator[str]:
-    """CSV for people (one row per event). Hash fields are included; use JSONL to verify."""
+    """CSV for people (one row per event). Hash fields are included; use JSONL to verify. The
+    last column repeats a side effect's external id (its commit proof) from the event's data."""
     writer = csv.writer(_Echo())
     yield writer.writerow(
         [
@@ -520,6 +521,7 @@ def export_csv(runs) -> Iterator[str]:
             "pruned",
             "prev_hash",
             "hash",
+            "external_id",
         ]
     )
     for batch in _run_batches(runs.order_by("pk")):
@@ -538,8 +540,16 @@ def export_csv(runs) -> Iterator[str]:
                     "true" if event.pruned else "false",
                     event.prev_hash,
                     event.hash,
+                    _cell(_external_id(event.data)),
                 ]
             )
+
+
+def _external_id(data: Any) -> str:
+    """The commit proof an event names (a side effect committed or reused), for people reading
+    the CSV without parsing its JSON cell."""
+    value = data.get("external_id") if isinstance(data, dict) else None
+    return str(value) if value not in (None, "") else ""
 
 
 # --------------------------------------------------------------------------------------------

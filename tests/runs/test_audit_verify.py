@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from runs import audit
-from runs.models import Run, Snapshot, TimelineEvent
+from runs.models import Run, SideEffect, Snapshot, TimelineEvent
 from tests.approvals.console_helpers import approval_run, start
 
 pytestmark = pytest.mark.django_db
@@ -254,7 +254,15 @@ def test_export_filters_and_csv(runs, tmp_path):
                  stderr=io.StringIO())  # fmt: skip
     rows = csv_path.read_text(encoding="utf-8").splitlines()
     assert rows[0].startswith("run,workflow,seq,at,actor,verb,data")
+    assert rows[0].endswith(",hash,external_id")
     assert len(rows) == 1 + TimelineEvent.objects.filter(run=reply).count()
+    import csv
+
+    committed = [r for r in csv.DictReader(io.StringIO("\n".join(rows)))
+                 if r["verb"] == "side_effect.committed"]  # fmt: skip
+    effects = SideEffect.objects.filter(run=reply, status="committed")
+    assert sorted(r["external_id"] for r in committed) == sorted(e.external_id for e in effects)
+    assert all(r["external_id"] for r in committed)
 
 
 def test_invisible_characters_are_escaped_in_exports_and_the_chain_still_verifies(
