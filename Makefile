@@ -3,6 +3,10 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The third-party MCP servers the peer drills and tests run against (taskpilots/peers/), pinned
+# by its package-lock.json and installed outside git.
+PEERS := var/peers
+PEERS_STAMP := $(PEERS)/.installed
 
 # The newest Python >= 3.12 we can find: python3.13, python3.12, then pyenv's versions.
 PYTHON ?= $(shell for p in python3.13 python3.12 \
@@ -10,7 +14,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; \
 	done)
 
-.PHONY: run test test-embedded lint format venv install clean-var
+.PHONY: run test test-embedded lint format venv install peers clean-var
 .DEFAULT_GOAL := run
 
 $(PY):
@@ -28,6 +32,18 @@ $(STAMP): $(PY) pyproject.toml constraints.txt
 
 venv install: $(STAMP)
 
+$(PEERS_STAMP): taskpilots/peers/package.json taskpilots/peers/package-lock.json
+	@command -v npm >/dev/null 2>&1 || { \
+	  echo "Installing Node.js and npm for the MCP peer tests"; \
+	  SUDO=$$([ "$$(id -u)" -ne 0 ] && command -v sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y nodejs npm; }
+	@mkdir -p $(PEERS)
+	@cp taskpilots/peers/package.json taskpilots/peers/package-lock.json $(PEERS)/
+	@npm ci --prefix $(PEERS) --no-audit --no-fund --loglevel=error
+	@touch $@
+
+peers: $(PEERS_STAMP)
+
 run: $(STAMP)
 	@$(PY) -m taskpilots.devrun
 
@@ -43,7 +59,7 @@ format: $(STAMP)
 MARKS ?=
 SELECT := $(if $(MARKS),($(MARKS)) and ,)
 
-test: $(STAMP)
+test: $(STAMP) $(PEERS_STAMP)
 	@# The browser tests drive Debian's Chromium (never `playwright install`).
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "Installing chromium for the browser tests"; \
@@ -61,7 +77,7 @@ test: $(STAMP)
 # workers, drills or benchmarks, on the embedded PostgreSQL and the filesystem broker, in a
 # var folder of its own whose database is stopped afterwards. .ci/run runs it after `make test`.
 EMBEDDED_VAR := $(CURDIR)/var/embedded-test
-test-embedded: $(STAMP)
+test-embedded: $(STAMP) $(PEERS_STAMP)
 	@env -u DATABASE_URL -u CELERY_BROKER_URL -u TASKPILOTS_REDIS_URL -u CACHE_URL \
 	  TASKPILOTS_VAR_DIR=$(EMBEDDED_VAR) $(MAKE) --no-print-directory test MARKS="worker or bench"; \
 	  status=$$?; TASKPILOTS_VAR_DIR=$(EMBEDDED_VAR) $(PY) -m taskpilots.embedded stop; exit $$status

@@ -3,9 +3,21 @@
 Installed by the evidence app, in the worker processes a drill or a test starts, when one of
 these variables is set; otherwise nothing here runs.
 
-`TASKPILOTS_CHAOS_CRASH_AFTER_CALL=mail.send,…`: after a successful call of one of those tools,
-the process dies before it can record the receipt — "the side effect is done, the local record
-failed".
+The three crashes of a worker around a side-effect call, each for the tools it names
+(comma-separated TaskPilots tool names) and at every call of them:
+- `TASKPILOTS_CHAOS_CRASH_BEFORE_CALL=mcp.fs.write_file,…`: the process SIGKILLs itself as the
+  engine hands it the call — after the snapshot and the `intended` ledger row committed (and the
+  engine's checks before the call passed), before the request leaves the process;
+- `TASKPILOTS_CHAOS_CRASH_DURING_CALL=…`: a helper thread SIGKILLs the process while the call
+  waits for its answer: once `TASKPILOTS_CHAOS_CRASH_DURING_CALL_LOG` (the log of the stdio proxy
+  in front of the server, taskpilots/evidence/mcp_proxy.py, which can hold the answer back)
+  shows the server answered a call with this call's idempotency key — the request reached the
+  server and was carried out, the answer never reached the worker — or, without a log,
+  `TASKPILOTS_CHAOS_CRASH_DURING_CALL_AFTER` seconds (0.25) into the call;
+- `TASKPILOTS_CHAOS_CRASH_AFTER_CALL=mail.send,…`: after a successful call, the process dies
+  before it can record the receipt — "the side effect is done, the local record failed".
+With the threads pool the worker process dies; with prefork, the pool process that made the call
+(its parent replaces it).
 
 `TASKPILOTS_CHAOS_STALL_DIR=<folder>`: the zombie and partition drills (taskpilots/evidence/
 stalls.py). The drill arms one stall at a time by writing `armed.json` there (which tool, which
@@ -45,6 +57,16 @@ from runs import tools as tool_registry
 
 logger = logging.getLogger("taskpilots.evidence")
 VARIABLE = "TASKPILOTS_CHAOS_CRASH_AFTER_CALL"
+CRASH_BEFORE_CALL = "TASKPILOTS_CHAOS_CRASH_BEFORE_CALL"
+CRASH_DURING_CALL = "TASKPILOTS_CHAOS_CRASH_DURING_CALL"
+CRASH_DURING_CALL_LOG = "TASKPILOTS_CHAOS_CRASH_DURING_CALL_LOG"
+CRASH_DURING_CALL_AFTER = "TASKPILOTS_CHAOS_CRASH_DURING_CALL_AFTER"
+# The crash variables by moment (the peer drill's kill matrix names them so).
+CRASH_AT = {
+    "before_send": CRASH_BEFORE_CALL,
+    "during_call": CRASH_DURING_CALL,
+    "after_answer": VARIABLE,
+}
 STALL_DIR = "TASKPILOTS_CHAOS_STALL_DIR"
 DB_PROXY = "TASKPILOTS_CHAOS_DB_PROXY"
 
@@ -88,6 +110,69 @@ def crash_after_call(names: frozenset[str]) -> None:
         return dataclasses.replace(tool, invoke=invoke_then_die)
 
     tool_registry.get = get
+
+
+def _wrap_invoke(names: frozenset[str], wrap) -> None:
+    """Wrap `runs.tools.get` so the named tools are called through `wrap(tool, invoke)`."""
+    original = tool_registry.get
+
+    def get(name: str):
+        tool = original(name)
+        if tool.name not in names:
+            return tool
+        return dataclasses.replace(tool, invoke=wrap(tool, tool.invoke))
+
+    tool_registry.get = get
+
+
+def _sigkill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_before_call(names: frozenset[str]) -> None:
+    """The named tools' calls kill the process before anything is sent."""
+
+    def wrap(tool, invoke):
+        def die_before(params, ctx):
+            logger.error("chaos: SIGKILL before sending %s (%s)", tool.name, ctx.idempotency_key)
+            _sigkill_self()
+            return invoke(params, ctx)  # pragma: no cover
+
+        return die_before
+
+    _wrap_invoke(names, wrap)
+
+
+def crash_during_call(names: frozenset[str], log: str = "", after: float = 0.25) -> None:
+    """The named tools' calls kill the process while they wait for the answer (see the module
+    docstring): once the proxy's `log` shows the server answered this call, else `after` s in."""
+    from taskpilots.evidence import mcp_proxy
+
+    def kill_when_answered(key: str) -> None:
+        deadline = time.monotonic() + 120
+        if log:
+            while not mcp_proxy.answered(log, key) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        else:
+            time.sleep(after)
+        logger.error("chaos: SIGKILL during the call (%s)", key)
+        _sigkill_self()
+
+    def wrap(tool, invoke):
+        def die_during(params, ctx):
+            threading.Thread(
+                target=kill_when_answered, args=(ctx.idempotency_key,), daemon=True
+            ).start()
+            result = invoke(params, ctx)
+            # The answer came back first (nothing held it): the crash is after the answer now,
+            # and still before the receipt.
+            logger.error("chaos: %s answered before the crash; SIGKILL now", tool.name)
+            _sigkill_self()
+            return result  # pragma: no cover
+
+        return die_during
+
+    _wrap_invoke(names, wrap)
 
 
 class Stalls:
@@ -359,10 +444,24 @@ def _log_batches(stalls: Stalls) -> None:
     Batch.commit = logged_commit
 
 
+def _names(variable: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in os.environ.get(variable, "").split(",") if n.strip())
+
+
 def install_from_environment() -> None:
-    names = frozenset(n.strip() for n in os.environ.get(VARIABLE, "").split(",") if n.strip())
+    names = _names(VARIABLE)
     if names:
         crash_after_call(names)
+    names = _names(CRASH_BEFORE_CALL)
+    if names:
+        crash_before_call(names)
+    names = _names(CRASH_DURING_CALL)
+    if names:
+        crash_during_call(
+            names,
+            os.environ.get(CRASH_DURING_CALL_LOG, ""),
+            float(os.environ.get(CRASH_DURING_CALL_AFTER) or 0.25),
+        )
     folder = os.environ.get(STALL_DIR, "")
     if folder:
         install_stalls(Path(folder), os.environ.get(DB_PROXY, ""))
