@@ -11,7 +11,7 @@ The three crashes of a worker around a side-effect call, each for the tools it n
 - `TASKPILOTS_CHAOS_CRASH_DURING_CALL=…`: a helper thread SIGKILLs the process while the call
   waits for its answer: once `TASKPILOTS_CHAOS_CRASH_DURING_CALL_LOG` (the log of the stdio proxy
   in front of the server, taskpilots/evidence/mcp_proxy.py, which can hold the answer back)
-  shows the server answered a call with this call's idempotency key — the request reached the
+  shows a new answer to a call with this call's idempotency key — the request reached the
   server and was carried out, the answer never reached the worker — or, without a log,
   `TASKPILOTS_CHAOS_CRASH_DURING_CALL_AFTER` seconds (0.25) into the call;
 - `TASKPILOTS_CHAOS_CRASH_AFTER_CALL=mail.send,…`: after a successful call, the process dies
@@ -148,10 +148,12 @@ def crash_during_call(names: frozenset[str], log: str = "", after: float = 0.25)
     docstring): once the proxy's `log` shows the server answered this call, else `after` s in."""
     from taskpilots.evidence import mcp_proxy
 
-    def kill_when_answered(key: str) -> None:
+    def kill_when_answered(key: str, before: int) -> None:
         deadline = time.monotonic() + 120
         if log:
-            while not mcp_proxy.answered(log, key) and time.monotonic() < deadline:
+            # An answer with this key that was not there when the call began: this call's
+            # (the verification reads made for the call carry its key too).
+            while mcp_proxy.answers(log, key) <= before and time.monotonic() < deadline:
                 time.sleep(0.01)
         else:
             time.sleep(after)
@@ -160,9 +162,9 @@ def crash_during_call(names: frozenset[str], log: str = "", after: float = 0.25)
 
     def wrap(tool, invoke):
         def die_during(params, ctx):
-            threading.Thread(
-                target=kill_when_answered, args=(ctx.idempotency_key,), daemon=True
-            ).start()
+            key = ctx.idempotency_key
+            before = mcp_proxy.answers(log, key) if log else 0
+            threading.Thread(target=kill_when_answered, args=(key, before), daemon=True).start()
             result = invoke(params, ctx)
             # The answer came back first (nothing held it): the crash is after the answer now,
             # and still before the receipt.

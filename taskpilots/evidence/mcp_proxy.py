@@ -78,9 +78,10 @@ def requests(path: Path | str, tool: str | None = None, key: str | None = None) 
     ]
 
 
-def answered(path: Path | str, key: str) -> bool:
-    """Whether the server answered a call carrying this idempotency key (held or forwarded)."""
-    return any(e.get("dir") == "answer" and e.get("key") == key for e in read_log(path))
+def answers(path: Path | str, key: str) -> int:
+    """How many calls carrying this idempotency key the server answered (held or forwarded):
+    the write, and the verification reads made for it, which carry its key too."""
+    return sum(1 for e in read_log(path) if e.get("dir") == "answer" and e.get("key") == key)
 
 
 class Proxy:
