@@ -2,7 +2,13 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from approvals.models import ApprovalRequest, EscalationRule, HumanDecision, Takeover
+from approvals.models import (
+    ApprovalRequest,
+    EscalationRule,
+    HumanDecision,
+    Takeover,
+    ToolMetadataOverride,
+)
 from runs.admin import ReadOnlyAdmin
 
 
@@ -30,3 +36,20 @@ class EscalationRuleAdmin(admin.ModelAdmin):
     list_display = ["position", "name", "enabled", "failure_class", "tool", "action", "queue"]
     list_editable = ["enabled"]
     list_display_links = ["name"]
+
+
+@admin.register(ToolMetadataOverride)
+class ToolMetadataOverrideAdmin(ReadOnlyAdmin):
+    """The history of local decisions over tools' metadata (made on the console's tools page;
+    rows never change)."""
+
+    list_display = [
+        "id",
+        "tool",
+        "risk",
+        "side_effect",
+        "dedupes_by_key",
+        "changed_by",
+        "changed_at",
+    ]
+    list_filter = ["tool"]

@@ -1,5 +1,6 @@
 """Admin pages of the console: escalation rules (list, create, edit, reorder, enable/disable,
-history), the rule tester, tool pauses and notification channels.
+history), the rule tester, tool pauses and local decisions over tools' metadata, and
+notification channels.
 
 Admins only (others get a 403); thin views over approvals/rules.py and approvals/notifications.py.
 """
@@ -11,13 +12,19 @@ import logging
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import path
+from django.urls import path, reverse
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from approvals import notifications, rules
-from approvals.models import EscalationRule, NotificationChannel, NotificationDelivery
+from approvals import notifications, rules, tool_metadata
+from approvals.models import (
+    EscalationRule,
+    MetadataConflict,
+    MetadataLoosened,
+    NotificationChannel,
+    NotificationDelivery,
+)
 from approvals.permissions import ADMINISTER, require_role
 
 logger = logging.getLogger("taskpilots.console")
@@ -135,11 +142,30 @@ def rule_move(request: HttpRequest, rule_id: int, direction: str) -> HttpRespons
 # Tool pauses
 
 
+def _tools_page(
+    request: HttpRequest,
+    *,
+    status: int = 200,
+    error: str = "",
+    failed_tool: str = "",
+    focus: str = "",
+    **outcome,
+) -> HttpResponse:
+    """The tools page; for htmx only its main part (`#tools-main`). `error` is a pause's;
+    `outcome` (bound, error, success, warnings) is shown in the entry of the tool `focus`."""
+    if "metadata_error" in outcome:
+        outcome["error"] = outcome.pop("metadata_error")
+    context = tool_metadata.page_context(focus=focus, **outcome)
+    context.update(error=error, failed_tool=failed_tool)
+    template = "console/rules_tools.html" + ("#tools-main" if request.htmx else "")
+    return render(request, template, context, status=status)
+
+
 @require_GET
 @never_cache
 @admin_view
 def tool_list(request: HttpRequest) -> HttpResponse:
-    return render(request, "console/rules_tools.html", {"rows": rules.tool_rows()})
+    return _tools_page(request)
 
 
 @require_POST
@@ -149,8 +175,7 @@ def tool_pause(request: HttpRequest) -> HttpResponse:
     try:
         pause, created = rules.pause_tool(tool, request.user, request.POST.get("reason", "")[:2000])
     except rules.PauseError as exc:
-        context = {"rows": rules.tool_rows(), "error": str(exc), "failed_tool": tool}
-        return render(request, "console/rules_tools.html", context, status=422)
+        return _tools_page(request, status=422, error=str(exc), failed_tool=tool)
     if created:
         logger.warning("tool %s paused by %s", tool, request.user.get_username())
         messages.success(
@@ -172,6 +197,60 @@ def tool_resume(request: HttpRequest) -> HttpResponse:
             % {"tool": tool, "count": woken},
         )
     return redirect("console:tool-list")
+
+
+@require_POST
+@admin_view
+def tool_metadata_decide(request: HttpRequest) -> HttpResponse:
+    """Set or clear the local decision over a tool's metadata (approvals/tool_metadata.py).
+
+    A bad form, an unknown tool or an unconfirmed loosening answers 422 and writes nothing; a
+    decision someone else changed since the form was loaded answers 409 with what is in force.
+    """
+    name = request.POST.get("tool", "")[:150]
+    try:
+        own = tool_metadata.registered(name)
+    except tool_metadata.MetadataRefused as exc:
+        return _tools_page(request, status=422, error=str(exc))
+    form = tool_metadata.form_for(name, own, data=request.POST)
+    if not form.is_valid():
+        return _tools_page(
+            request, status=422, bound=form, focus=name, metadata_error=_("Check the form.")
+        )
+    try:
+        decision, changed = tool_metadata.decide(form, request.user)
+    except MetadataLoosened as exc:
+        warnings = tool_metadata.loosening_warnings(name, exc)
+        return _tools_page(
+            request,
+            status=422,
+            bound=form,
+            focus=name,
+            warnings=warnings,
+            metadata_error=_(
+                "This makes the engine less careful: tick the confirmation to save it."
+            ),
+        )
+    except MetadataConflict as exc:
+        return _tools_page(
+            request,
+            status=409,
+            focus=name,
+            metadata_error=tool_metadata.conflict_message(name, exc.current),
+        )
+    message = tool_metadata.saved_message(name, decision, changed)
+    if changed:
+        logger.warning(
+            "tool %s metadata %s by %s: %s",
+            name,
+            "cleared" if decision.clears else decision.overrides(),
+            request.user.get_username(),
+            decision.changes,
+        )
+    if request.htmx:
+        return _tools_page(request, focus=name, success=message)
+    messages.success(request, message)
+    return redirect(reverse("console:tool-list") + "#" + tool_metadata.anchor_of(name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,6 +307,7 @@ urlpatterns = [
     path("rules/tools/", tool_list, name="tool-list"),
     path("rules/tools/pause/", tool_pause, name="tool-pause"),
     path("rules/tools/resume/", tool_resume, name="tool-resume"),
+    path("rules/tools/metadata/", tool_metadata_decide, name="tool-metadata"),
     path("rules/channels/", channel_list, name="channel-list"),
     path("rules/channels/<int:channel_id>/toggle/", channel_toggle, name="channel-toggle"),
 ]
