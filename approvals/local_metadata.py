@@ -136,7 +136,7 @@ class LocalMetadata:
                 logger.warning(
                     "local tool metadata could not be read (%s: %s); %s",
                     type(exc).__name__,
-                    exc,
+                    (str(exc).splitlines() or [""])[0],
                     "the last decisions read stay in force"
                     if loaded.decisions
                     else "the tools' own metadata applies",
