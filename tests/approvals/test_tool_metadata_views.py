@@ -198,3 +198,16 @@ def test_the_tools_page_costs_the_same_queries_with_decisions_and_history(
         response = client.get(TOOLS)
     assert "The newest 10 changes are shown" in visible_text(response)
     assert len(decided) == len(bare), [q["sql"][:90] for q in decided.captured_queries]
+
+
+def test_the_metadata_section_reads_in_chinese(client, admin_user):
+    client.force_login(admin_user)
+    zh = {"HTTP_ACCEPT_LANGUAGE": "zh-Hans"}
+    client.post(DECIDE, form(risk="high"), **zh)
+    text = visible_text(client.get(TOOLS, **zh))
+    assert "引擎对每个工具的了解" in text and "What the engine knows" not in text
+    assert "风险 中 高 本地决定" in text  # its code says medium, in force high
+    response = client.post(DECIDE, form(expected=ToolMetadataOverride.objects.get().pk,
+                                        risk="low"), **HTMX, **zh)  # fmt: skip
+    assert response.status_code == 422
+    assert "风险将从 高 降为 低" in visible_text(response)
