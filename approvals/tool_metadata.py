@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,13 +280,13 @@ def _mcp_of(own: tool_registry.Tool) -> dict[str, Any] | None:
             (str(key), value if isinstance(value, str) else json.dumps(value))
             for key, value in sorted(annotations.items(), key=lambda item: str(item[0]))
         ]
-        from runs.agents.mcp import metadata_from_annotations  # loaded: this is an MCP tool
-
-        implied = [
-            (FIELD_LABELS[name], shown_value(name, value))
-            for name, value in metadata_from_annotations(annotations).items()
-            if name in FIELD_LABELS
-        ]
+        mcp = sys.modules.get("runs.agents.mcp")  # loaded wherever an MCP tool was made
+        if mcp is not None:
+            implied = [
+                (FIELD_LABELS[name], shown_value(name, value))
+                for name, value in mcp.metadata_from_annotations(annotations).items()
+                if name in FIELD_LABELS
+            ]
     return {"server": server, "name": mcp_name, "annotations": shown, "implied": implied}
 
 

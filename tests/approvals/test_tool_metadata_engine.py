@@ -45,7 +45,8 @@ def test_a_rule_for_high_risk_matches_a_tool_decided_high(sandbox, admin_user):
     sandbox.inject("mail", "429", action="send")
     before = run_of("test.reply", REPLY)  # mail.send is medium: the default retry
     assert Step.objects.get(run=before, name="send_reply").routing["rule"] == (
-        "Retry transient errors")
+        "Retry transient errors"
+    )
 
     decide(admin_user, "mail.send", risk="high")
     sandbox.inject("mail", "429", action="send")
@@ -93,7 +94,8 @@ def test_a_side_effect_step_refuses_a_tool_decided_to_be_a_read(sandbox, admin_u
 
 def test_clearing_the_decision_gives_the_engine_the_tools_own_metadata(sandbox, admin_user):
     row, _ = decide(admin_user, "payments.refund", risk="medium")
-    ToolMetadataOverride.decide(tools.registered("payments.refund"), admin_user, "back",
-                                expected=row.pk)  # fmt: skip  (back up to high: stricter)
+    ToolMetadataOverride.decide(
+        tools.registered("payments.refund"), admin_user, "back", expected=row.pk
+    )  # a clear, back up to high: stricter, so no confirming
     run = run_of("test.refund", {"amount": 150, "payment": "pay_1"})
     assert ApprovalRequest.objects.get(run=run).risk == "high"

@@ -21,8 +21,9 @@ HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "tools-main"}
 
 
 def form(**fields):
-    return {"tool": "mail.send", "expected": "0", "risk": "", "side_effect": "",
-            "dedupes_by_key": "", "reason": "mail bounces cost us", "do": "save", **fields}  # fmt: skip
+    empty = {"risk": "", "side_effect": "", "dedupes_by_key": ""}
+    return {"tool": "mail.send", "expected": "0", **empty, "reason": "mail bounces cost us",
+            "do": "save", **fields}  # fmt: skip
 
 
 @pytest.fixture
@@ -30,8 +31,8 @@ def git_commit(monkeypatch):
     """An MCP tool as mcp-server-git lists it: a commit it calls not destructive, so low."""
     tool = McpTool(name="mcp.git.git_commit", invoke=lambda p, c: ToolResult({}),
                    side_effect=True, risk="low", server="git", mcp_name="git_commit")  # fmt: skip
-    tool.annotations = {"readOnlyHint": False, "destructiveHint": False,
-                        "openWorldHint": False, "title": "<img src=x onerror=alert(1)>"}  # fmt: skip
+    tool.annotations = {"readOnlyHint": False, "destructiveHint": False, "openWorldHint": False,
+                        "title": "<img src=x onerror=alert(1)>"}  # fmt: skip
     monkeypatch.setitem(tools._TOOLS, tool.name, tool)
     return tool
 
@@ -47,7 +48,11 @@ def test_an_admin_sets_a_decision_with_htmx_and_sees_it_in_force(client, admin_u
     assert "The decision over mail.send is saved" in text and "within 2 s" in text
     row = ToolMetadataOverride.objects.get()
     assert (row.tool, row.risk, row.changed_by, row.reason) == (
-        "mail.send", "high", admin_user, "mail bounces cost us")
+        "mail.send",
+        "high",
+        admin_user,
+        "mail bounces cost us",
+    )
     assert tools.get("mail.send").risk == "high"
     assert "Risk Medium High local decision" in text  # its code says, in force
 
@@ -140,9 +145,7 @@ def test_a_confirmed_loosening_is_saved_and_recorded_as_confirmed(client, admin_
     assert tools.get("mail.send").side_effect is False
 
 
-def test_a_form_older_than_the_decision_in_force_loses_with_what_is_in_force(
-    client, admin_user
-):
+def test_a_form_older_than_the_decision_in_force_loses_with_what_is_in_force(client, admin_user):
     client.force_login(admin_user)
     client.post(DECIDE, form(risk="high", reason="first"))
     response = client.post(DECIDE, form(risk="medium", reason="second"), **HTMX)  # expected 0
