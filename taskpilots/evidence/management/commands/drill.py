@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 from django.core.management.base import BaseCommand, CommandError
 
-from taskpilots.evidence import scratch
+from taskpilots import peers
+from taskpilots.evidence import peer_drill, scratch
 from taskpilots.evidence.drill import (
     FIGURE_KEYS,
     Drill,
@@ -45,6 +48,20 @@ BROKEN = {
     "stale_writes": "records by workers that had lost their claim",
 }
 
+# The peer drill (--peers) fails on any of these: a crash that did not happen where it was armed,
+# a run that finished with no effect or with two, a receipt the effect does not bear out.
+PEER_BROKEN = {
+    "crashes_missed": "crashes that did not happen where they were armed",
+    "lost": "runs that finished without their effect, or never settled",
+    "duplicate_effects": "effects made twice on the receiving side",
+    "wrong_receipts": "receipts the effect does not bear out",
+}
+
+
+def _fields(case: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(peer_drill.Case)}
+    return {k: v for k, v in case.items() if k in names}
+
 
 class Command(BaseCommand):
     help = (
@@ -79,6 +96,21 @@ class Command(BaseCommand):
             help="soak: SIGKILL workers, restart the broker and PostgreSQL, drop the sandbox",
         )
         parser.add_argument(
+            "--peers",
+            action="store_true",
+            help="instead of the drill kinds: the kill matrix against real third-party MCP "
+            "servers (the filesystem and git servers; a worker SIGKILLed before the send, "
+            "during the call, after the answer), --runs crashes rounded up to whole matrices; "
+            "reports local_recovery_rate per peer",
+        )
+        parser.add_argument(
+            "--peer-config",
+            default="reference",
+            choices=peer_drill.MODES,
+            help="with --peers: runs/agents/reference.py as it is (reference), without its "
+            "verifications (unverified), or only the servers' own annotations (annotations)",
+        )
+        parser.add_argument(
             "--here",
             action="store_true",
             help="run in the configured database (its drill runs, rules and user stay there) "
@@ -99,14 +131,12 @@ class Command(BaseCommand):
             faults = parse_faults(options["faults"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        worker_env = {}
-        for item in options["worker_env"]:
-            name, equals, value = item.partition("=")
-            if not equals or not name:
-                raise CommandError(f"--worker-env {item!r}: expected NAME=VALUE")
-            worker_env[name] = value
+        worker_env = self._worker_env(options)
         if not options["here"]:
             self._in_scratch_database(options)
+            return
+        if options["peers"]:
+            self._peers(options)
             return
         config = DrillConfig(
             runs=options["runs"],
@@ -131,6 +161,15 @@ class Command(BaseCommand):
                 f"{', '.join(broken)}: recovery is broken; see the runs in the console."
             )
 
+    def _worker_env(self, options) -> dict[str, str]:
+        worker_env = {}
+        for item in options["worker_env"]:
+            name, equals, value = item.partition("=")
+            if not equals or not name:
+                raise CommandError(f"--worker-env {item!r}: expected NAME=VALUE")
+            worker_env[name] = value
+        return worker_env
+
     def _print_table(self, report: dict) -> None:
         width = max(len(k) for k in KEYS)
         for key in KEYS:
@@ -151,6 +190,42 @@ class Command(BaseCommand):
                     f"mails {e['mail_sent']}  {e['verdict'] or e['note']}"
                 )
 
+    def _peers(self, options) -> None:
+        matrix = len(peer_drill.PEERS) * len(peer_drill.MOMENTS)
+        try:
+            report = peer_drill.run_drill(
+                rounds=math.ceil(options["runs"] / matrix),
+                mode=options["peer_config"],
+                progress=progress_to_stderr,
+                worker_env=self._worker_env(options),
+            )
+        except peers.PeerMissing as exc:
+            raise CommandError(str(exc)) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(report, sort_keys=True))
+        else:
+            self._print_peers(report)
+        broken = [f"{report[key]} {what}" for key, what in PEER_BROKEN.items() if report[key]]
+        if broken:
+            raise CommandError(f"{', '.join(broken)}: recovery is broken; see the cases above.")
+
+    def _print_peers(self, report: dict) -> None:
+        self.stdout.write(f"peer configuration: {report['mode']}")
+        columns = (
+            "crashes",
+            "finished_without_person",
+            "local_recovery_rate",
+            "writes_reached_server",
+            "resent",
+        )
+        self.stdout.write(f"{'peer':<12}" + "".join(f"{c:>25}" for c in columns))
+        for peer, row in report["peers"].items():
+            self.stdout.write(f"{peer:<12}" + "".join(f"{str(row[c]):>25}" for c in columns))
+        self.stdout.write("")
+        for case in report["cases"]:
+            self.stdout.write(peer_drill.PeerMatrix.line(peer_drill.Case(**_fields(case))))
+        self.stdout.write(f"elapsed_s  {report['elapsed_s']}")
+
     def _in_scratch_database(self, options) -> None:
         """The drill again, with --here, in a scratch database that is dropped afterwards, so the
         install it was run on keeps its rules, users, workflows and sandbox as they were."""
@@ -159,7 +234,8 @@ class Command(BaseCommand):
             for name in ("runs", "faults", "seed", "workers", "concurrency")
         ]
         argv += [f"--worker-env={item}" for item in options["worker_env"]]
-        argv += [f"--{flag}" for flag in ("json", "chaos") if options[flag]]
+        argv += [f"--{flag}" for flag in ("json", "chaos", "peers") if options[flag]]
+        argv += [f"--peer-config={options['peer_config']}"]
         failed = False
         with scratch.scratch_database(
             "drill", progress_to_stderr, keep=lambda: options["keep"] or failed
