@@ -550,9 +550,13 @@ class PeerMatrix:
             case.expected_external_id = git(repo, "rev-parse", "HEAD") if case.effects else ""
         if not case.crashed:
             case.problems.append("the worker did not die where it was armed to")
-        if case.effects != 1:
+        if case.effects > 1 or (case.without_person and case.effects != 1):
             case.problems.append(f"{case.effects} effects on the receiving side")
-        if case.without_person and case.external_id != case.expected_external_id:
+        if case.writes > 1:
+            case.problems.append(f"{case.writes} write requests reached the server")
+        if case.without_person and not case.external_id:
+            case.problems.append("no commit proof in the receipt")
+        elif case.without_person and case.external_id != case.expected_external_id:
             case.problems.append(
                 f"receipt {case.external_id!r}, the effect implies {case.expected_external_id!r}"
             )
@@ -597,7 +601,8 @@ def _lost(case: Case) -> bool:
 def report(cases: list[Case], mode: str) -> dict:
     """Per peer: crashes, runs finished without a person, local_recovery_rate (the second ÷ the
     first), write requests that reached the server, resends, cases whose effect was not
-    exactly one (a run parked for a person before anything was sent has none, rightly)."""
+    exactly one (a run parked for a person before anything was sent has none, rightly),
+    receipts without a commit proof and receipts whose proof the effect does not bear out."""
     per_peer = {}
     for name in PEERS:
         mine = [c for c in cases if c.peer == name]
@@ -609,10 +614,18 @@ def report(cases: list[Case], mode: str) -> dict:
             "needs_human": sum(1 for c in crashes if c.status in ("needs_human", "taken_over")),
             "local_recovery_rate": round(len(alone) / len(crashes), 4) if crashes else None,
             "writes_reached_server": sum(c.writes for c in mine),
+            # Write requests beyond the first for one run: a blind resend (harmless only when
+            # the write is, and nobody changed the file meanwhile).
+            "extra_writes": sum(max(c.writes - 1, 0) for c in mine),
             "resent": sum(1 for c in mine if c.resent),
             "not_exactly_one_effect": sum(1 for c in mine if c.effects != 1),
+            "receipts_without_proof": sum(
+                1 for c in mine if c.without_person and not c.external_id
+            ),
             "wrong_receipts": sum(
-                1 for c in mine if c.without_person and c.external_id != c.expected_external_id
+                1
+                for c in mine
+                if c.without_person and c.external_id and c.external_id != c.expected_external_id
             ),
         }
     return {

@@ -206,3 +206,30 @@ def test_rewritten_history_cannot_tell(world):
         )
 
     assert _verify(COMMIT, params, amend)[0] is None
+
+
+def test_the_drill_counts_runs_finished_without_a_person_per_crash():
+    from taskpilots.evidence.peer_drill import Case, report
+
+    cases = [
+        Case("filesystem", "before_send", 1, crashed=True, status="succeeded", writes=1,
+             effects=1, external_id="a@sha256:1", expected_external_id="a@sha256:1"),
+        Case("filesystem", "during_call", 2, crashed=True, status="succeeded", writes=2,
+             writes_before_crash=1, effects=1, external_id="", expected_external_id="b"),
+        Case("git", "before_send", 3, crashed=True, status="needs_human"),
+        Case("git", "during_call", 4, crashed=True, status="needs_human", writes=1, effects=1),
+        Case("git", "after_answer", 5, crashed=False, status="succeeded", writes=1, effects=2,
+             external_id="c", expected_external_id="d"),
+    ]  # fmt: skip
+    found = report(cases, "reference")
+    assert found["peers"]["filesystem"]["local_recovery_rate"] == 1.0
+    assert found["peers"]["filesystem"]["extra_writes"] == 1
+    assert found["peers"]["filesystem"]["receipts_without_proof"] == 1
+    assert found["peers"]["git"]["crashes"] == 2  # the one that missed its moment is not one
+    assert found["peers"]["git"]["local_recovery_rate"] == 0.0
+    assert (found["crashes_missed"], found["duplicate_effects"], found["wrong_receipts"]) == (
+        1,
+        1,
+        1,
+    )
+    assert found["lost"] == 0

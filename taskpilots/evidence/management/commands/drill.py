@@ -216,11 +216,12 @@ class Command(BaseCommand):
             "finished_without_person",
             "local_recovery_rate",
             "writes_reached_server",
+            "extra_writes",
             "resent",
         )
-        self.stdout.write(f"{'peer':<12}" + "".join(f"{c:>25}" for c in columns))
+        self.stdout.write(f"{'peer':<12}" + "".join(f"{c:>24}" for c in columns))
         for peer, row in report["peers"].items():
-            self.stdout.write(f"{peer:<12}" + "".join(f"{str(row[c]):>25}" for c in columns))
+            self.stdout.write(f"{peer:<12}" + "".join(f"{str(row[c]):>24}" for c in columns))
         self.stdout.write("")
         for case in report["cases"]:
             self.stdout.write(peer_drill.PeerMatrix.line(peer_drill.Case(**_fields(case))))
