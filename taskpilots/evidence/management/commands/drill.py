@@ -7,7 +7,7 @@ import math
 from django.core.management.base import BaseCommand, CommandError
 
 from taskpilots import peers
-from taskpilots.evidence import peer_drill, scratch
+from taskpilots.evidence import scratch
 from taskpilots.evidence.drill import (
     FIGURE_KEYS,
     Drill,
@@ -58,8 +58,8 @@ PEER_BROKEN = {
 }
 
 
-def _fields(case: dict) -> dict:
-    names = {f.name for f in dataclasses.fields(peer_drill.Case)}
+def _fields(case: dict, kind) -> dict:
+    names = {f.name for f in dataclasses.fields(kind)}
     return {k: v for k, v in case.items() if k in names}
 
 
@@ -106,7 +106,6 @@ class Command(BaseCommand):
         parser.add_argument(
             "--peer-config",
             default="reference",
-            choices=peer_drill.MODES,
             help="with --peers: runs/agents/reference.py as it is (reference), without its "
             "verifications (unverified), or only the servers' own annotations (annotations)",
         )
@@ -132,6 +131,14 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         worker_env = self._worker_env(options)
+        if options["peers"]:
+            # Imported here: it needs the `agents` extra (MCP), which the other drills do not.
+            from taskpilots.evidence import peer_drill
+
+            try:
+                peer_drill.configs(options["peer_config"])
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
         if not options["here"]:
             self._in_scratch_database(options)
             return
@@ -191,6 +198,8 @@ class Command(BaseCommand):
                 )
 
     def _peers(self, options) -> None:
+        from taskpilots.evidence import peer_drill
+
         matrix = len(peer_drill.PEERS) * len(peer_drill.MOMENTS)
         try:
             report = peer_drill.run_drill(
@@ -210,6 +219,8 @@ class Command(BaseCommand):
             raise CommandError(f"{', '.join(broken)}: recovery is broken; see the cases above.")
 
     def _print_peers(self, report: dict) -> None:
+        from taskpilots.evidence import peer_drill
+
         self.stdout.write(f"peer configuration: {report['mode']}")
         columns = (
             "crashes",
@@ -224,7 +235,9 @@ class Command(BaseCommand):
             self.stdout.write(f"{peer:<12}" + "".join(f"{str(row[c]):>24}" for c in columns))
         self.stdout.write("")
         for case in report["cases"]:
-            self.stdout.write(peer_drill.PeerMatrix.line(peer_drill.Case(**_fields(case))))
+            self.stdout.write(
+                peer_drill.PeerMatrix.line(peer_drill.Case(**_fields(case, peer_drill.Case)))
+            )
         self.stdout.write(f"elapsed_s  {report['elapsed_s']}")
 
     def _in_scratch_database(self, options) -> None:
