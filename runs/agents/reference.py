@@ -51,7 +51,7 @@ edit_file (`read_text_file`; baseline as for write_file)
 - Commit proof: after a crash `<path>@sha256:<hex>` of the file the read saw; on an answered
   call the server reports the diff and not the content, so `<path>@diff-sha256:<hex>` of it.
 
-git_commit (`git_log` of the repository, 50 entries; baseline: the same log before the call)
+git_commit (`git_log` of the current branch, 50 entries; baseline: the same log before the call)
 - The commit's effect is a new commit on the current branch with the model's message, so True
   when the log shows, above the baseline's HEAD, a commit whose message is exactly the
   parameters' message. The idempotency key is not written into the message (a trailer would
@@ -60,8 +60,9 @@ git_commit (`git_log` of the repository, 50 entries; baseline: the same log befo
   message is not taken for this one. Only another writer committing the same message in the
   window between the baseline and the check could be mistaken for it.
 - False when no commit above the baseline's HEAD has that message (HEAD unmoved, or moved by
-  other commits only). Resending is then what the call would have done; git itself refuses an
-  empty commit, so even a resend that found nothing staged cannot commit twice.
+  other commits only). Resending is then what the call would have done; the server refuses a
+  commit with nothing staged, so even a resend after a commit the log did not show could not
+  commit the same changes twice.
 - None when the baseline's HEAD is not in the log any more (history rewritten, a branch
   switched, or more than 50 commits since), when a log cannot be read, or when there was no
   baseline.
