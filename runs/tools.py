@@ -43,6 +43,7 @@ class ToolError(Exception):
         status: int | None = None,
         retry_after: float | None = None,
         details: Any = None,
+        answered: bool = False,
     ):
         if failure_class not in FailureClass.values:
             raise ValueError(f"unknown failure class {failure_class!r}")
@@ -52,6 +53,9 @@ class ToolError(Exception):
         self.status = status
         self.retry_after = retry_after
         self.details = details
+        # The system processed the call and answered with an error (an MCP isError result),
+        # as opposed to no answer: nothing of it is still in flight.
+        self.answered = answered
 
     def __str__(self) -> str:
         return f"{self.failure_class}: {self.message}"

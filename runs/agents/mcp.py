@@ -85,6 +85,8 @@ META_STEP = "taskpilots/step"
 META_ATTEMPT = "taskpilots/attempt"
 META_FAILURE_CLASS = "taskpilots/failure-class"
 META_EXTERNAL_ID = "taskpilots/external-id"
+# On a read made to verify a call (it carries that call's key): not the call itself.
+META_PURPOSE = "taskpilots/purpose"
 
 
 class McpSetupError(ValueError):
@@ -538,7 +540,9 @@ def _invoker(server: McpServer, mcp_name: str, write: bool, config: McpToolConfi
             cls = (named if named in FailureClass.values else config.error_class) or (
                 FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
             )
-            raise ToolError(cls, f"MCP {server.name}/{mcp_name}: {_error_text(result)}")
+            raise ToolError(
+                cls, f"MCP {server.name}/{mcp_name}: {_error_text(result)}", answered=True
+            )
         response = normalise(result, server=server.name, tool=mcp_name)
         if config.external_id is not None:
             try:
@@ -590,7 +594,7 @@ def _verification(server: McpServer, config: McpToolConfig) -> Verification | No
             server,
             spec.tool,
             spec.arguments(params),
-            meta=_meta(ctx),
+            meta={**_meta(ctx), META_PURPOSE: "verification"},
             timeout=ctx.timeout,
             write=False,
         )
@@ -774,6 +778,10 @@ def _register_one(server: McpServer, spec: Mapping[str, Any], cfg: McpToolConfig
     cfg = cfg or McpToolConfig()
     mcp_name = spec["name"]
     meta = metadata_from_annotations(spec.get("annotations"))
+    if cfg.verification is not None:
+        # A server's idempotentHint is a claim; with a verification the read decides, and an
+        # undecided read goes to a person rather than to a blind resend.
+        meta["dedupes_by_key"] = False
     for key in ("side_effect", "risk", "dedupes_by_key"):
         if getattr(cfg, key) is not None:
             meta[key] = getattr(cfg, key)

@@ -129,9 +129,17 @@ def _after_failed_call(claim: Claim, tool: Tool, effect: SideEffect, exc: ToolEr
     if effect.status == SideEffect.Status.INTENDED:
         _settle(effect, lambda: effect.mark_unknown(exc.message))
     claim.run.count_failure()  # the call failed, whatever reconciling it finds
-    verdict = reconcile(claim, tool, effect)
+    verdict = reconcile(claim, tool, effect, answered=exc.answered)
     if verdict == Verdict.COMMITTED:
         return Succeeded(effect.receipt.get("response"))
+    if verdict == Verdict.RESEND and exc.answered and effect.confirmed_by == "verification":
+        # The system answered with an error and a read shows it did nothing: it refused the
+        # call. Sending it again would only be refused again; the rules route the refusal.
+        return Failed(
+            FailureClass.INVALID_INPUT,
+            f"{exc.message} (the system answered with an error and the verification read shows "
+            "nothing was done: refused)",
+        )
     if verdict == Verdict.RESEND:
         # Known not committed, or safe to resend: an ordinary retry with the same key.
         return Failed(FailureClass.TRANSIENT, f"{exc.message} (reconciled: safe to retry)")
@@ -335,14 +343,15 @@ def settle_window(claim: Claim, tool: Tool) -> timedelta:
     return timedelta(seconds=2 * timeout + 1)
 
 
-def reconcile(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict:
-    """Settle an unknown outcome without guessing (see Verdict)."""
+def reconcile(claim: Claim, tool: Tool, effect: SideEffect, *, answered: bool = False) -> Verdict:
+    """Settle an unknown outcome without guessing (see Verdict). `answered`: the system
+    answered the call (with an error), so nothing of it can still be in flight."""
     if tool.lookup is not None:
         verdict = _reconcile_by_lookup(claim, tool, effect)
         if verdict is not None:
             return verdict
     elif tool.verification is not None:
-        verdict = _reconcile_by_verification(claim, tool, effect)
+        verdict = _reconcile_by_verification(claim, tool, effect, answered)
         if verdict is not None:
             return verdict
     if tool.dedupes_by_key:
@@ -384,7 +393,9 @@ def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdic
     return Verdict.RESEND
 
 
-def _reconcile_by_verification(claim: Claim, tool: Tool, effect: SideEffect) -> Verdict | None:
+def _reconcile_by_verification(
+    claim: Claim, tool: Tool, effect: SideEffect, answered: bool = False
+) -> Verdict | None:
     """Read what the call would have changed and recognise its effect there (or its absence).
     None: the read cannot tell (or cannot be made): the next way, or a person."""
     key, snapshot = effect.idempotency_key, effect.snapshot
@@ -437,7 +448,7 @@ def _reconcile_by_verification(claim: Claim, tool: Tool, effect: SideEffect) -> 
             return Verdict.COMMITTED
         return Verdict.UNKNOWN  # the ledger and the system disagree: a person decides
     if found is False:
-        if timezone.now() < effect.attempted_at + settle_window(claim, tool):
+        if not answered and timezone.now() < effect.attempted_at + settle_window(claim, tool):
             return Verdict.RECHECK
         _settle(effect, lambda: effect.mark_not_committed(confirmed_by="verification"))
         if effect.status == SideEffect.Status.COMMITTED:  # its receipt came in meanwhile

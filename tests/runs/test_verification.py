@@ -33,6 +33,8 @@ class Store:
     def write(self, params: dict, ctx) -> dict:
         if self.fail == "before":
             raise ToolError(FailureClass.UNKNOWN_OUTCOME, "the connection broke before sending")
+        if self.fail == "refuse":  # an answer: the system processed the call and did nothing
+            raise ToolError(FailureClass.UNKNOWN_OUTCOME, "parent folder missing", answered=True)
         with self.lock:
             self.writes += 1
             self.files[params["path"]] = params["content"]
@@ -272,4 +274,17 @@ def test_a_baseline_that_cannot_be_read_stops_the_step_before_its_intent(store):
     step = Step.objects.get(run=run, name="write")
     assert "verification baseline" in step.last_error
     assert not SideEffect.objects.filter(run=run).exists()
+    assert store.writes == 0
+
+
+def test_an_error_answer_the_read_shows_did_nothing_is_a_refusal_not_a_resend(store):
+    store.fail = "refuse"
+    run = engine.run_until_quiet(start("test.verify_write", {"path": "e.txt", "content": "w"}).pk)
+    step = Step.objects.get(run=run, name="write")
+    # Refused at once (no settle window: the system answered), routed as invalid input.
+    assert step.attempts == 1 and step.routing["failure_class"] == "invalid_input"
+    assert "refused" in step.last_error and "parent folder missing" in step.last_error
+    assert run.status == "needs_human"
+    effect = SideEffect.objects.get(run=run)
+    assert (effect.status, effect.confirmed_by) == ("not_committed", "verification")
     assert store.writes == 0
