@@ -3,28 +3,31 @@
 `runs.tools.get` and `all_tools` pass every tool through `apply` (installed by
 ApprovalsConfig.ready; `runs` never imports this): the tool as its code registered it, or a copy
 (`dataclasses.replace`) with the decision in force (approvals.models.ToolMetadataOverride). The
-engine calls `get` several times per step, so `apply` reads no database on its way:
+engine calls `get` several times per step, so `apply` costs the caller no statement:
 
-- The decisions in force are kept per process, with the history's stamp (its row count and
-  newest id: rows are only ever added, so every committed change moves it).
-- At most every REFRESH_SECONDS, the first `get` asks PostgreSQL for the stamp (one statement
-  on the index), and reloads the decisions only when it moved (one more). No other `get` reads
-  anything.
-- The process that saves a change drops what it holds at once and again when the change
-  commits, so its next `get` reloads.
+- Each process keeps the decisions in force in memory, with the history's stamp (its row count
+  and newest id: rows are only ever added, so every committed change moves it).
+- At most every REFRESH_SECONDS, a `get` reads the stamp, and the decisions when it moved — on
+  a connection that is not the caller's (one borrowed from the process's pool, or opened for
+  the read without a pool; bounded by short timeouts), so the engine's statements and
+  transactions never include it. Every other `get` reads nothing.
+- The process that saves a change reads the decisions again within the saving transaction, on
+  its own connection (one statement, on every save): it uses the change at once. The tools page
+  does the same read first, so it shows what is in force.
 - The copy of a tool is made once per (tool, decision) and kept; a tool with no decision is
   returned as it is (the same object).
 
-So a worker in another process uses a change from its first `get` that comes more than
-REFRESH_SECONDS after the change committed: within REFRESH_SECONDS (2 s) in a busy worker, and
-at the next step in an idle one. What a step already read keeps for that step (a call in
-flight is not re-decided). When the decisions cannot be read at all (no database, a schema not
-migrated yet), the last ones read stay in force — the tools' own metadata if none ever were —
-and the read is tried again REFRESH_SECONDS later; that is logged.
+So a worker in another process uses a change from its first `get` that comes REFRESH_SECONDS or
+more after the change committed: within 2 s in a busy worker, at its next step in an idle one.
+A step keeps what it already read (a call in flight is not re-decided). When the decisions
+cannot be read (no database, a schema not migrated yet, a lock held on the table, the pool
+exhausted), the last ones read stay in force — the tools' own metadata if none ever were — and
+the read is tried again REFRESH_SECONDS later; that is logged.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import os
@@ -34,7 +37,8 @@ from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from typing import Any
 
-from django.db import connection, transaction
+import psycopg
+from django.db import connection, connections, transaction
 
 from runs import tools as tool_registry
 
@@ -42,6 +46,11 @@ logger = logging.getLogger("taskpilots.engine")
 
 # How stale a process's copy of the decisions may be (after a change committed elsewhere).
 REFRESH_SECONDS = 2.0
+# A read on the side waits at most this long for a pooled connection, and its statement gives up
+# on a lock or a slow server after these (a `get` is never held up for long).
+POOL_WAIT_SECONDS = 1.0
+LOCK_TIMEOUT = "1s"
+STATEMENT_TIMEOUT = "2s"
 
 _TABLE = "approvals_toolmetadataoverride"
 _STAMP = f"SELECT count(*), coalesce(max(id), 0) FROM {_TABLE}"
@@ -53,6 +62,8 @@ LEFT JOIN (SELECT DISTINCT ON (tool) id, tool, risk, side_effect, dedupes_by_key
            FROM {_TABLE} ORDER BY tool, id DESC) o ON true
 """
 _NEVER = float("-inf")
+
+Read = Callable[[str], list[tuple]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +81,42 @@ class _Loaded:
     checked_at: float
 
 
+def read_here(sql: str) -> list[tuple]:
+    """One read on the caller's connection, which sees its own transaction's writes. Inside a
+    transaction a savepoint keeps a failed read from breaking it."""
+    guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
+    with guard, connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()
+
+
+def read_on_the_side(sql: str) -> list[tuple]:
+    """One read on a connection that is not the caller's: borrowed from this process's pool
+    (so within the connections a worker budgets for: taskpilots/dbpool.py), or without a pool
+    opened for the read and closed. Committed data only; bounded by POOL_WAIT_SECONDS,
+    LOCK_TIMEOUT and STATEMENT_TIMEOUT."""
+    wrapper = connections["default"]
+    # Where Django may not use the database (a test without database access), neither may
+    # this; it also opens the pool.
+    wrapper.ensure_connection()
+    pool = wrapper.pool
+    if pool is not None:
+        with pool.connection(timeout=POOL_WAIT_SECONDS) as conn:
+            return _bounded(conn, sql)
+    params = wrapper.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.setdefault("connect_timeout", 2)
+    with psycopg.connect(**params, autocommit=True) as conn:
+        return _bounded(conn, sql)
+
+
+def _bounded(conn, sql: str) -> list[tuple]:
+    with conn.transaction():
+        conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
+        return conn.execute(sql).fetchall()
+
+
 class LocalMetadata:
     """One process's copy of the decisions (module docstring). Thread-safe: the state is one
     immutable value swapped whole, and one thread at a time reads the database for it."""
@@ -79,9 +126,12 @@ class LocalMetadata:
         *,
         clock: Callable[[], float] = time.monotonic,
         refresh_seconds: float | None = None,
+        read: Read | None = None,
     ) -> None:
         self.clock = clock
         self.refresh_seconds = REFRESH_SECONDS if refresh_seconds is None else refresh_seconds
+        # How the timed checks reach PostgreSQL (read_on_the_side; tests give another).
+        self.read = read or read_on_the_side
         self.reset()
 
     def reset(self) -> None:
@@ -89,10 +139,8 @@ class LocalMetadata:
         self._loaded = _Loaded(None, {}, _NEVER)
         self._copies: dict[str, tuple[tool_registry.Tool, int, tool_registry.Tool]] = {}
         self._reading = threading.Lock()
-
-    def invalidate(self) -> None:
-        """A change was saved (or committed) here: the next `apply` reads the decisions."""
-        self._loaded = dataclasses.replace(self._loaded, stamp=None, checked_at=_NEVER)
+        # What was read, by kind ("stamp", "load"), for tests and for a look in a shell.
+        self.reads: collections.Counter[str] = collections.Counter()
 
     def apply(self, tool: tool_registry.Tool) -> tool_registry.Tool:
         """`tool` with the decision in force over it (the same object when there is none)."""
@@ -113,26 +161,28 @@ class LocalMetadata:
         """The decisions this process holds now (without reading anything)."""
         return self._loaded.decisions
 
-    def refresh(self, *, force: bool = False) -> _Loaded:
-        """Read the stamp, and the decisions if it moved (or `force`: read them in any case,
-        in one statement). A thread that finds another one reading goes on with what is held,
-        unless nothing usable is held."""
+    def refresh(self, *, here: bool = False) -> _Loaded:
+        """The timed check: read the stamp, and the decisions when it moved (or when none were
+        ever read), on the side. `here`: read the decisions in any case, on the caller's
+        connection (one statement). A thread that finds another one reading goes on with what
+        is held, unless nothing was ever read."""
         loaded = self._loaded
-        blocking = force or loaded.stamp is None
-        if not self._reading.acquire(blocking=blocking):
+        if not self._reading.acquire(blocking=here or loaded.stamp is None):
             return loaded
         try:
-            if self._loaded is not loaded and not force:  # another thread just read it
+            if self._loaded is not loaded and not here:  # another thread just read them
                 return self._loaded
             now = self.clock()
+            read = read_here if here else self.read
             try:
-                if loaded.stamp is not None and not force:
-                    stamp = tuple(_fetch(_STAMP)[0])
-                    if stamp == loaded.stamp:
+                if loaded.stamp is not None and not here:
+                    self.reads["stamp"] += 1
+                    if tuple(read(_STAMP)[0]) == loaded.stamp:
                         self._loaded = dataclasses.replace(loaded, checked_at=now)
                         return self._loaded
-                self._loaded = _read_all(now)
-            except Exception as exc:  # no database, no table yet, a test without database
+                self.reads["load"] += 1
+                self._loaded = _decisions(read(_LOAD), now)
+            except Exception as exc:  # see the module docstring: the last decisions stay
                 logger.warning(
                     "local tool metadata could not be read (%s: %s); %s",
                     type(exc).__name__,
@@ -147,17 +197,7 @@ class LocalMetadata:
             self._reading.release()
 
 
-def _fetch(sql: str) -> list[tuple]:
-    # Inside the caller's transaction a savepoint keeps a failed read from breaking it; outside
-    # one, a single autocommit statement.
-    guard = transaction.atomic() if connection.in_atomic_block else nullcontext()
-    with guard, connection.cursor() as cursor:
-        cursor.execute(sql)
-        return cursor.fetchall()
-
-
-def _read_all(now: float) -> _Loaded:
-    rows = _fetch(_LOAD)
+def _decisions(rows: list[tuple], now: float) -> _Loaded:
     decisions: dict[str, Decision] = {}
     for _n, _top, pk, tool, risk, side_effect, dedupes_by_key in rows:
         if pk is None:
@@ -185,7 +225,6 @@ def install() -> None:
 
 
 def changed() -> None:
-    """A decision was written in the current transaction: reload now (for this transaction's
-    own reads) and again once it commits (for everyone else's in this process)."""
-    CACHE.invalidate()
-    transaction.on_commit(CACHE.invalidate)
+    """A decision was written in the current transaction: this process uses it at once. (If
+    that transaction rolled back, the next timed check finds the stamp moved back.)"""
+    CACHE.refresh(here=True)

@@ -382,7 +382,7 @@ def page_context(**focus: Any) -> dict[str, Any]:
     """The whole tools page: pauses (approvals.rules.tool_rows) and metadata. The decisions
     are read first, in one statement, so the page shows what the engine now uses in this
     process and costs the same number of queries whenever it is opened."""
-    local_metadata.CACHE.refresh(force=True)
+    local_metadata.CACHE.refresh(here=True)
     rows = rules.tool_rows()
     metadata = entries(**focus)
     decided = {entry.name for entry in metadata if entry.decision is not None}

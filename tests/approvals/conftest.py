@@ -5,15 +5,6 @@ import pytest
 from approvals import local_metadata
 
 
-@pytest.fixture(autouse=True)
-def fresh_local_metadata():
-    """The process's copy of the local tool metadata outlives a test's rolled-back rows: start
-    and end every test with none, so a decision never leaks into the next test."""
-    local_metadata.CACHE.reset()
-    yield
-    local_metadata.CACHE.reset()
-
-
 class Clock:
     """A monotonic clock the test moves by hand."""
 
@@ -27,9 +18,16 @@ class Clock:
         self.now += seconds
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def clock(monkeypatch):
-    """This process's cache on a clock the test drives (no sleeps)."""
+    """This process's copy of the local tool metadata, fresh and on a clock the test drives.
+
+    Fresh: the copy outlives a test's rolled-back rows, so a decision would leak into the next
+    test. Stopped: its timed checks read committed rows only (on a connection of their own), so
+    one falling inside a test would drop the decisions the test made in its transaction.
+    """
     fake = Clock()
+    local_metadata.CACHE.reset()
     monkeypatch.setattr(local_metadata.CACHE, "clock", fake)
-    return fake
+    yield fake
+    local_metadata.CACHE.reset()
