@@ -630,8 +630,9 @@ class AgentWorkflow:
             )
         given = filtered.input_history
         given = [{"role": "user", "content": given}] if isinstance(given, str) else list(given)
-        chosen_items = filtered.input_items if filtered.input_items is not None else None
-        items = (*filtered.pre_handoff_items, *(chosen_items or filtered.new_items))
+        # As the SDK: input_items, when the filter set them, are what the next agent sees.
+        kept = filtered.new_items if filtered.input_items is None else filtered.input_items
+        items = (*filtered.pre_handoff_items, *kept)
         return {
             "input": to_json_value(given),
             "items": [_entry_of(i, result["from"]) for i in items],

@@ -430,3 +430,39 @@ def test_is_enabled_and_output_guardrails_see_the_run_context():
     assert model.calls[0].handoffs == []  # disabled for this run's context
     assert checked == [("Ann", Verdict(refund=True, note="broken"))]
     assert run.result["final_output"] == {"refund": True, "note": "broken"}
+
+
+def test_nest_handoff_history_gives_the_receiver_the_sdks_summary_of_the_conversation():
+    writer = Agent(name="Writer", model=ScriptedModel([[assistant_message("Done.")]]))
+    triage = Agent(
+        name="Triage",
+        model=ScriptedModel(triage_script()),
+        tools=[lookup_order],
+        handoffs=[handoff(writer, nest_handoff_history=True)],
+    )
+    register_agent(WORKFLOW, triage, context=lambda i: Desk(customer=i["customer"]))
+    run, _ = engine.start_run(WORKFLOW, CASE)
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    (summary,) = writer.model.calls[0].input
+    assert summary["role"] == "assistant" and "<CONVERSATION HISTORY>" in summary["content"]
+    assert "lookup_order" in summary["content"] and CASE["message"] in summary["content"]
+
+
+def test_each_agents_tools_are_bound_when_the_first_agent_is_registered():
+    @function_tool(name_override="lookup_order")
+    def lookup_other_order(order_id: str) -> dict:
+        """Look an order up in the other shop."""
+        return {}
+
+    checker = Agent(name="Checker", tools=[lookup_order])
+    writer = Agent(name="Writer Bot", tools=[lookup_other_order], handoffs=[checker])
+    triage = Agent(name="Triage", tools=[lookup_order], handoffs=[writer])
+    runner = register_agent(WORKFLOW, triage)
+    bound = {name: node.bindings["lookup_order"].tool for name, node in runner.agents.items()}
+    # Another function of the same name gets its agent's name; a shared one is the same tool.
+    assert bound == {
+        "Triage": f"{WORKFLOW}.lookup_order",
+        "Writer Bot": f"{WORKFLOW}.Writer_Bot.lookup_order",
+        "Checker": f"{WORKFLOW}.lookup_order",
+    }
