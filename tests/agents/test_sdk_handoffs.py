@@ -10,6 +10,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 from agents import (
@@ -466,3 +467,26 @@ def test_each_agents_tools_are_bound_when_the_first_agent_is_registered():
         "Writer Bot": f"{WORKFLOW}.Writer_Bot.lookup_order",
         "Checker": f"{WORKFLOW}.lookup_order",
     }
+
+
+class Reply(TypedDict):
+    subject: str
+    lines: list[str]
+
+
+@pytest.mark.parametrize(
+    "output_type, answer",
+    [
+        (Reply, {"subject": "Teapot", "lines": ["Sorry."]}),
+        (AgentOutputSchema(Draft, strict_json_schema=False), DRAFT),
+        (list[int], {"response": [1, 2]}),  # wrapped by the SDK's schema
+    ],
+)
+def test_every_kind_of_output_type_is_validated_and_recorded_as_json(output_type, answer):
+    model = ScriptedModel([[assistant_message(json.dumps(answer))]])
+    register_agent(WORKFLOW, Agent(name="Writer", model=model, output_type=output_type))
+    run, _ = engine.start_run(WORKFLOW, CASE)
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    assert run.result["final_output"] == answer.get("response", answer)
+    assert model.calls[0].output_schema is not None
