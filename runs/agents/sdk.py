@@ -1095,8 +1095,15 @@ def _with_run_context(tool: tool_registry.Tool, context: Callable[[dict], Any]):
         run_input = Run.objects.filter(pk=ctx.run_id).values_list("input", flat=True).first()
         if run_input is None:
             raise ToolError(FailureClass.INVALID_INPUT, f"no run {ctx.run_id!r} for this call")
+        try:
+            run_context = context(run_input)
+        except Exception as exc:  # nothing was sent: the input does not make a context
+            raise ToolError(
+                FailureClass.INVALID_INPUT,
+                f"building the run context failed: {type(exc).__name__}: {exc}",
+            ) from exc
         fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(CallContext)}
-        return invoke(params, AgentCallContext(**fields, run_context=context(run_input)))
+        return invoke(params, AgentCallContext(**fields, run_context=run_context))
 
     return dataclasses.replace(tool, invoke=with_context)
 

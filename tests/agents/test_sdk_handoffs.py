@@ -490,3 +490,31 @@ def test_every_kind_of_output_type_is_validated_and_recorded_as_json(output_type
     assert run.status == "succeeded", run.attention_reason
     assert run.result["final_output"] == answer.get("response", answer)
     assert model.calls[0].output_schema is not None
+
+
+def test_a_side_effecting_tool_gets_the_run_context_and_its_key_and_runs_once_on_replay():
+    credits: dict[str, dict] = {}
+
+    @function_tool
+    def issue_credit(ctx: RunContextWrapper[Desk], amount: float) -> dict:
+        """Give the customer store credit."""
+        key = call_context_of(ctx).idempotency_key
+        credits[key] = {"id": f"cr-{len(credits) + 1}", "customer": ctx.context.customer}
+        return credits[key]
+
+    model = ScriptedModel([
+        [function_call("issue_credit", {"amount": 10.0}, call_id="c-credit")],
+        [assistant_message("Credit issued.")],
+    ])  # fmt: skip
+    agent = Agent(name="Triage", model=model, tools=[issue_credit])
+    register_agent(WORKFLOW, agent, context=lambda i: Desk(customer=i["customer"]))
+    run, _ = engine.start_run(WORKFLOW, CASE)
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    effect = SideEffect.objects.get(run=run)
+    assert credits == {effect.idempotency_key: {"id": "cr-1", "customer": "Ann"}}
+    # Replayed: the committed key returns its receipt; neither the tool nor the model again.
+    Step.objects.filter(run=run).exclude(name__startswith="turn:").update(status="pending")
+    Run.objects.filter(pk=run.pk).update(status="running", finished_at=None)
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded" and len(credits) == 1 and len(model.calls) == 2
