@@ -49,9 +49,7 @@ def test_the_first_get_in_a_process_costs_the_caller_no_statement():
 
 
 @committed
-def test_between_checks_a_get_reads_nothing_and_a_check_costs_the_caller_nothing(
-    clock, admin_user
-):
+def test_no_read_between_checks_and_a_check_off_the_callers_connection(clock, admin_user):
     high(admin_user)  # (the saving process read them again, at once)
     before = CACHE.reads.copy()
     with CaptureQueriesContext(connection) as queries:
@@ -159,9 +157,7 @@ def test_a_failed_read_in_the_saving_transaction_does_not_break_it(caplog):
 
 
 @committed
-def test_a_run_with_a_decision_in_force_and_a_check_due_costs_no_more_statements(
-    clock, admin_user
-):
+def test_a_run_with_a_decision_and_a_check_due_costs_no_more_statements(clock, admin_user):
     # As tests/runs/test_bench.py: bench.five's 5 steps, with its write tool decided higher,
     # and the timed check falling inside the run.
     high(admin_user, tool="bench.write")

@@ -29,10 +29,11 @@ def form(**fields):
 @pytest.fixture
 def git_commit(monkeypatch):
     """An MCP tool as mcp-server-git lists it: a commit it calls not destructive, so low."""
+    annotations = {"readOnlyHint": False, "destructiveHint": False, "openWorldHint": False,
+                   "title": "<img src=x onerror=alert(1)>"}  # fmt: skip
     tool = McpTool(name="mcp.git.git_commit", invoke=lambda p, c: ToolResult({}),
-                   side_effect=True, risk="low", server="git", mcp_name="git_commit")  # fmt: skip
-    tool.annotations = {"readOnlyHint": False, "destructiveHint": False, "openWorldHint": False,
-                        "title": "<img src=x onerror=alert(1)>"}  # fmt: skip
+                   side_effect=True, risk="low", server="git", mcp_name="git_commit",
+                   annotations=annotations)  # fmt: skip
     monkeypatch.setitem(tools._TOOLS, tool.name, tool)
     return tool
 
@@ -109,10 +110,14 @@ def test_the_mcp_servers_annotations_are_shown_beside_the_code_and_escaped(
     assert tools.registered(git_commit.name) is git_commit
 
 
-def test_an_mcp_tool_without_recorded_annotations_says_so(client, admin_user, git_commit):
-    del git_commit.annotations
+def test_an_mcp_tool_listed_without_annotations_has_the_mcp_defaults(
+    client, admin_user, git_commit
+):
+    git_commit.annotations = {}
     client.force_login(admin_user)
-    assert "Its annotations not recorded" in visible_text(client.get(TOOLS))
+    text = visible_text(client.get(TOOLS))
+    assert "Its annotations none (the MCP defaults: a destructive, open-world side effect)" in text
+    assert "Its annotations imply" in text
 
 
 @pytest.mark.parametrize(
