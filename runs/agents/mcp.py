@@ -826,6 +826,11 @@ def server_from_sdk(sdk_server: Any, *, timeout: float | None = None) -> McpServ
     """TaskPilots' McpServer for an OpenAI Agents SDK MCP server (`MCPServerStdio`,
     `MCPServerStreamableHttp`), so its tools are called through the engine's protocol. The
     server's name, made safe for tool names, names its tools: mcp.<name>.<tool>."""
+    if type(sdk_server).__name__ == "MCPServerSse":  # its params carry a url too
+        raise McpSetupError(
+            f"MCP server {sdk_server.name!r}: the SSE transport is not supported under "
+            "TaskPilots; use MCPServerStreamableHttp or MCPServerStdio"
+        )
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in sdk_server.name).strip("_")
     name = name[:60] or "server"
     params = getattr(sdk_server, "params", None)
