@@ -62,7 +62,7 @@ from runs.agents import (
 )
 from runs.agents import set_tool_info as _set_tool_info
 from runs.models import FailureClass, Risk, StepKind, to_json_value
-from runs.tools import CallContext, LookupResult, ToolError, python_tool
+from runs.tools import CallContext, LookupResult, ToolError, Verification, python_tool
 from runs.workflows import END, Context, DynamicStep, Workflow, compute
 
 try:
@@ -122,6 +122,9 @@ class ToolPolicy:
     queue: str = "support"
     dedupes_by_key: bool = False
     lookup: Callable[[str, CallContext], LookupResult] | None = None
+    # Reconciliation by reads for a tool without a lookup by key (runs.tools.Verification).
+    verification: Verification | None = None
+    settle_seconds: float | None = None
     target: Callable[[dict], str] | None = None
     scope: str = ""
     # None: the SDK tool's `timeout_seconds`, else the engine's default.
@@ -1135,6 +1138,8 @@ def register_function_tool(
         risk=policy.risk,
         dedupes_by_key=policy.dedupes_by_key,
         lookup_fn=policy.lookup,
+        verification=policy.verification,
+        settle_seconds=policy.settle_seconds,
         target=policy.target or (lambda params, _n=tool_name: f"agent-tool:{_n}"),
         scope=policy.scope,
         timeout=policy.timeout if policy.timeout is not None else function.timeout_seconds,

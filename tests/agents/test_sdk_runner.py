@@ -17,7 +17,7 @@ from approvals.models import ApprovalRequest
 from runs import engine
 from runs.agents.sdk import AgentSetupError, ToolPolicy, register_agent
 from runs.models import Run, SideEffect, Snapshot, Step
-from runs.tools import LookupResult
+from runs.tools import LookupResult, Verification
 
 pytestmark = pytest.mark.django_db
 
@@ -300,3 +300,35 @@ def test_bad_input_is_refused_before_anything_is_written():
     with pytest.raises(engine.StartError, match="message"):
         engine.start_run("test.sdk_agent", {"message": ""})
     assert not Run.objects.exists()
+
+
+def test_a_function_tool_verified_by_a_read_settles_a_lost_answer_without_a_person():
+    # No lookup by key, but the credit system can be read: ToolPolicy(verification=...) lets
+    # the engine see the credit there, record the read as the commit proof, and go on.
+    model = ScriptedModel(script(amount=10.0))
+    agent = Agent(name="credit-bot", instructions="Help the customer.", model=model,
+                  tools=[lookup_order, issue_credit])  # fmt: skip
+
+    def credits_of(params, ctx):
+        return [c for c in CREDITS.values() if c["customer"] == params["customer"]]
+
+    verified = ToolPolicy(
+        target=lambda params: f"customer:{params['customer']}",
+        verification=Verification(
+            read=credits_of,
+            baseline=credits_of,
+            recognise=lambda p, seen, before: len(seen) == len(before) + 1,
+            external_id=lambda p, seen, before: seen[-1]["id"],
+            description="list the customer's credits",
+        ),
+    )
+    register_agent("test.sdk_agent", agent, tools={**POLICIES, "issue_credit": verified})
+    FAIL_AFTER_COMMIT["armed"] = True
+    run = start()
+    assert run.status == "succeeded", run.attention_reason
+    assert len(CREDITS) == 1
+    effect = SideEffect.objects.get(run=run, tool="test.sdk_agent.issue_credit")
+    assert (effect.confirmed_by, effect.external_id) == ("verification", "cr-1")
+    output = next(i for i in model.calls[2].input if i.get("call_id") == "c-credit"
+                  and i.get("type") == "function_call_output")  # fmt: skip
+    assert json.loads(output["output"])["verified_by"] == "list the customer's credits"
