@@ -8,9 +8,12 @@ engine calls `get` several times per step, so `apply` costs the caller no statem
 - Each process keeps the decisions in force in memory, with the history's stamp (its row count
   and newest id: rows are only ever added, so every committed change moves it).
 - At most every REFRESH_SECONDS, a `get` reads the stamp, and the decisions when it moved — on
-  a connection that is not the caller's (one borrowed from the process's pool, or opened for
-  the read without a pool; bounded by short timeouts), so the engine's statements and
-  transactions never include it. Every other `get` reads nothing.
+  a connection of its own, opened for the read and closed (like the heartbeat's, outside the
+  pool: a worker's threads hold its pooled connections while they call `get`, and the read
+  must never wait behind them), with short timeouts. The engine's statements, transactions and
+  pooled connections never include it. Every other `get` reads nothing. A process whose Django
+  never connected to the database (a command without one, a test without database access)
+  reads nothing either.
 - The process that saves a change reads the decisions again within the saving transaction, on
   its own connection (one statement, on every save): it uses the change at once. The tools page
   does the same read first, so it shows what is in force.
@@ -20,9 +23,9 @@ engine calls `get` several times per step, so `apply` costs the caller no statem
 So a worker in another process uses a change from its first `get` that comes REFRESH_SECONDS or
 more after the change committed: within 2 s in a busy worker, at its next step in an idle one.
 A step keeps what it already read (a call in flight is not re-decided). When the decisions
-cannot be read (no database, a schema not migrated yet, a lock held on the table, the pool
-exhausted), the last ones read stay in force — the tools' own metadata if none ever were — and
-the read is tried again REFRESH_SECONDS later; that is logged.
+cannot be read (no database, a schema not migrated yet, a lock held on the table), the last
+ones read stay in force — the tools' own metadata if none ever were — and the read is tried
+again REFRESH_SECONDS later; that is logged.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any
 
 import psycopg
 from django.db import connection, connections, transaction
+from django.db.backends.signals import connection_created
 
 from runs import tools as tool_registry
 
@@ -46,11 +50,11 @@ logger = logging.getLogger("taskpilots.engine")
 
 # How stale a process's copy of the decisions may be (after a change committed elsewhere).
 REFRESH_SECONDS = 2.0
-# A read on the side waits at most this long for a pooled connection, and its statement gives up
-# on a lock or a slow server after these (a `get` is never held up for long).
-POOL_WAIT_SECONDS = 1.0
-LOCK_TIMEOUT = "1s"
-STATEMENT_TIMEOUT = "2s"
+# A read on the side gives up on connecting, on a lock (a migration of the table) or on a slow
+# server after these: a `get` is never held up for long.
+CONNECT_TIMEOUT_SECONDS = 2
+LOCK_TIMEOUT_MS = 1000
+STATEMENT_TIMEOUT_MS = 2000
 
 _TABLE = "approvals_toolmetadataoverride"
 _STAMP = f"SELECT count(*), coalesce(max(id), 0) FROM {_TABLE}"
@@ -81,6 +85,10 @@ class _Loaded:
     checked_at: float
 
 
+class NotConnected(Exception):
+    """This process has not used the database yet: nothing to read on the side for."""
+
+
 def read_here(sql: str) -> list[tuple]:
     """One read on the caller's connection, which sees its own transaction's writes. Inside a
     transaction a savepoint keeps a failed read from breaking it."""
@@ -91,30 +99,27 @@ def read_here(sql: str) -> list[tuple]:
 
 
 def read_on_the_side(sql: str) -> list[tuple]:
-    """One read on a connection that is not the caller's: borrowed from this process's pool
-    (so within the connections a worker budgets for: taskpilots/dbpool.py), or without a pool
-    opened for the read and closed. Committed data only; bounded by POOL_WAIT_SECONDS,
-    LOCK_TIMEOUT and STATEMENT_TIMEOUT."""
-    wrapper = connections["default"]
-    # Where Django may not use the database (a test without database access), neither may
-    # this; it also opens the pool.
-    wrapper.ensure_connection()
-    pool = wrapper.pool
-    if pool is not None:
-        with pool.connection(timeout=POOL_WAIT_SECONDS) as conn:
-            return _bounded(conn, sql)
-    params = wrapper.get_connection_params()
+    """One autocommitted read on a connection of its own, opened for it and closed: committed
+    data only, bounded by CONNECT_TIMEOUT_SECONDS, LOCK_TIMEOUT_MS and STATEMENT_TIMEOUT_MS."""
+    if not _django_connected.is_set():
+        raise NotConnected
+    params = connections["default"].get_connection_params()
     params.pop("cursor_factory", None)
-    params.setdefault("connect_timeout", 2)
+    limits = f"-clock_timeout={LOCK_TIMEOUT_MS} -cstatement_timeout={STATEMENT_TIMEOUT_MS}"
+    params["options"] = f"{params.get('options', '')} {limits}".strip()
+    params.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
     with psycopg.connect(**params, autocommit=True) as conn:
-        return _bounded(conn, sql)
-
-
-def _bounded(conn, sql: str) -> list[tuple]:
-    with conn.transaction():
-        conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-        conn.execute(f"SET LOCAL statement_timeout = '{STATEMENT_TIMEOUT}'")
         return conn.execute(sql).fetchall()
+
+
+# Set once Django has opened a connection in this process (Django's own database access rules
+# then hold for the side reads too: pytest-django's blocker, a command without a database).
+_django_connected = threading.Event()
+
+
+def _on_connection_created(sender, connection, **kwargs) -> None:
+    if connection.alias == "default":
+        _django_connected.set()
 
 
 class LocalMetadata:
@@ -139,7 +144,7 @@ class LocalMetadata:
         self._loaded = _Loaded(None, {}, _NEVER)
         self._copies: dict[str, tuple[tool_registry.Tool, int, tool_registry.Tool]] = {}
         self._reading = threading.Lock()
-        # What was read, by kind ("stamp", "load"), for tests and for a look in a shell.
+        # The reads that answered, by kind ("stamp", "load"), for tests and a look in a shell.
         self.reads: collections.Counter[str] = collections.Counter()
 
     def apply(self, tool: tool_registry.Tool) -> tool_registry.Tool:
@@ -176,12 +181,16 @@ class LocalMetadata:
             read = read_here if here else self.read
             try:
                 if loaded.stamp is not None and not here:
+                    stamp = tuple(read(_STAMP)[0])
                     self.reads["stamp"] += 1
-                    if tuple(read(_STAMP)[0]) == loaded.stamp:
+                    if stamp == loaded.stamp:
                         self._loaded = dataclasses.replace(loaded, checked_at=now)
                         return self._loaded
+                rows = read(_LOAD)
                 self.reads["load"] += 1
-                self._loaded = _decisions(read(_LOAD), now)
+                self._loaded = _decisions(rows, now)
+            except NotConnected:  # tried again at the next `get`, quietly
+                pass
             except Exception as exc:  # see the module docstring: the last decisions stay
                 logger.warning(
                     "local tool metadata could not be read (%s: %s); %s",
@@ -221,6 +230,9 @@ os.register_at_fork(after_in_child=CACHE.reset)
 
 
 def install() -> None:
+    connection_created.connect(_on_connection_created, dispatch_uid="local-tool-metadata")
+    if connections["default"].connection is not None:  # installed late (a test)
+        _django_connected.set()
     tool_registry.set_local_metadata(CACHE.apply)
 
 

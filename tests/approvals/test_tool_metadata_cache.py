@@ -170,3 +170,15 @@ def test_a_run_with_a_decision_and_a_check_due_costs_no_more_statements(clock, a
     assert CACHE.reads["stamp"] == 1
     assert tools.get("bench.write").risk == "high"
     assert len(statements(queries)) <= 5, statements(queries)
+
+
+def test_a_process_that_never_used_the_database_reads_nothing_for_it(monkeypatch, caplog):
+    # A command without a database, a test without database access: no connection is opened
+    # for the decisions, nothing is logged, and the next `get` tries again.
+    monkeypatch.setattr(local_metadata, "_django_connected", threading.Event())
+    assert tools.get("mail.send") is tools.registered("mail.send")
+    assert tools.get("mail.send") is tools.registered("mail.send")
+    assert CACHE.reads == {} and "could not be read" not in caplog.text
+    local_metadata._django_connected.set()
+    tools.get("mail.send")
+    assert CACHE.reads == {"load": 1}
