@@ -426,12 +426,23 @@ def _run(server: McpServer, request, limit: float):
                 return await request(client)
 
     try:
-        return anyio.run(once)
+        return _run_to_completion(once)
     except BaseException as raised:  # anyio may wrap what happened in an exception group
         exc = _leaf(raised)
         if not isinstance(exc, Exception) or opened:
             raise exc from None
         raise _NotSent(f"{type(exc).__name__}: {exc}") from None
+
+
+def _run_to_completion(make_coroutine):
+    """anyio.run here, or in a helper thread when this thread already runs an event loop (a
+    caller in async code, or a library that keeps one running, such as Playwright's sync API)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return anyio.run(make_coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mcp-call") as pool:
+        return pool.submit(anyio.run, make_coroutine).result()
 
 
 _CALL_LOCKS: dict[str, threading.Lock] = {}

@@ -113,3 +113,23 @@ def test_closing_the_sessions_stops_the_stdio_server(tmp_path, var_dir, sandbox)
         time.sleep(0.1)
     else:
         pytest.fail(f"the MCP server {pid} still runs after close_connections()")
+
+
+def test_a_call_made_while_this_thread_runs_an_event_loop_still_works(sandbox):
+    # Async code calling in (or a library keeping a loop running in this thread, as
+    # Playwright's sync API does) must not break a session opened per call.
+    import asyncio
+
+    server = McpServer(
+        "lazy_loop",
+        command=[sys.executable, str(demo.SERVER_SCRIPT)],
+        env=lambda: {"TASKPILOTS_SANDBOX_URL": settings.TASKPILOTS["SANDBOX_URL"]},
+        keep_alive=False,
+        timeout=20,
+    )
+
+    async def inside_a_loop():
+        return mcp.list_tools(server)
+
+    listing = asyncio.run(inside_a_loop())
+    assert "crm_lookup" in {t["name"] for t in listing}
