@@ -871,7 +871,7 @@ def server_from_sdk(sdk_server: Any, *, timeout: float | None = None) -> McpServ
 
 def mcp_function_tools(registered: Mapping[str, Tool]) -> list:
     """SDK function tools (named as on the MCP server) for tools from register_mcp_tools."""
-    from runs.agents.sdk import function_tool_for
+    from runs.agents.function_tools import function_tool_for
 
     return [function_tool_for(tool.name, name=mcp_name) for mcp_name, tool in registered.items()]
 

@@ -45,7 +45,6 @@ import contextlib
 import dataclasses
 import inspect
 import json
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,11 +55,11 @@ from runs.agents import (
     AgentToolInfo,
     MissingExtra,
     flat_schema,
-    json_schema_from_flat,
     run_sync,
     tool_info,
 )
 from runs.agents import set_tool_info as _set_tool_info
+from runs.agents.function_tools import function_tool_for
 from runs.models import FailureClass, Risk, StepKind, to_json_value
 from runs.tools import CallContext, LookupResult, ToolError, Verification, python_tool
 from runs.workflows import END, Context, DynamicStep, Workflow, compute
@@ -1162,40 +1161,6 @@ def register_function_tool(
         ),
     )
     return tool_name
-
-
-def function_tool_for(tool_name: str, *, name: str = "", description: str = "") -> FunctionTool:
-    """An SDK function tool the model can call, backed by the registered TaskPilots tool.
-
-    Under TaskPilots (register_agent) a call goes through the engine's protocol. Used with the
-    SDK's own `Runner.run`, the tool is simply called, without TaskPilots' protection.
-    """
-    tool = tool_registry.get(tool_name)
-    info = tool_info(tool_name)
-    schema = info.input_schema or json_schema_from_flat(tool.params_schema)
-
-    async def invoke(tool_context: ToolContext, arguments: str) -> str:
-        import asyncio
-
-        params = json.loads(arguments or "{}")
-        ctx = CallContext(
-            idempotency_key=f"sdk-{uuid.uuid4()}",
-            run_id="",
-            step=tool_context.tool_name,
-            attempt=1,
-            timeout=tool.timeout,
-        )
-        result = await asyncio.to_thread(tool.invoke, params, ctx)
-        return json.dumps(result.response, ensure_ascii=False)
-
-    invoke.taskpilots_tool = tool_name  # type: ignore[attr-defined]
-    return FunctionTool(
-        name=name or tool_name.replace(".", "_")[-64:],
-        description=description or info.description or tool.description,
-        params_json_schema=schema,
-        on_invoke_tool=invoke,
-        strict_json_schema=False,
-    )
 
 
 # --------------------------------------------------------------------------------------------
