@@ -27,6 +27,10 @@ class QueryCountMiddleware:
 
     def __call__(self, request):
         counter = _Counter()
+        # A worker's first connection runs Django's own set-up statements (django.contrib.
+        # postgres looks up type oids, once per process): they are not the page's, and which
+        # request happens to open it depends on which gunicorn worker takes it.
+        connection.ensure_connection()
         with connection.execute_wrapper(counter):
             response = self.get_response(request)
         response[HEADER] = str(counter.queries)
