@@ -79,6 +79,12 @@ def execute_compute(claim: Claim) -> Outcome:
 
 
 def execute_read(claim: Claim, tool: Tool) -> Outcome:
+    if tool.side_effect:  # e.g. an admin decided that this tool changes things after all
+        raise ToolError(
+            FailureClass.INVALID_INPUT,
+            f"{tool.name} is a side-effect tool: a read step cannot call it (no snapshot, no "
+            "key); make the step a side effect",
+        )
     params = build_params(claim, tool)
     check_scope(claim, tool)
     try:

@@ -92,6 +92,16 @@ def test_a_side_effect_step_refuses_a_tool_decided_to_be_a_read(sandbox, admin_u
     assert sandbox.ledger(system="mail", run=str(run.pk)) == []
 
 
+def test_a_read_step_refuses_a_tool_decided_to_be_a_side_effect(sandbox, admin_user):
+    # The stricter decision's effect on a workflow's read step: it is not called unprotected.
+    decide(admin_user, "crm.lookup", side_effect=True)
+    run = run_of("test.reply", REPLY)
+    step = Step.objects.get(run=run, name="customer")
+    assert step.error_class == "invalid_input"
+    assert "crm.lookup is a side-effect tool: a read step cannot call it" in step.last_error
+    assert not Step.objects.filter(run=run, name="send_reply").exists()
+
+
 def test_clearing_the_decision_gives_the_engine_the_tools_own_metadata(sandbox, admin_user):
     row, _ = decide(admin_user, "payments.refund", risk="medium")
     ToolMetadataOverride.decide(
