@@ -369,28 +369,11 @@ def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdic
     try:
         found: LookupResult | None = lookup(claim, tool, key)
     except ToolError as exc:
-        TimelineEvent.append(
-            claim.run.pk, Verb.SIDE_EFFECT_LOOKUP_FAILED, {"key": key, "error": exc.message}
-        )
-        # The system cannot answer right now: that is no evidence either way. Ask again later,
-        # a bounded number of times, before handing the question to a person.
-        if exc.failure_class in (FailureClass.TRANSIENT, FailureClass.OUTAGE) and (
-            claim.step.attempts < RECHECK_ATTEMPTS
-        ):
-            return Verdict.RECHECK
-        return None
+        return _not_answered(claim, Verb.SIDE_EFFECT_LOOKUP_FAILED, key, exc)
     if found.found:
         receipt = Receipt(found.external_id, to_json_value(found.response))
-        _settle(effect, lambda: effect.commit(receipt, confirmed_by="reconcile"))
-        if effect.status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
-            return Verdict.COMMITTED
-        return Verdict.UNKNOWN  # the ledger and the system disagree: a person decides
-    if timezone.now() < effect.attempted_at + settle_window(claim, tool):
-        return Verdict.RECHECK
-    _settle(effect, lambda: effect.mark_not_committed(confirmed_by="reconcile"))
-    if effect.status == SideEffect.Status.COMMITTED:  # its receipt came in meanwhile
-        return Verdict.COMMITTED
-    return Verdict.RESEND
+        return _found(effect, receipt, "reconcile")
+    return _not_found(claim, tool, effect, "reconcile")
 
 
 def _reconcile_by_verification(
@@ -408,14 +391,7 @@ def _reconcile_by_verification(
             read_for_verification(claim, tool, snapshot.params, key, baseline=False)
         )
     except ToolError as exc:
-        TimelineEvent.append(
-            claim.run.pk, Verb.SIDE_EFFECT_VERIFY_FAILED, {"key": key, "error": exc.message}
-        )
-        if exc.failure_class in (FailureClass.TRANSIENT, FailureClass.OUTAGE) and (
-            claim.step.attempts < RECHECK_ATTEMPTS
-        ):
-            return Verdict.RECHECK
-        return None
+        return _not_answered(claim, Verb.SIDE_EFFECT_VERIFY_FAILED, key, exc)
     try:
         found = verification.recognise(snapshot.params, observed, baseline)
         external_id = (
@@ -442,19 +418,41 @@ def _reconcile_by_verification(
     )
     if found is True:
         proof = {"verified_by": verification.description or "read", "observed": observed}
-        receipt = Receipt(external_id, proof)
-        _settle(effect, lambda: effect.commit(receipt, confirmed_by="verification"))
-        if effect.status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
-            return Verdict.COMMITTED
-        return Verdict.UNKNOWN  # the ledger and the system disagree: a person decides
+        return _found(effect, Receipt(external_id, proof), "verification")
     if found is False:
-        if not answered and timezone.now() < effect.attempted_at + settle_window(claim, tool):
-            return Verdict.RECHECK
-        _settle(effect, lambda: effect.mark_not_committed(confirmed_by="verification"))
-        if effect.status == SideEffect.Status.COMMITTED:  # its receipt came in meanwhile
-            return Verdict.COMMITTED
-        return Verdict.RESEND
+        return _not_found(claim, tool, effect, "verification", in_flight=not answered)
     return None
+
+
+def _not_answered(claim: Claim, verb: str, key: str, exc: ToolError) -> Verdict | None:
+    """The system could not be asked (a lookup or a verification read failed): no evidence
+    either way. Asked again later, a bounded number of times, before a person is."""
+    TimelineEvent.append(claim.run.pk, verb, {"key": key, "error": exc.message})
+    if exc.failure_class in (FailureClass.TRANSIENT, FailureClass.OUTAGE) and (
+        claim.step.attempts < RECHECK_ATTEMPTS
+    ):
+        return Verdict.RECHECK
+    return None
+
+
+def _found(effect: SideEffect, receipt: Receipt, by: str) -> Verdict:
+    """The system shows the effect: the receipt is recorded, confirmed `by` the way it was
+    asked."""
+    _settle(effect, lambda: effect.commit(receipt, confirmed_by=by))
+    if effect.status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
+        return Verdict.COMMITTED
+    return Verdict.UNKNOWN  # the ledger and the system disagree: a person decides
+
+
+def _not_found(claim: Claim, tool: Tool, effect: SideEffect, by: str, *, in_flight=True):
+    """The system shows no effect. While the request may still be in flight (inside the settle
+    window, unless the system answered it) that is not yet proof: asked again later."""
+    if in_flight and timezone.now() < effect.attempted_at + settle_window(claim, tool):
+        return Verdict.RECHECK
+    _settle(effect, lambda: effect.mark_not_committed(confirmed_by=by))
+    if effect.status == SideEffect.Status.COMMITTED:  # its receipt came in meanwhile
+        return Verdict.COMMITTED
+    return Verdict.RESEND
 
 
 def _settle(effect: SideEffect, change) -> None:
