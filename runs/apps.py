@@ -8,7 +8,8 @@ class RunsConfig(AppConfig):
     verbose_name = "Runs"
 
     def ready(self) -> None:
-        # Workflows and tools register themselves on import.
-        from runs import registry
+        # Workflows and tools register themselves on import; the workflow registry also gives
+        # the rehydration document its pending steps.
+        from runs import registry, workflows  # noqa: F401
 
         registry.autodiscover()

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -1667,6 +1668,16 @@ def _iso(value):
     return value.isoformat() if value else None
 
 
+# What the workflow still plans after the recorded steps (runs.workflows.pending_steps, which
+# installs itself here: the workflow registry imports this module, not the other way round).
+_planned_steps: Callable[[Run, list[dict]], dict] | None = None
+
+
+def set_planned_steps(plan: Callable[[Run, list[dict]], dict]) -> None:
+    global _planned_steps
+    _planned_steps = plan
+
+
 def _rehydration_document(run: Run) -> dict:
     steps = list(
         run.steps.order_by("position").values(
@@ -1699,7 +1710,10 @@ def _rehydration_document(run: Run) -> dict:
         )
     )
     last = done[-1] if done else None
-    return _document(run, current, last, waits, event_wait, deadlines, effects, decisions)
+    document = _document(run, current, last, waits, event_wait, deadlines, effects, decisions)
+    if _planned_steps is not None:
+        document.update(_planned_steps(run, steps))
+    return document
 
 
 def _document(run, current, last, waits, event_wait, deadlines, effects, decisions) -> dict:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from runs import models
 from runs.models import StepKind
 
 END = None
@@ -303,3 +304,39 @@ def get(name: str, version: int | None = None) -> Workflow:
 
 def all_workflows() -> list[Workflow]:
     return sorted(_WORKFLOWS.values(), key=lambda w: (w.name, w.version))
+
+
+# --------------------------------------------------------------------------------------------
+# What is still to come (the rehydration document's pending steps)
+
+_FINISHED = ("succeeded", "failed", "cancelled", "compensated")
+
+
+def pending_steps(run, recorded: list[dict]) -> dict:
+    """The declared steps a paused run has still to go through, after its recorded ones: what
+    resuming it will do, for the person deciding. In declaration order; `exact` is false when
+    the workflow (or one of the steps left) chooses its next step at run time, so the plan may
+    branch, and when the workflow is not registered here (then the list is empty)."""
+    if run.status in _FINISHED:
+        return {"pending_steps": [], "pending_steps_exact": True}
+    try:
+        workflow = get(run.workflow, run.workflow_version)
+    except UnknownWorkflow:
+        return {"pending_steps": [], "pending_steps_exact": False}
+    names = {step["name"] for step in recorded}
+    positions = [i for i, step in enumerate(workflow.steps) if step.name in names]
+    after = max(positions) + 1 if positions else 0
+    planned = [step for step in workflow.steps[after:] if step.name not in names]
+    branches = workflow.next is not None or any(
+        step.next is not None for step in workflow.steps[max(after - 1, 0) :]
+    )
+    return {
+        "pending_steps": [
+            {"name": step.name, "kind": step.kind, "tool": step.tool or None, "stage": step.stage}
+            for step in planned
+        ],
+        "pending_steps_exact": not branches,
+    }
+
+
+models.set_planned_steps(pending_steps)

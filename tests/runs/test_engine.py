@@ -128,6 +128,29 @@ class TestHappyPathAndReplay:
         assert started.count("classify") == 1 and started.count("send_reply") == 1
         assert started.count("close_ticket") == 2
 
+    def test_a_finished_run_has_nothing_pending_and_a_branching_one_says_so(self, sandbox):
+        run = drive(start("test.reply", REPLY_INPUT))
+        assert run.status == "succeeded"
+        assert run.rehydration()["pending_steps"] == []
+        branching = workflows.Workflow(
+            "test.pending_branch",
+            1,
+            [
+                workflows.compute("a", lambda ctx: 1, next=lambda ctx: "c"),
+                workflows.compute("b", lambda ctx: 2),
+                workflows.approval("c", reason="look"),
+            ],
+        )
+        workflows.register(branching, replace=True)
+        run = drive(start("test.pending_branch", {}))
+        doc = run.rehydration()
+        assert doc["current_step"]["name"] == "c"
+        assert doc["pending_steps"] == [] and doc["pending_steps_exact"] is True
+        run2, _ = engine.start_run("test.pending_branch", {}, business_key="pending-2")
+        doc = Run.objects.get(pk=run2.pk).rehydration()
+        assert [s["name"] for s in doc["pending_steps"]] == ["a", "b", "c"]
+        assert doc["pending_steps_exact"] is False  # "a" chooses its next step at run time
+
     def test_the_rehydration_document_has_every_field_from_the_seed(self, sandbox):
         run = drive(start("test.refund", {"amount": 150, "payment": "pay_1"}))
         doc = run.rehydration()
@@ -138,6 +161,13 @@ class TestHappyPathAndReplay:
             assert key in doc
         assert doc["current_step"]["name"] == "approve"
         assert doc["escalation"]["queue"] == "support"
+        # What resuming will do: the declared steps after the approval, with tools and stages.
+        assert doc["pending_steps"] == [
+            {"name": "refund", "kind": "side_effect", "tool": "payments.refund",
+             "stage": "refund"},
+            {"name": "settlement", "kind": "wait_event", "tool": None, "stage": "settlement"},
+        ]  # fmt: skip
+        assert doc["pending_steps_exact"] is True
         import json
 
         json.dumps(doc)
