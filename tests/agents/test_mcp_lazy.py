@@ -97,6 +97,7 @@ def test_an_unreachable_server_is_an_outage_for_the_call_that_asked(var_dir):
 
 
 def test_closing_the_sessions_stops_the_stdio_server(tmp_path, var_dir, sandbox):
+    mcp.close_connections()  # sessions other tests left open in this process
     server, starts = counting_server(tmp_path, "lazy_c")
     tool = register_mcp_tools(server, include=["crm_lookup"])["crm_lookup"]
     tool.invoke({"email": "ann@example.com"}, call_context())
