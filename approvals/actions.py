@@ -572,19 +572,37 @@ def take_over(run_id, user, *, comment: str = "", expected_version=None) -> Run:
     return run
 
 
-def release(run_id, user, *, comment: str = "", expected_version=None) -> Run:
-    """Give the run back: to the engine if its step can go on, otherwise to the inbox."""
+def release(
+    run_id,
+    user,
+    *,
+    needed_engineer: bool,
+    engineer_note: str = "",
+    comment: str = "",
+    expected_version=None,
+) -> Run:
+    """Give the run back: to the engine if its step can go on, otherwise to the inbox. The
+    person says whether handling it needed an engineer (the takeover-cost metrics read it)."""
+    if not isinstance(needed_engineer, bool):
+        raise ActionRefused("Say whether this run needed an engineer (yes or no).")
     with transaction.atomic():
         run = _lock_run(run_id, expected_version, user, action="release")
         if run.status != Run.Status.TAKEN_OVER:
             raise DecisionConflict("The run is not taken over.")
-        Takeover.end(run, user, comment or "released")
+        Takeover.end(
+            run,
+            user,
+            comment or "released",
+            needed_engineer=needed_engineer,
+            engineer_note=engineer_note,
+        )
         step = _current_step(run)
         parked = step is not None and step.status in (
             Step.Status.NEEDS_HUMAN,
             Step.Status.UNKNOWN_OUTCOME,
         )
-        _decision(run, user, "release", comment=comment)
+        answer = {"needed_engineer": needed_engineer, "engineer_note": engineer_note[:2000]}
+        _decision(run, user, "release", after=answer, comment=comment)
         if parked:
             run.release(user)
         elif step is not None and step.status == Step.Status.WAITING:

@@ -90,6 +90,25 @@ class ActionForm(forms.Form):
     )
 
 
+class ReleaseForm(ActionForm):
+    """Releasing a taken-over run asks the person what it cost: whether it needed an engineer
+    (required; the takeover metrics count the answers) and, optionally, what for."""
+
+    needed_engineer = forms.TypedChoiceField(
+        label=_("Did this need an engineer?"),
+        choices=[("yes", _("Yes")), ("no", _("No"))],
+        coerce=lambda value: value == "yes",
+        widget=forms.RadioSelect,
+        error_messages={"required": _("Say whether this run needed an engineer.")},
+    )
+    engineer_note = forms.CharField(
+        label=_("What did it need? (note)"),
+        required=False,
+        max_length=2000,
+        widget=forms.Textarea(attrs={"rows": 2}),
+    )
+
+
 class ApproveForm(ActionForm):
     approval = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
 

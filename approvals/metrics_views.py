@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET
 from approvals import console
 from approvals import metrics as m
 from approvals.views import console_view
+from runs.models import RecoveryCause
 from taskpilots.env import env_secret
 
 logger = logging.getLogger("taskpilots.console")
@@ -63,6 +64,18 @@ GROUPS = [
         ],
     ),
 ]
+# Issue 18: what recovery and takeovers cost (appended, a group of its own).
+GROUPS.append(
+    (
+        gettext_lazy("What do stopped recoveries and takeovers cost?"),
+        [
+            "recovery_failed_missing_metadata",
+            "takeover_handling_time",
+            "takeovers_needing_engineer",
+            "duplicates_after_resume",
+        ],
+    )
+)
 WINDOW_CHOICES = [
     ("24h", gettext_lazy("24 hours")),
     ("7d", gettext_lazy("7 days")),
@@ -83,6 +96,8 @@ def format_value(value: float | None, unit: str) -> str:
         return f"{formats.number_format(value * 100, digits)} %"
     if unit == "per100":
         return formats.number_format(value, 1)
+    if unit == "count":
+        return formats.number_format(value, 0, force_grouping=True)
     if unit == "ms":
         if value < 1000:
             return _("%(n)s ms") % {"n": formats.number_format(value, 0)}
@@ -179,6 +194,7 @@ def _card(fig: m.Figure, labels: list[str]) -> dict[str, Any]:
         detail = _("mean %(v)s") % {"v": format_value(fig.extra["mean"], fig.unit)}
     if "p95" in fig.extra:
         detail = _("p95 %(v)s") % {"v": format_value(fig.extra["p95"], fig.unit)}
+    detail = _cost_detail(fig) or detail
     return {
         "fig": fig,
         "display": format_value(fig.value, fig.unit),
@@ -187,6 +203,30 @@ def _card(fig: m.Figure, labels: list[str]) -> dict[str, Any]:
         "trend_title": _trend_title(fig, labels),
         "tone": "good" if fig.higher_is_better else "bad" if fig.higher_is_better is False else "",
     }
+
+
+def _cost_detail(fig: m.Figure) -> str:
+    """The line under the issue-18 figures: causes, p90 and actions, resumes."""
+    extra = fig.extra
+    if "by_cause" in extra:
+        return " · ".join(
+            f"{RecoveryCause(cause).label}: {n}" for cause, n in extra["by_cause"].items()
+        )
+    if "p90" in extra:
+        return _("p90 %(v)s · %(takeovers)s, %(actions)s") % {
+            "v": format_value(extra["p90"], fig.unit),
+            "takeovers": ngettext("%(n)s takeover", "%(n)s takeovers", extra["count"])
+            % {"n": extra["count"]},
+            "actions": ngettext("%(n)s action", "%(n)s actions", extra["actions"])
+            % {"n": extra["actions"]},
+        }
+    if "resumes" in extra:
+        return ngettext(
+            "%(n)s of %(d)s resume had a duplicate",
+            "%(n)s of %(d)s resumes had a duplicate",
+            extra["resumes"],
+        ) % {"n": extra["resumes_with_duplicate"], "d": extra["resumes"]}
+    return ""
 
 
 def _tool_rows(fig: m.Figure) -> list[dict[str, Any]]:

@@ -214,6 +214,10 @@ class Takeover(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
     resolution = models.TextField(blank=True, default="")
+    # The person's own answer when releasing: did handling this run need an engineer? None
+    # when the takeover ended otherwise (cancel, reject), or before the question was asked.
+    needed_engineer = models.BooleanField(null=True, blank=True)
+    engineer_note = models.TextField(blank=True, default="")
 
     class Meta:
         constraints = [
@@ -240,22 +244,35 @@ class Takeover(models.Model):
         return takeover
 
     @classmethod
-    def end(cls, run: Run, user, resolution: str) -> None:
-        """Close the run's open takeover, if any, with what the person concluded."""
+    def end(
+        cls,
+        run: Run,
+        user,
+        resolution: str,
+        *,
+        needed_engineer: bool | None = None,
+        engineer_note: str = "",
+    ) -> None:
+        """Close the run's open takeover, if any, with what the person concluded (and, on a
+        release, their answer to "did this need an engineer?", also in `takeover.ended`)."""
         for takeover in cls.objects.filter(run=run, ended_at__isnull=True):
             cls.objects.filter(pk=takeover.pk).update(
-                ended_at=timezone.now(), resolution=resolution[:2000]
+                ended_at=timezone.now(),
+                resolution=resolution[:2000],
+                needed_engineer=needed_engineer,
+                engineer_note=engineer_note[:2000],
             )
+            data = {
+                "takeover": takeover.pk,
+                "resolution": resolution[:500],
+                "from": "open",
+                "to": "ended",
+            }
+            if needed_engineer is not None:
+                data["needed_engineer"] = needed_engineer
+                data["engineer_note"] = engineer_note[:500]
             TimelineEvent.append(
-                run.pk,
-                Verb.TAKEOVER_ENDED,
-                {
-                    "takeover": takeover.pk,
-                    "resolution": resolution[:500],
-                    "from": "open",
-                    "to": "ended",
-                },
-                actor=f"user:{user.get_username()}",
+                run.pk, Verb.TAKEOVER_ENDED, data, actor=f"user:{user.get_username()}"
             )
 
 
@@ -867,6 +884,18 @@ class MetricCounts(models.Model):
     settled = models.IntegerField()
     expired = models.IntegerField()
     decided = models.IntegerField()
+    # Recoveries that went to a person because metadata was missing, by cause
+    # (runs.models.RecoveryCause); takeover cost; duplicates after a resume.
+    recovery_missing_workflow = models.IntegerField(default=0)
+    recovery_missing_step = models.IntegerField(default=0)
+    recovery_missing_wait = models.IntegerField(default=0)
+    takeovers_ended = models.IntegerField(default=0)
+    takeover_actions = models.IntegerField(default=0)
+    takeovers_answered = models.IntegerField(default=0)
+    takeovers_needing_engineer = models.IntegerField(default=0)
+    resumes = models.IntegerField(default=0)
+    resumes_with_duplicate = models.IntegerField(default=0)
+    duplicates_after_resume = models.IntegerField(default=0)
     tool_names = ArrayField(models.TextField())
     tool_classes = ArrayField(models.TextField())
     tool_counts = ArrayField(models.IntegerField())
@@ -883,6 +912,7 @@ class MetricSums(MetricCounts):
     resume_s = ArrayField(models.FloatField())
     handling_s = ArrayField(models.FloatField())
     latency_ms = ArrayField(models.FloatField())
+    takeover_s = ArrayField(models.FloatField(), default=list)
 
     class Meta:
         abstract = True
@@ -904,7 +934,7 @@ class PeriodSums(MetricCounts):
 
 
 SUM_FIELDS = [f.name for f in MetricCounts._meta.fields if isinstance(f, models.IntegerField)]
-VALUE_FIELDS = ["close_s", "recover_s", "resume_s", "handling_s", "latency_ms"]
+VALUE_FIELDS = ["close_s", "recover_s", "resume_s", "handling_s", "latency_ms", "takeover_s"]
 TOOL_FIELDS = ["tool_names", "tool_classes", "tool_counts"]
 SKETCH_FIELDS = ["sketch_kinds", "sketch_bins", "sketch_counts"]
 

@@ -34,6 +34,7 @@ from approvals.forms import (
     InboxFilterForm,
     ReasonForm,
     RejectForm,
+    ReleaseForm,
     RunSearchForm,
     StepForm,
 )
@@ -294,7 +295,13 @@ def _take_over(run, user, data, request):
 
 
 def _release(run, user, data, request):
-    actions.release(run.pk, user, **_as_seen(data))
+    actions.release(
+        run.pk,
+        user,
+        needed_engineer=data["needed_engineer"],
+        engineer_note=data["engineer_note"],
+        **_as_seen(data),
+    )
     return _("Released.")
 
 
@@ -317,7 +324,7 @@ ACTIONS: dict[str, ActionSpec] = {
     "skip": ActionSpec(ReasonForm, _skip),
     "complete": ActionSpec(CompleteForm, _complete),
     "take_over": ActionSpec(ActionForm, _take_over, says_what_next=False),
-    "release": ActionSpec(ActionForm, _release),
+    "release": ActionSpec(ReleaseForm, _release),
     "cancel": ActionSpec(ReasonForm, _cancel),
 }
 

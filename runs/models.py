@@ -152,6 +152,15 @@ class FailureClass(models.TextChoices):
     TIMEOUT = "timeout", _("Wait timed out")
 
 
+class RecoveryCause(models.TextChoices):
+    """Why the engine could not resume a run by itself although nothing failed: metadata the
+    resume needs is gone. Written into `run.needs_human` (`data.cause`); the metrics count it."""
+
+    WORKFLOW_NOT_REGISTERED = "workflow_not_registered", _("Workflow version not registered")
+    STEP_NOT_IN_WORKFLOW = "step_not_in_workflow", _("Step no longer in the workflow")
+    NOTHING_TO_WAIT_FOR = "nothing_to_wait_for", _("Waiting with nothing to wait for")
+
+
 class Risk(models.TextChoices):
     LOW = "low", _("Low")
     MEDIUM = "medium", _("Medium")
@@ -391,12 +400,24 @@ class Run(models.Model):
         )
 
     def ask_human(
-        self, reason: str, *, queue: str, due_at=None, failure_class: str = "", actor="system"
+        self,
+        reason: str,
+        *,
+        queue: str,
+        due_at=None,
+        failure_class: str = "",
+        actor="system",
+        cause: str = "",
     ) -> None:
+        """Park the run for a person. `cause` names, for the metrics, why the engine could not
+        go on by itself when that is not a failure (RecoveryCause: metadata it needs is gone)."""
+        data = {"reason": reason, "queue": queue, "failure_class": failure_class}
+        if cause:
+            data["cause"] = RecoveryCause(cause).value
         self._move(
             self.Status.NEEDS_HUMAN,
             Verb.RUN_NEEDS_HUMAN,
-            data={"reason": reason, "queue": queue, "failure_class": failure_class},
+            data=data,
             actor=actor,
             attention_reason=reason,
             queue=queue,

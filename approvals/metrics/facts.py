@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from approvals.metrics.sql import T
 from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
-from runs.models import Run
+from runs.models import RecoveryCause, Run
 from runs.verbs import Verb
 
 # Verbs whose event records one failed tool attempt (see the module docstring).
@@ -25,6 +25,17 @@ FAILURE_VERBS = (
     Verb.STEP_UNKNOWN_OUTCOME,
 )
 RESEND_VERBS = (Verb.SIDE_EFFECT_NOT_COMMITTED, Verb.SIDE_EFFECT_RESEND_WITH_SAME_KEY)
+# Verbs whose event resumes a run that had stopped: a wait resolved or a person's action put it
+# back to work (run.resumed), a person handed it back to the engine (run.released to running),
+# or a crashed worker's step was taken back (step.lease_reclaimed).
+RESUME_VERBS = (Verb.RUN_RESUMED, Verb.RUN_RELEASED, Verb.STEP_LEASE_RECLAIMED)
+# Why a resume went to a person for want of metadata (run.needs_human's data.cause), and the
+# column counting each.
+MISSING_METADATA = {
+    RecoveryCause.WORKFLOW_NOT_REGISTERED: "recovery_missing_workflow",
+    RecoveryCause.STEP_NOT_IN_WORKFLOW: "recovery_missing_step",
+    RecoveryCause.NOTHING_TO_WAIT_FOR: "recovery_missing_wait",
+}
 TERMINAL = tuple(sorted(Run.TERMINAL))
 
 # FACTS works out, for a cohort of runs, one row per run holding everything the
@@ -43,6 +54,12 @@ _DONE = "s.status IN ('succeeded', 'degraded')"
 
 def _epoch(expr: str) -> str:
     return f"EXTRACT(EPOCH FROM ({expr}))::float8"
+
+
+_MISSING_COUNTS = ", ".join(
+    f"count(*) FILTER (WHERE e.data ->> 'cause' = '{cause}') AS {column}"
+    for cause, column in MISSING_METADATA.items()
+)
 
 
 # The caller supplies `cohort` (id, status, created_at, finished_at, failure_count,
@@ -175,6 +192,51 @@ approval_f AS (
     array_agg({_epoch("a.decided_at - a.created_at")})
       FILTER (WHERE a.status = 'decided' AND a.decided_at IS NOT NULL) AS handling_s
   FROM cohort c JOIN {T["approval"]} a ON a.run_id = c.id GROUP BY a.run_id
+),
+missing_f AS (
+  SELECT e.run_id, {_MISSING_COUNTS}
+  FROM events e
+  WHERE e.verb = '{Verb.RUN_NEEDS_HUMAN}' AND e.data ->> 'cause' IS NOT NULL
+  GROUP BY e.run_id
+),
+-- Ended takeovers: how long each took (start to release, or to the cancel or rejection that
+-- ended it), the people's actions in between (their own take over and release aside), and
+-- the released ones' answer to "did this need an engineer?".
+takeover_f AS (
+  SELECT t.run_id, count(*) AS ended,
+    count(*) FILTER (WHERE t.needed_engineer IS NOT NULL) AS answered,
+    count(*) FILTER (WHERE t.needed_engineer) AS needing_engineer,
+    sum((SELECT count(*) FROM {T["decision"]} d WHERE d.run_id = t.run_id
+         AND d.created_at >= t.started_at AND d.created_at <= t.ended_at
+         AND d.verb NOT IN ('take_over', 'release'))) AS actions,
+    array_agg({_epoch("t.ended_at - t.started_at")}) AS takeover_s
+  FROM cohort c JOIN {T["takeover"]} t ON t.run_id = c.id
+  WHERE t.ended_at IS NOT NULL GROUP BY t.run_id
+),
+resume_events AS (
+  SELECT e.run_id, e.at FROM events e
+  WHERE e.verb = ANY(%(resume_verbs)s)
+    AND (e.verb <> '{Verb.RUN_RELEASED}' OR e.data ->> 'to' = 'running')
+),
+-- Each duplicate (a step's second and later committed keys, as steps_duplicated counts them)
+-- with the last resume before it was sent.
+duplicates AS (
+  SELECT x.run_id, (SELECT max(r.at) FROM resume_events r
+                    WHERE r.run_id = x.run_id AND r.at <= x.sent_at) AS resumed_at
+  FROM (
+    SELECT e.run_id, COALESCE(e.attempted_at, e.committed_at) AS sent_at,
+      row_number() OVER (PARTITION BY e.step_id ORDER BY e.committed_at, e.id) AS nth
+    FROM cohort c JOIN {T["effect"]} e ON e.run_id = c.id
+    WHERE e.status IN ('committed', 'compensated')
+  ) x
+  WHERE x.nth >= 2
+),
+resume_f AS (
+  SELECT r.run_id, count(*) AS resumes,
+    (SELECT count(DISTINCT d.resumed_at) FROM duplicates d WHERE d.run_id = r.run_id)
+      AS with_duplicate,
+    (SELECT count(d.resumed_at) FROM duplicates d WHERE d.run_id = r.run_id) AS duplicates
+  FROM resume_events r GROUP BY r.run_id
 )"""
 
 _ENDED = "c.status = ANY(%(terminal)s)"
@@ -232,11 +294,20 @@ FACTS: list[tuple[str, str]] = [
     ("settled", "COALESCE(wf.settled, 0)"),
     ("expired", "COALESCE(wf.expired, 0)"),
     ("decided", "COALESCE(af.decided, 0)"),
+    *((column, f"COALESCE(mf.{column}, 0)") for column in MISSING_METADATA.values()),
+    ("takeovers_ended", "COALESCE(tk.ended, 0)"),
+    ("takeover_actions", "COALESCE(tk.actions, 0)"),
+    ("takeovers_answered", "COALESCE(tk.answered, 0)"),
+    ("takeovers_needing_engineer", "COALESCE(tk.needing_engineer, 0)"),
+    ("resumes", "COALESCE(rs.resumes, 0)"),
+    ("resumes_with_duplicate", "COALESCE(rs.with_duplicate, 0)"),
+    ("duplicates_after_resume", "COALESCE(rs.duplicates, 0)"),
     ("close_s", _CLOSE_S),
     ("recover_s", f"COALESCE(sf.recover_s, {_NONE})"),
     ("resume_s", f"COALESCE(wf.resume_s, {_NONE})"),
     ("handling_s", f"COALESCE(af.handling_s, {_NONE})"),
     ("latency_ms", f"COALESCE(cv.latency_ms, {_NONE})"),
+    ("takeover_s", f"COALESCE(tk.takeover_s, {_NONE})"),
     ("tool_names", "COALESCE(tf.tool_names, '{}'::text[])"),
     ("tool_classes", "COALESCE(tf.tool_classes, '{}'::text[])"),
     ("tool_counts", "COALESCE(tf.tool_counts, '{}'::int[])"),
@@ -263,7 +334,10 @@ LEFT JOIN effect_f ef ON ef.run_id = c.id
 LEFT JOIN cov_f cv ON cv.run_id = c.id
 LEFT JOIN snap_f sp ON sp.run_id = c.id
 LEFT JOIN wait_f wf ON wf.run_id = c.id
-LEFT JOIN approval_f af ON af.run_id = c.id"""
+LEFT JOIN approval_f af ON af.run_id = c.id
+LEFT JOIN missing_f mf ON mf.run_id = c.id
+LEFT JOIN takeover_f tk ON tk.run_id = c.id
+LEFT JOIN resume_f rs ON rs.run_id = c.id"""
 
 
 _COHORT_COLUMNS = (
@@ -288,6 +362,13 @@ def fact_params() -> dict:
         "terminal": list(TERMINAL),
         "failure_verbs": list(FAILURE_VERBS),
         "resend_verbs": list(RESEND_VERBS),
-        "fact_verbs": [*FAILURE_VERBS, *RESEND_VERBS, Verb.SIDE_EFFECT_COMMITTED],
+        "fact_verbs": [
+            *FAILURE_VERBS,
+            *RESEND_VERBS,
+            Verb.SIDE_EFFECT_COMMITTED,
+            Verb.RUN_NEEDS_HUMAN,
+            *RESUME_VERBS,
+        ],
+        "resume_verbs": list(RESUME_VERBS),
         "open": sorted(set(Run.Status) - Run.TERMINAL),
     }

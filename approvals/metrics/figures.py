@@ -11,6 +11,7 @@ from typing import Any
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
+from approvals.metrics.facts import MISSING_METADATA
 from runs.models import SNAPSHOT_FIELDS
 
 
@@ -222,6 +223,111 @@ def missing_field_rate(data: Data) -> Figure:
     )
 
 
+# Why a resume went to a person for want of metadata, and the column counting each cause.
+MISSING_METADATA_COLUMNS = {str(cause.value): col for cause, col in MISSING_METADATA.items()}
+
+
+def _total_of(row: dict, columns) -> int:
+    return sum(int(row.get(column) or 0) for column in columns)
+
+
+def recovery_failed_missing_metadata(data: Data) -> Figure:
+    total = data.total()
+    columns = MISSING_METADATA_COLUMNS.values()
+    by_cause = {cause: int(total.get(col) or 0) for cause, col in MISSING_METADATA_COLUMNS.items()}
+    return Figure(
+        "recovery_failed_missing_metadata",
+        _("Recoveries stopped by missing metadata"),
+        _(
+            "Times the engine could not resume a run by itself because something it needs to "
+            "resume was gone, and handed the run to a person: the workflow version is no longer "
+            "registered, the recorded step is no longer in the workflow, or the run was waiting "
+            "with nothing to wait for. Counted from the run.needs_human timeline events that "
+            "name the cause, in runs started in the window; broken down by cause."
+        ),
+        "count",
+        float(sum(by_cause.values())),
+        None,
+        data.series(lambda r: _total_of(r, columns)),
+        extra={"total": sum(by_cause.values()), "by_cause": by_cause},
+        higher_is_better=False,
+    )
+
+
+def takeover_handling_time(data: Data) -> Figure:
+    figure = Duration(
+        "takeover_handling_time",
+        label=_("Takeover handling time (median)"),
+        definition=_(
+            "For each ended takeover of a run started in the window: from the person taking the "
+            "run over to them releasing it (or to the cancel or rejection that ended it). Median; "
+            "p90 beside it. The actions are the human decisions recorded during the takeover, "
+            "its own take over and release aside."
+        ),
+        durations="takeover",
+        counted_by="takeovers_ended",
+        extra=("p90", "mean"),
+    )(data)
+    total = data.total()
+    count = int(total.get("takeovers_ended") or 0)
+    actions = int(total.get("takeover_actions") or 0)
+    figure.extra.update(
+        {
+            "median": _round(figure.value),
+            "count": count,
+            "actions": actions,
+            "actions_per_takeover": _round(ratio(actions, count)),
+        }
+    )
+    return figure
+
+
+def takeovers_needing_engineer(data: Data) -> Figure:
+    figure = Rate(
+        "takeovers_needing_engineer",
+        label=_("Takeovers that needed an engineer"),
+        definition=_(
+            "Of the takeovers released in runs started in the window, the share whose person "
+            "answered yes to “Did this need an engineer?” when releasing the run. Takeovers "
+            "ended by a cancel or a rejection are not asked and not counted."
+        ),
+        numerator="takeovers_needing_engineer",
+        denominator="takeovers_answered",
+        higher_is_better=False,
+    )(data)
+    needing, released = figure.counts or (0, 0)
+    figure.extra = {"count": needing, "released": released, "share": _round(figure.value)}
+    return figure
+
+
+def duplicates_after_resume(data: Data) -> Figure:
+    total = data.total()
+    resumes = int(total.get("resumes") or 0)
+    with_duplicate = int(total.get("resumes_with_duplicate") or 0)
+    duplicates = int(total.get("duplicates_after_resume") or 0)
+    return Figure(
+        "duplicates_after_resume",
+        _("Duplicate side effects after a resume"),
+        _(
+            "For every resume of a run started in the window (a wait resolved or a person put it "
+            "back to work, a person released it to the engine, or a crashed worker's step was "
+            "taken back): the side effects duplicated after it, i.e. a step's second or later "
+            "committed idempotency key, sent after that resume and before the next. The value "
+            "is the duplicates; beside it, the resumes followed by at least one, of all resumes."
+        ),
+        "count",
+        float(duplicates),
+        (with_duplicate, resumes),
+        data.series(lambda r: r.get("duplicates_after_resume") or 0),
+        extra={
+            "resumes": resumes,
+            "resumes_with_duplicate": with_duplicate,
+            "duplicates": duplicates,
+        },
+        higher_is_better=False,
+    )
+
+
 # Every figure of the dashboard, in this order.
 FIGURES: list[Callable[[Data], Figure]] = [
     Rate(
@@ -387,6 +493,10 @@ FIGURES: list[Callable[[Data], Figure]] = [
         denominator="runs_taken_over",
         higher_is_better=False,
     ),
+    recovery_failed_missing_metadata,
+    takeover_handling_time,
+    takeovers_needing_engineer,
+    duplicates_after_resume,
 ]
 
 INCONSISTENCIES = {

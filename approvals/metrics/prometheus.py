@@ -10,7 +10,7 @@ once they have ended (a terminal status never changes); side effects once commit
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import connection
@@ -19,10 +19,10 @@ from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, gener
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from approvals.metrics.facts import COHORT_SQL, NO_CURRENT_ROW, fact_params, facts_sql
-from approvals.metrics.figures import INCONSISTENCIES
+from approvals.metrics.figures import INCONSISTENCIES, MISSING_METADATA_COLUMNS
 from approvals.metrics.queries import NO_LIVE, STALE_MINUTES, current_state
 from approvals.metrics.sql import T, no_jit
-from approvals.metrics.store import EPOCH
+from approvals.metrics.store import EPOCH, RECOVERY_TALLIES, recovery_tallies_of
 from runs.models import Run
 
 # The text format generate_latest() writes.
@@ -59,10 +59,14 @@ effects AS MATERIALIZED (
   ) e
 ),
 stored AS (
-  SELECT m.tool_names, m.tool_classes, m.tool_counts FROM recent r CROSS JOIN LATERAL (
-    SELECT m.tool_names, m.tool_classes, m.tool_counts FROM {T["metrics"]} m
+  SELECT m.* FROM recent r CROSS JOIN LATERAL (
+    SELECT m.tool_names, m.tool_classes, m.tool_counts, {_TALLY_COLUMNS} FROM {T["metrics"]} m
     WHERE m.run_id = r.id AND m.event_seq = r.event_seq OFFSET 0
   ) m
+),
+rows AS (
+  SELECT * FROM stored
+  UNION ALL SELECT l.tool_names, l.tool_classes, l.tool_counts, {_TALLY_COLUMNS_OF_LIVE} FROM live l
 )
 SELECT 'runs', workflow, status, count(*) FROM recent GROUP BY 2, 3
 UNION ALL
@@ -74,11 +78,16 @@ SELECT 'open', e.tool, e.status, count(*) FROM {T["effect"]} e
 WHERE e.status IN ('intended', 'unknown') GROUP BY 2, 3
 UNION ALL
 SELECT 'failures', t.tool, t.cls, sum(t.n)
-FROM (
-  SELECT * FROM stored UNION ALL SELECT l.tool_names, l.tool_classes, l.tool_counts FROM live l
-) f
+FROM rows f
 CROSS JOIN LATERAL unnest(f.tool_names, f.tool_classes, f.tool_counts) AS t(tool, cls, n)
-WHERE t.cls <> '' GROUP BY 2, 3"""
+WHERE t.cls <> '' GROUP BY 2, 3
+UNION ALL
+SELECT 'recovery', tally.name, '', sum(tally.n) FROM rows f CROSS JOIN {recovery_tallies_of("f")}
+GROUP BY 2"""
+
+
+_TALLY_COLUMNS = ", ".join(f"m.{name}" for name in [*RECOVERY_TALLIES, "takeover_s"])
+_TALLY_COLUMNS_OF_LIVE = ", ".join(f"l.{name}" for name in [*RECOVERY_TALLIES, "takeover_s"])
 
 
 # With the runs %(ids)s computed live; and without planning FACTS when there are none.
@@ -96,6 +105,8 @@ class _Scrape:
     open_effects: list[tuple[str, str, int]]  # tool, status (intended, unknown), side effects
     failures: list[tuple[str, str, int]]  # tool, failure class, failed attempts
     state: dict[str, int]  # current_state()
+    # RECOVERY_TALLIES and takeover_ms, all time (missing metadata, takeover cost, resumes).
+    recovery: dict[str, int] = field(default_factory=dict)
 
 
 def _read(now: datetime) -> _Scrape:
@@ -128,6 +139,7 @@ def _read(now: datetime) -> _Scrape:
         rows("open"),
         rows("failures"),
         state,
+        {name: n for (name, _detail), n in totals.get("recovery", {}).items()},
     )
 
 
@@ -152,6 +164,7 @@ class RecoveryCollector:
             ["tool", "class"],
             scrape.failures,
         )
+        yield from _recovery_families(scrape.recovery)
         yield GaugeMetricFamily(
             "taskpilots_runs_needing_human",
             "Runs waiting for a person (needs a person or taken over).",
@@ -208,6 +221,59 @@ def _side_effect_families(scrape: _Scrape) -> Iterator[Metric]:
         "Side effects whose outcome is not settled yet (intended or unknown), by tool.",
         ["tool", "status"],
         scrape.open_effects,
+    )
+
+
+def _recovery_families(tally: dict[str, int]) -> Iterator[Metric]:
+    """Recoveries stopped by missing metadata, takeover cost, duplicates after a resume."""
+    yield _family(
+        CounterMetricFamily,
+        "taskpilots_recovery_failed_missing_metadata",
+        "Resumes the engine handed to a person because metadata it needs was missing, by cause.",
+        ["cause"],
+        [(cause, tally.get(col, 0)) for cause, col in MISSING_METADATA_COLUMNS.items()],
+    )
+    # A count and a sum (rate() of the one over the other is the mean); the median and p90 are
+    # the dashboard's, over a window.
+    yield CounterMetricFamily(
+        "taskpilots_takeovers_ended",
+        "Takeovers ended (released, or ended by a cancel or a rejection).",
+        value=tally.get("takeovers_ended", 0),
+    )
+    yield CounterMetricFamily(
+        "taskpilots_takeover_handling_seconds",
+        "Time spent in ended takeovers, from taking a run over to releasing it, summed.",
+        value=tally.get("takeover_ms", 0) / 1000,
+    )
+    yield CounterMetricFamily(
+        "taskpilots_takeover_actions",
+        "Human decisions recorded during takeovers (their own take over and release aside).",
+        value=tally.get("takeover_actions", 0),
+    )
+    answered = tally.get("takeovers_answered", 0)
+    needing = tally.get("takeovers_needing_engineer", 0)
+    yield _family(
+        CounterMetricFamily,
+        "taskpilots_takeovers_released",
+        "Released takeovers, by the person's answer to 'Did this need an engineer?'.",
+        ["needed_engineer"],
+        [("yes", needing), ("no", answered - needing)],
+    )
+    yield CounterMetricFamily(
+        "taskpilots_resumes",
+        "Runs resumed (wait resolved or a person's action, released to the engine, or a "
+        "crashed worker's step taken back).",
+        value=tally.get("resumes", 0),
+    )
+    yield CounterMetricFamily(
+        "taskpilots_resumes_with_duplicate",
+        "Resumes followed by at least one duplicated side effect before the next resume.",
+        value=tally.get("resumes_with_duplicate", 0),
+    )
+    yield CounterMetricFamily(
+        "taskpilots_duplicates_after_resume",
+        "Duplicated side effects (a step's second or later committed key) sent after a resume.",
+        value=tally.get("duplicates_after_resume", 0),
     )
 
 

@@ -32,7 +32,7 @@ GAMMA = (1 + ACCURACY) / (1 - ACCURACY)
 LN_GAMMA = math.log(GAMMA)
 MIN_VALUE = 1e-6
 ZERO_BIN = -32768
-QUANTILES = {"p50": 0.5, "p95": 0.95}
+QUANTILES = {"p50": 0.5, "p90": 0.9, "p95": 0.95}
 
 
 def bin_sql(value: str) -> str:

@@ -131,6 +131,38 @@ UNION ALL
 SELECT 'failures', t.tool, t.cls, sum(t.n) FROM ended JOIN {T["metrics"]} m ON m.run_id = ended.id
 CROSS JOIN LATERAL unnest(m.tool_names, m.tool_classes, m.tool_counts) AS t(tool, cls, n)
 WHERE t.cls <> '' GROUP BY 2, 3"""
+# The issue-18 tallies of a stored row `m` behind /metrics, as (name, value) rows: missing
+# metadata by cause, takeover cost (durations summed in ms, for a BigInteger counter), resumes
+# and the duplicates after them.
+RECOVERY_TALLIES = [
+    "recovery_missing_workflow",
+    "recovery_missing_step",
+    "recovery_missing_wait",
+    "takeovers_ended",
+    "takeover_actions",
+    "takeovers_answered",
+    "takeovers_needing_engineer",
+    "resumes",
+    "resumes_with_duplicate",
+    "duplicates_after_resume",
+]
+
+
+def recovery_tallies_of(row: str) -> str:
+    """A LATERAL VALUES list of (name, n): RECOVERY_TALLIES and `takeover_ms` of row `row`."""
+    pairs = [f"('{name}', {row}.{name}::bigint)" for name in RECOVERY_TALLIES]
+    pairs.append(
+        f"('takeover_ms', (SELECT COALESCE(round(sum(x) * 1000), 0)::bigint"
+        f" FROM unnest({row}.takeover_s) AS x))"
+    )
+    return f"LATERAL (VALUES {', '.join(pairs)}) AS tally(name, n)"
+
+
+ENDED_COUNTS_SQL += f"""
+UNION ALL
+SELECT 'recovery', tally.name, '', sum(tally.n)
+FROM ended JOIN {T["metrics"]} m ON m.run_id = ended.id CROSS JOIN {recovery_tallies_of("m")}
+GROUP BY 2"""
 ADVANCE_COUNTERS_SQL = f"""
 WITH counts(family, name, detail, n) AS ({ENDED_COUNTS_SQL}),
 added AS (

@@ -16,6 +16,7 @@ from runs.engine.dispatch import conf, worker_id
 from runs.models import (
     FailureClass,
     Lease,
+    RecoveryCause,
     Run,
     SideEffect,
     Step,
@@ -99,6 +100,7 @@ def claim_next(run_id, *, worker: str | None = None, now: datetime | None = None
                 "registered in this deployment; the run cannot resume automatically. Deploy "
                 "that version again, or finish the run by hand.",
                 queue=OPS_QUEUE,
+                cause=RecoveryCause.WORKFLOW_NOT_REGISTERED,
             )
             return None
         steps = list(run.steps.order_by("position"))
@@ -205,7 +207,11 @@ def _not_claimable(run: Run, step: Step, now: datetime) -> tuple[bool, bool]:
             step=step, kind=Wait.Kind.TOOL_RECOVERY, status=Wait.Status.PENDING
         ).exists():
             return False, False
-        run.ask_human(f"Step {step.name!r} is waiting with nothing to wait for.", queue=OPS_QUEUE)
+        run.ask_human(
+            f"Step {step.name!r} is waiting with nothing to wait for.",
+            queue=OPS_QUEUE,
+            cause=RecoveryCause.NOTHING_TO_WAIT_FOR,
+        )
         return True, False
     if step.status != S.PENDING:
         # needs_human / unknown_outcome under a runnable run: park the run for a person.
@@ -239,7 +245,7 @@ def _claim_existing(run, workflow, step, ctx, worker, now, steps) -> Claim | Non
     try:
         definition = workflow.definition_of(step.name, step.spec)
     except workflow_registry.WorkflowError as exc:
-        run.ask_human(str(exc), queue=OPS_QUEUE)
+        run.ask_human(str(exc), queue=OPS_QUEUE, cause=RecoveryCause.STEP_NOT_IN_WORKFLOW)
         return None
     attempt = step.attempts + 1
     if reclaimed:

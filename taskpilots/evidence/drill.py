@@ -847,6 +847,8 @@ def _figures(run_ids) -> dict:
     return {key: seed[key]["value"] for key in FIGURE_KEYS} | {
         "auto_recovered": seed["auto_recovery_rate"]["counts"][0],
         "runs_with_faults": seed["auto_recovery_rate"]["counts"][1],
+        # Per resume (approval, wake-up, release, reclaimed lease): the duplicates after it.
+        "duplicates_after_resume": seed["duplicates_after_resume"]["extra"],
     }
 
 

@@ -259,6 +259,7 @@ class _RunStory:
         if rng.random() < 0.2:  # released, then someone had to come back
             released = tl.add(Verb.RUN_RELEASED, {}, after=300, actor=actor)
             takeovers[-1][1].ended_at = released
+            takeovers[-1][1].needed_engineer = len(takeovers) % 3 == 0  # no draw: same runs
             self.decide(None, "release", created_at=released)
             again = tl.add(Verb.RUN_TAKEN_OVER, {}, after=900, actor=actor)
             second = Takeover(run=self.run, user=self.user, started_at=again)

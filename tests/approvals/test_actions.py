@@ -33,7 +33,7 @@ def test_take_over_stops_automation_until_release(sandbox, support_user):
     run = fresh(run)
     assert run.status == "taken_over" and run.owner == support_user
     assert engine.claim_next(run.pk) is None  # the engine leaves it alone
-    actions.release(run.pk, support_user)
+    actions.release(run.pk, support_user, needed_engineer=False)
     run = fresh(run)
     assert run.status == "needs_human" and run.owner is None
     assert Takeover.objects.get(run=run).ended_at is not None

@@ -62,7 +62,7 @@ CASES = {
     "complete": ("invalid", lambda run: {"result": '{"id": "T-1", "status": "solved"}'},
                  "complete_by_hand", "running"),
     "take_over": ("approval", lambda run: {}, "take_over", "taken_over"),
-    "release": ("mine", lambda run: {}, "release", "needs_human"),
+    "release": ("mine", lambda run: {"needed_engineer": "no"}, "release", "needs_human"),
     "cancel": ("approval", lambda run: {"comment": "customer withdrew"}, "cancel", "cancelled"),
 }  # fmt: skip
 
@@ -249,7 +249,7 @@ def test_only_the_owner_or_an_admin_acts_on_a_taken_over_run(
     data = {**_approval(run), "comment": "mine now"}
     assert post(client, run, action, data, **HTMX).status_code == 403
     client.force_login(admin_user)
-    response = post(client, run, "release", {}, **HTMX)
+    response = post(client, run, "release", {"needed_engineer": "no"}, **HTMX)
     assert response.status_code == 200
 
 

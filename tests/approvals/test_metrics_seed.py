@@ -50,7 +50,7 @@ def test_the_figures_of_one_run_whenever_it_started(world):  # noqa: F811
 def test_no_runs_have_no_figures(db, django_assert_max_num_queries):
     with django_assert_max_num_queries(4):  # the savepoint, the SET, the query, the release
         seeds = metrics.seed_figures([])
-    assert len(seeds) == len(metrics.FIGURES) == 17
+    assert len(seeds) == len(metrics.FIGURES) == 21
     assert seeds["execution_success_rate"]["value"] is None
     assert seeds["execution_success_rate"]["counts"] == [0, 0]
     assert seeds["time_to_recover_median"]["value"] is None

@@ -152,6 +152,7 @@ def test_the_console_says_what_happens_next(page, sandbox, support_user):
     )
     expect(page.locator(".run-head .status")).to_contain_text("Taken over")
     expect(page.locator(".suggestion")).to_contain_text("release it and TaskPilots goes on")
+    page.check("form[data-action=release] input[name=needed_engineer][value=no]")
     page.click("form[data-action=release] button[type=submit]")
     expect(page.locator("#flash")).to_have_text("Released. The run goes on.")
 

@@ -27,6 +27,9 @@ def test_a_small_drill_loses_nothing_and_duplicates_nothing(sandbox):
     assert report["runs"] == len(KINDS)
     assert report["lost_runs"] == 0
     assert report["duplicate_side_effects"] == 0, report["duplicates"]
+    # Drills resume runs (killed workers, approvals): none of those resumes duplicated anything.
+    after_resume = report["duplicates_after_resume"]
+    assert after_resume["resumes"] > 0 and after_resume["duplicates"] == 0, after_resume
     assert report["snapshot_coverage"] == 1.0
     assert report["committed_without_snapshot"] == 0  # the outside world's view agrees
     for kind in KINDS:

@@ -196,7 +196,7 @@ class TestAPausedWorkerIsFenced:
         step = actions.confirm_outcome(claim.step.pk, support_user, happened=True)
         assert step.status == Step.Status.SUCCEEDED
         assert step.result == effect.receipt["response"]
-        actions.release(run.pk, support_user)
+        actions.release(run.pk, support_user, needed_engineer=False)
         assert engine.run_until_quiet(run.pk).status == Run.Status.SUCCEEDED
         assert len(sandbox.ledger(system="crm", run=str(run.pk))) == 1
 
