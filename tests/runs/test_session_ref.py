@@ -6,10 +6,18 @@ from __future__ import annotations
 import pytest
 
 from runs import engine
+from runs.api.models import ApiClient, ApiScope
 from runs.models import Run, Snapshot
-from tests.runs.test_api import Api, agent, api, bearer  # noqa: F401  (fixtures)
+from tests.runs.test_api import Api, bearer
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(db):
+    client, credentials = ApiClient.issue("session-agent", ApiScope.values)
+    return Api(bearer(credentials.token))
+
 
 REPLY_INPUT = {"message": "Where is my refund?", "email": "ann@example.com", "ticket": "T-1"}
 
@@ -64,7 +72,7 @@ def test_a_bad_session_ref_is_422_and_starts_nothing(api, value, code):
     assert Run.objects.count() == 0
 
 
-def test_the_schema_states_the_session_ref(api):
+def test_the_schema_states_the_session_ref():
     schema = Api().get("/openapi.json")[1]
     start = schema["components"]["schemas"]["StartRunIn"]["properties"]["session_context_ref"]
     assert start["maxLength"] == 200 and start["type"] == "string"
