@@ -18,6 +18,8 @@ class Succeeded:
     committed: tuple[SideEffect, Receipt] | None = None
     # A read served by its fallback tool: (failure class, error) of the tool that failed.
     degraded: tuple[str, str] | None = None
+    # A read's parameters and response summary (runs.models.read_record), kept on its step.
+    read: dict | None = None
     events: list[tuple[str, dict]] = field(default_factory=list)
 
 

@@ -104,8 +104,10 @@ def _settle_ledger(claim: Claim, outcome: Outcome) -> None:
 def _apply(claim: Claim, outcome: Outcome) -> bool:
     run, step, lease = claim.run, claim.step, claim.lease
     match outcome:
-        case Succeeded(result=result, degraded=degraded):
+        case Succeeded(result=result, degraded=degraded, read=read):
             recovered = bool(step.error_class) or step.attempts > 1
+            # A read's input and response summary land in the same update as its result.
+            fields = {"read_record": read} if read else {}
             if degraded is None:
                 step.succeed(
                     result,
@@ -113,9 +115,12 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
                     error_class="",
                     last_error="",
                     data={"attempt": step.attempts},
+                    **fields,
                 )
             else:
-                step.degrade(result, held_by=lease, failure_class=degraded[0], error=degraded[1])
+                step.degrade(
+                    result, held_by=lease, failure_class=degraded[0], error=degraded[1], **fields
+                )
                 run.count_failure()  # the tool failed; its fallback served the read
             if step.spec.get("compensates"):
                 settle_compensation(step)
