@@ -21,7 +21,7 @@ from runs.engine.outcomes import (
     Succeeded,
     UnknownOutcome,
 )
-from runs.engine.routing import route_failure
+from runs.engine.routing import escalate_to_person, route_failure
 from runs.engine.waits import close_recovery_wait, hold_for_pause, park
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent, TransitionError, Wait
 from runs.people import people
@@ -153,7 +153,11 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
             return route_failure(
                 run, step, FailureClass.UNKNOWN_OUTCOME, error, held_by=lease, tool=step.tool
             )
-        case Failed(failure_class=failure_class, error=error):
+        case Failed(failure_class=failure_class, error=error, to_person=to_person):
             tool = claim.definition.tool or step.tool
+            if to_person is not None:
+                return escalate_to_person(
+                    run, step, failure_class, error, held_by=lease, tool=tool, routing=to_person
+                )
             return route_failure(run, step, failure_class, error, held_by=lease, tool=tool)
     raise TypeError(f"not an outcome: {outcome!r}")
