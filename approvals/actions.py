@@ -21,6 +21,8 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest, HumanDecision, Takeover, params_diff, shown
 from approvals.permissions import ActionForbidden, check_may_act
 from runs import tools as tool_registry
+from runs.conditions import ConditionError, parse_text
+from runs.conditions import validate as validate_conditions
 from runs.engine import begin_compensation, enqueue
 from runs.models import Receipt, Run, SideEffect, Snapshot, Step, Wait, to_json_value
 from runs.tools import ToolError
@@ -101,6 +103,7 @@ def _decision(
     after=None,
     proof="",
     comment="",
+    conditions=(),
 ) -> HumanDecision:
     """The structured record of a person's action, bound to what they were shown: the approval
     (tool, target, parameters and their digest), the snapshot of the call they settled, or the
@@ -117,6 +120,7 @@ def _decision(
         after=to_json_value(after),
         proof=proof[:2000],
         comment=comment[:4000],
+        conditions=list(conditions),
     )
 
 
@@ -157,6 +161,7 @@ def decide_approval(
     edited_params: dict | None = None,
     comment: str = "",
     expected_version: int | None = None,
+    conditions: list | None = None,
 ) -> ApprovalRequest:
     """Record a person's decision on an approval and resume (or compensate) the run.
 
@@ -180,7 +185,13 @@ def decide_approval(
             params = validate_params(approval.tool, edited_params, proposed=params)
             if params == approval.proposed_params:
                 decision = D.APPROVED  # nothing was changed
-        approval.decide(user, decision, params=params, comment=comment)
+        if conditions and decision == D.REJECTED:
+            raise InvalidConditions("A rejection takes no conditions.")
+        try:
+            conditions = validate_conditions(conditions, params)
+        except ConditionError as exc:
+            raise InvalidConditions(str(exc), index=exc.index) from None
+        approval.decide(user, decision, params=params, comment=comment, conditions=conditions)
         for wait in Wait.objects.filter(
             step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING
         ):
@@ -197,6 +208,7 @@ def decide_approval(
             before=approval.proposed_params,
             after={"params": params, "diff": diff} if edited else params,
             comment=comment,
+            conditions=conditions,
         )
         if decision == D.REJECTED:
             step.fail(error=f"rejected by {user.get_username()}: {comment}", actor=actor)
@@ -211,6 +223,8 @@ def decide_approval(
                 "by": user.get_username(),
                 "comment": comment,
                 "human_decision": record.reference(),
+                # Enforced on the call (runs.engine.ledger): broken, nothing is called.
+                **({"conditions": conditions} if conditions else {}),
             }
             step.succeed(answer, actor=actor)
             _resume(run, user, f"approval {decision}")
@@ -241,6 +255,26 @@ def _lock_pending_approval(approval_id: int, user, expected_version):
         )
     _check_version(run, expected_version)
     return run, step, approval
+
+
+class InvalidConditions(ActionRefused):
+    """Approval conditions that cannot be accepted (runs.conditions.validate says why)."""
+
+    field = "conditions"
+
+    def __init__(self, message: str, index: int | None = None):
+        super().__init__(message)
+        self.index = index
+
+
+def parse_conditions(text: str, params: Any) -> list[dict]:
+    """The console's conditions text (runs.conditions.parse_text), as InvalidConditions."""
+    if not text or not text.strip():
+        return []
+    try:
+        return parse_text(text, params if isinstance(params, dict) else {})
+    except ConditionError as exc:
+        raise InvalidConditions(str(exc), index=exc.index) from None
 
 
 class InvalidParams(ActionRefused):

@@ -5,7 +5,7 @@ the same actions the console calls (approvals.actions)."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from django.contrib.auth import get_user_model
@@ -31,6 +31,8 @@ from runs.api.base import (
 from runs.api.errors import ApiError
 from runs.api.models import ApiScope
 from runs.api.schema import JsonObject, free_text
+from runs.conditions import ConditionError
+from runs.conditions import validate as validate_conditions
 from runs.models import Run, RunStatus, Step, TimelineEvent
 from runs.verbs import Verb
 
@@ -46,10 +48,28 @@ class CancelIn(StrictIn):
     expected_version: RunVersion | None = None
 
 
+ConditionScalar = int | float | Annotated[str, Field(max_length=200)] | bool
+
+
+class ConditionIn(StrictIn):
+    param: Identifier = Field(
+        ..., min_length=1, max_length=150, description="a parameter of the call"
+    )
+    op: Literal["<=", "<", ">=", ">", "==", "in"]
+    value: (
+        ConditionScalar | Annotated[list[ConditionScalar], Field(min_length=1, max_length=50)]
+    ) = Field(..., description="a number for <, <=, >, >=; a list of allowed values for `in`")
+
+
 class DecisionIn(StrictIn):
     user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
     decision: Literal["approved", "approved_with_edits", "rejected"]
     edited_params: JsonObject | None = None
+    conditions: Annotated[list[ConditionIn], Field(max_length=20)] | None = Field(
+        None,
+        description="approve only if the call's parameters meet these when it is made; the "
+        "engine checks them right before the call and hands the run to a person instead",
+    )
     comment: str = free_text("", max_length=4000)
     expected_version: RunVersion | None = None
 
@@ -63,6 +83,7 @@ class ApprovalOut(Schema):
     decided_by: str | None
     decided_at: datetime | None
     comment: str
+    conditions: list[dict[str, Any]] = []
 
 
 class OutcomeIn(StrictIn):
@@ -292,6 +313,18 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
         except actions.InvalidParams as exc:
             field = f"edited_params.{exc.field}" if exc.field else "edited_params"
             raise ApiError(422, "invalid_params", str(exc), field=field) from None
+    conditions = [c.model_dump() for c in body.conditions] if body.conditions else None
+    if conditions:
+        if body.decision == "rejected":
+            raise ApiError(
+                422, "invalid_conditions", "A rejection takes no conditions.", field="conditions"
+            )
+        shown = body.edited_params if body.edited_params is not None else approval.proposed_params
+        try:
+            validate_conditions(conditions, shown)
+        except ConditionError as exc:
+            field = "conditions" if exc.index is None else f"conditions[{exc.index}]"
+            raise ApiError(422, "invalid_conditions", str(exc), field=field) from None
     request_data = {"user": user.get_username(), "approval": approval.pk, "decision": body.decision}
     approval = _perform(
         client,
@@ -305,10 +338,12 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
             edited_params=body.edited_params,
             comment=body.comment,
             expected_version=body.expected_version,
+            conditions=conditions,
         ),
     )
     run.refresh_from_db(fields=["status"])
     return {
+        "conditions": approval.conditions,
         "id": approval.pk,
         "run_id": approval.run_id,
         "run_status": run.status,

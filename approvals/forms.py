@@ -111,9 +111,22 @@ class ReleaseForm(ActionForm):
 
 class ApproveForm(ActionForm):
     approval = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    conditions = forms.CharField(
+        label=_("Only if (conditions)"),
+        required=False,
+        max_length=2000,
+        strip=True,
+        help_text=_(
+            "One per line, e.g. “amount <= 50” or “currency in EUR, USD”. TaskPilots checks "
+            "them right before the call and hands the run to a person instead of calling when "
+            "they do not hold."
+        ),
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+    )
 
 
 class RejectForm(ApproveForm):
+    conditions = None
     comment = forms.CharField(
         label=_("Why reject it?"),
         max_length=4000,

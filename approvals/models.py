@@ -15,6 +15,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from runs import tools as tool_registry
+from runs.conditions import describe as describe_condition
 from runs.models import (
     FailureClass,
     InvalidTransition,
@@ -62,6 +63,9 @@ class ApprovalRequest(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     comment = models.TextField(blank=True, default="")
+    # What the approver allowed only under conditions (runs.conditions): [{param, op, value}],
+    # enforced by the engine on the call. Empty: no conditions.
+    conditions = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -150,8 +154,11 @@ class ApprovalRequest(models.Model):
         for name, value in fields.items():
             setattr(self, name, value)
 
-    def decide(self, user, decision: str, *, params: dict, comment: str = "") -> None:
-        """Record a person's decision on exactly what they were shown."""
+    def decide(
+        self, user, decision: str, *, params: dict, comment: str = "", conditions=()
+    ) -> None:
+        """Record a person's decision on exactly what they were shown (and the conditions,
+        already validated, an approval is granted under)."""
         D = self.Decision
         self._move(
             self.Status.DECIDED,
@@ -162,8 +169,10 @@ class ApprovalRequest(models.Model):
             decided_by=user,
             decided_at=timezone.now(),
             comment=comment,
+            conditions=list(conditions),
             data={
                 "comment": comment,
+                **({"conditions": list(conditions)} if conditions else {}),
                 "proposed": self.proposed_params,
                 "params": params,
                 "diff": params_diff(self.proposed_params, params),
@@ -314,11 +323,18 @@ class HumanDecision(models.Model):
     after = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
     proof = models.TextField(blank=True, default="")
     comment = models.TextField(blank=True, default="")
+    # The conditions an approval was granted under (as on its ApprovalRequest).
+    conditions = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [_choices_check("verb", DecisionVerb, "decision_verb_valid")]
         indexes = [models.Index(fields=["user", "-created_at"], name="decision_user_idx")]
+
+    @property
+    def conditions_text(self) -> str:
+        """The conditions as people read them: `amount <= 50; currency in EUR, USD`."""
+        return "; ".join(describe_condition(c) for c in self.conditions or ())
 
     def reference(self) -> dict[str, Any]:
         """How the side effect that executes this decision names it in its snapshot."""

@@ -40,6 +40,7 @@ from approvals.forms import (
 )
 from approvals.models import ApprovalRequest
 from approvals.permissions import ACT, READ, forbidden, may_act, require_role
+from runs.conditions import describe as describe_condition
 from runs.models import Run, Snapshot, Step, TimelineEvent, TransitionError
 
 logger = logging.getLogger("taskpilots.console")
@@ -237,7 +238,13 @@ def _as_seen(data: dict) -> dict:
 
 
 def _approve(run, user, data, request):
-    actions.decide_approval(_approval_of(run, data).pk, user, "approved", **_as_seen(data))
+    approval = _approval_of(run, data)
+    conditions = actions.parse_conditions(data.get("conditions", ""), approval.proposed_params)
+    actions.decide_approval(approval.pk, user, "approved", conditions=conditions, **_as_seen(data))
+    if conditions:
+        return _("Approved, only if %(conditions)s.") % {
+            "conditions": "; ".join(describe_condition(c) for c in conditions)
+        }
     return _("Approved.")
 
 
@@ -361,6 +368,9 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
     except TransitionError:
         return _answer(request, run, status=409, error=console.conflict_message(_fresh(run)))
     except actions.ActionRefused as exc:
+        field = getattr(exc, "field", None)
+        if field in form.fields:
+            form.add_error(field, str(exc))
         return _answer(request, run, status=422, error=str(exc), bound={action: form})
     except actions.ActionForbidden as exc:
         # The run was taken over between loading the page and pressing the button.

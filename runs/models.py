@@ -98,6 +98,38 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
+# How much of a read's input and response its step keeps (Step.read_record).
+READ_PARAMS_MAX_CHARS = 4000
+READ_PREVIEW_CHARS = 200
+
+
+def read_record(params: Any, response: Any) -> dict:
+    """What a read step keeps of its call: the parameters (whole up to READ_PARAMS_MAX_CHARS
+    of JSON, else a digest and the first characters) and a summary of the response — its JSON
+    type, length (keys, items or characters), size, digest and the first characters. Bounded,
+    so a large response costs a few hundred bytes on the step row."""
+    params = to_json_value(params)
+    params_json = canonical_json(params)
+    if len(params_json) > READ_PARAMS_MAX_CHARS:
+        params = {
+            "truncated": True,
+            "sha256": digest(params),
+            "preview": params_json[:READ_PREVIEW_CHARS],
+        }
+    response = to_json_value(response)
+    text = canonical_json(response)
+    kind = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    output = {
+        "type": kind.get(type(response), "number"),
+        "size": len(text),
+        "sha256": digest(response),
+        "preview": text[:READ_PREVIEW_CHARS],
+    }
+    if isinstance(response, dict | list | str):
+        output["length"] = len(response)
+    return {"params": params, "output": output}
+
+
 def _choices_check(field: str, choices: type[models.TextChoices], name: str):
     return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
 
@@ -623,6 +655,9 @@ class Step(models.Model):
     idempotency_key = models.CharField(max_length=255, blank=True, default="")
     # Which escalation rule (id, version, name, action) routed the last failure.
     routing = models.JSONField(default=dict, blank=True)
+    # A read step's input and what came back, written with its outcome (read_record()): the
+    # parameters it was called with and a bounded summary of the response. Empty otherwise.
+    read_record = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
@@ -781,7 +816,9 @@ class Step(models.Model):
             **fields,
         )
 
-    def degrade(self, result: Any, *, held_by: str, failure_class: str, error: str) -> None:
+    def degrade(
+        self, result: Any, *, held_by: str, failure_class: str, error: str, **fields
+    ) -> None:
         """Succeeded through the tool's fallback (a read whose rule says degrade)."""
         self._move(
             self.Status.DEGRADED,
@@ -791,6 +828,7 @@ class Step(models.Model):
             error_class=failure_class,
             last_error=error,
             data={"attempt": self.attempts},
+            **fields,
         )
 
     def complete_by_hand(self, result: Any, *, actor: str) -> None:
@@ -1014,13 +1052,22 @@ class Step(models.Model):
             "to": self.Status.RUNNING,
         }
 
-    def succeed_in(self, batch, result: Any, *, held_by: Lease, now) -> None:
-        """`succeed` of the claimed attempt, as the engine records it."""
-        batch.must(
-            _STEP_SUCCEEDED,
-            [db_json(result), now, self.pk, held_by.owner, held_by.attempt],
-            "the lease was taken back",
-        )
+    def succeed_in(self, batch, result: Any, *, held_by: Lease, now, read_record=None) -> None:
+        """`succeed` of the claimed attempt, as the engine records it (a read with its
+        read_record, in the same statement)."""
+        if read_record:
+            batch.must(
+                _STEP_SUCCEEDED_READ,
+                [db_json(result), db_json(read_record), now, self.pk, held_by.owner,
+                 held_by.attempt],
+                "the lease was taken back",
+            )  # fmt: skip
+        else:
+            batch.must(
+                _STEP_SUCCEEDED,
+                [db_json(result), now, self.pk, held_by.owner, held_by.attempt],
+                "the lease was taken back",
+            )
         data = {"attempt": self.attempts}
         batch.event(Verb.STEP_SUCCEEDED, self.event_data(self.Status.SUCCEEDED, data))
 
@@ -1403,6 +1450,11 @@ _STEP_SUCCEEDED = (
     "finished_at = %s, lease_owner = '', lease_expires_at = NULL "
     "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
 )
+_STEP_SUCCEEDED_READ = (
+    "UPDATE runs_step SET status = 'succeeded', result = %s, read_record = %s, error_class = '', "
+    "last_error = '', finished_at = %s, lease_owner = '', lease_expires_at = NULL "
+    "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
+)
 _STEP_KEY = (
     "UPDATE runs_step SET idempotency_key = %s WHERE id = %s AND status = 'running' "
     "AND lease_owner = %s AND attempts = %s AND lease_expires_at > now()"
@@ -1702,7 +1754,16 @@ def set_planned_steps(plan: Callable[[Run, list[dict]], dict]) -> None:
 def _rehydration_document(run: Run) -> dict:
     steps = list(
         run.steps.order_by("position").values(
-            "id", "name", "iteration", "status", "kind", "stage", "finished_at", "attempts"
+            "id",
+            "name",
+            "iteration",
+            "status",
+            "kind",
+            "stage",
+            "tool",
+            "finished_at",
+            "attempts",
+            "read_record",
         )
     )
     done = [s for s in steps if s["status"] in Step.DONE]
@@ -1732,6 +1793,20 @@ def _rehydration_document(run: Run) -> dict:
     )
     last = done[-1] if done else None
     document = _document(run, current, last, waits, event_wait, deadlines, effects, decisions)
+    # What each recorded read was asked and answered (its response only as a summary).
+    document["reads"] = [
+        {
+            "step": s["name"],
+            "iteration": s["iteration"],
+            "stage": s["stage"],
+            "tool": s["tool"],
+            "status": s["status"],
+            "params": s["read_record"].get("params"),
+            "output": s["read_record"].get("output"),
+        }
+        for s in steps
+        if s["read_record"]
+    ]
     if _planned_steps is not None:
         document.update(_planned_steps(run, steps))
     return document

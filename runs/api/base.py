@@ -153,6 +153,9 @@ class RunSummary(Schema):
 
 class RunOut(RunSummary):
     input: dict[str, Any]
+    session_context_ref: str = Field(
+        "", description="the opaque session reference the run was started with (empty: none)"
+    )
     result: Any = None
     rehydration: dict[str, Any]
 
@@ -193,6 +196,7 @@ def run_out(run: Run) -> dict:
     return {
         **run_summary(run),
         "input": run.input,
+        "session_context_ref": run.session_context_ref,
         "result": run.result,
         "rehydration": run.rehydration(),
     }

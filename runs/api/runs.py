@@ -48,7 +48,12 @@ class StartRunIn(StrictIn):
     version: WorkflowVersion | None = None
     input: JsonObject
     business_key: Identifier = Field(..., min_length=1, max_length=200)
-    session_context_ref: Identifier = Field("", max_length=200)
+    session_context_ref: Identifier = Field(
+        "",
+        max_length=200,
+        description="optional opaque reference to the conversation or session that asked for "
+        "the run; kept on the run and in every snapshot (empty: the snapshots name it missing)",
+    )
 
 
 class RunPage(Schema):

@@ -248,7 +248,7 @@ def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim
     if outcome.committed is not None:
         effect, receipt = outcome.committed
         effect.commit_in(batch, receipt, confirmed_by="tool", now=now, data={"step": step.name})
-    step.succeed_in(batch, result, held_by=claim.lease, now=now)
+    step.succeed_in(batch, result, held_by=claim.lease, now=now, read_record=outcome.read)
     following = _plan_next(batch, claim, result, now) if go_on else None
     if following is None and go_on:
         return None
@@ -314,6 +314,8 @@ def _remember_success(claim: Claim, outcome: Succeeded, result, now) -> None:
     step = claim.step
     step.status, step.result, step.finished_at = Step.Status.SUCCEEDED, result, now
     step.lease_owner, step.lease_expires_at = "", None
+    if outcome.read:
+        step.read_record = outcome.read
     if outcome.committed is not None:
         effect = outcome.committed[0]
         effect.status, effect.committed_at = SideEffect.Status.COMMITTED, now

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from runs.batch import SIDE_EFFECT_IDS, SNAPSHOT_IDS, Batch, Refused
+from runs.conditions import broken, describe
 from runs.engine.calls import (
     build_params,
     call_context,
@@ -99,6 +100,9 @@ def execute_side_effect(claim: Claim, tool: Tool) -> Outcome:
             return settled
         if effect.status == SideEffect.Status.NOT_COMMITTED:
             effect, _ = write_intent(claim, tool, params, key)
+    refused = _check_conditions(claim, tool, params, effect)
+    if refused is not None:
+        return refused
     try:
         result = invoke(claim, tool, params, key)
     except ToolError as exc:
@@ -175,6 +179,48 @@ def _decision_executed(claim: Claim, tool: Tool) -> dict:
         if isinstance(named, dict) and named.get("tool") == tool.name:
             found = named
     return found
+
+
+def _approved_under(claim: Claim, tool: Tool) -> dict:
+    """The approval result (its decision and conditions) this call carries out: the latest
+    approval of this tool before it, as _decision_executed finds it."""
+    found: dict = {}
+    for result in claim.ctx.results.values():
+        named = result.get("human_decision") if isinstance(result, dict) else None
+        if isinstance(named, dict) and named.get("tool") == tool.name:
+            found = result
+    return found
+
+
+def _check_conditions(claim: Claim, tool: Tool, params: dict, effect: SideEffect):
+    """Right before the call: the parameters it is about to be made with must meet every
+    condition the approver set (runs.conditions). Broken, the call is not made, its ledger row
+    is marked not committed, and the step goes to a person with the condition named."""
+    approved = _approved_under(claim, tool)
+    conditions = approved.get("conditions") or []
+    failed = broken(conditions, params)
+    if not failed:
+        return None
+    by = approved.get("by") or "the approver"
+    actual = "; ".join(
+        f"{c['param']} is {params.get(c['param'], '(missing)')!r}"
+        for c in conditions
+        if describe(c) in failed
+    )
+    error = (
+        f"{tool.name} was not called: its parameters break the condition "
+        f"{' and '.join(repr(f) for f in failed)} that {by} approved it under ({actual})"
+    )
+    return Failed(
+        FailureClass.INVALID_INPUT,
+        error,
+        not_committed=effect,
+        to_person={
+            "rule": "(approval condition)",
+            "conditions": failed,
+            "human_decision": (approved.get("human_decision") or {}).get("id"),
+        },
+    )
 
 
 def write_intent(

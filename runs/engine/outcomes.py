@@ -18,6 +18,8 @@ class Succeeded:
     committed: tuple[SideEffect, Receipt] | None = None
     # A read served by its fallback tool: (failure class, error) of the tool that failed.
     degraded: tuple[str, str] | None = None
+    # A read's parameters and response summary (runs.models.read_record), kept on its step.
+    read: dict | None = None
     events: list[tuple[str, dict]] = field(default_factory=list)
 
 
@@ -27,6 +29,9 @@ class Failed:
     error: str
     # A side effect that is known not to have landed (the tool refused it).
     not_committed: SideEffect | None = None
+    # Straight to a person, whatever the rules say (a broken approval condition): what the
+    # step's routing records instead of a rule.
+    to_person: dict | None = None
     events: list[tuple[str, dict]] = field(default_factory=list)
 
     def __post_init__(self) -> None:

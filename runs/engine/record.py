@@ -21,7 +21,7 @@ from runs.engine.outcomes import (
     Succeeded,
     UnknownOutcome,
 )
-from runs.engine.routing import route_failure
+from runs.engine.routing import escalate_to_person, route_failure
 from runs.engine.waits import close_recovery_wait, hold_for_pause, park
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent, TransitionError, Wait
 from runs.people import people
@@ -104,8 +104,10 @@ def _settle_ledger(claim: Claim, outcome: Outcome) -> None:
 def _apply(claim: Claim, outcome: Outcome) -> bool:
     run, step, lease = claim.run, claim.step, claim.lease
     match outcome:
-        case Succeeded(result=result, degraded=degraded):
+        case Succeeded(result=result, degraded=degraded, read=read):
             recovered = bool(step.error_class) or step.attempts > 1
+            # A read's input and response summary land in the same update as its result.
+            fields = {"read_record": read} if read else {}
             if degraded is None:
                 step.succeed(
                     result,
@@ -113,9 +115,12 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
                     error_class="",
                     last_error="",
                     data={"attempt": step.attempts},
+                    **fields,
                 )
             else:
-                step.degrade(result, held_by=lease, failure_class=degraded[0], error=degraded[1])
+                step.degrade(
+                    result, held_by=lease, failure_class=degraded[0], error=degraded[1], **fields
+                )
                 run.count_failure()  # the tool failed; its fallback served the read
             if step.spec.get("compensates"):
                 settle_compensation(step)
@@ -148,7 +153,11 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
             return route_failure(
                 run, step, FailureClass.UNKNOWN_OUTCOME, error, held_by=lease, tool=step.tool
             )
-        case Failed(failure_class=failure_class, error=error):
+        case Failed(failure_class=failure_class, error=error, to_person=to_person):
             tool = claim.definition.tool or step.tool
+            if to_person is not None:
+                return escalate_to_person(
+                    run, step, failure_class, error, held_by=lease, tool=tool, routing=to_person
+                )
             return route_failure(run, step, failure_class, error, held_by=lease, tool=tool)
     raise TypeError(f"not an outcome: {outcome!r}")

@@ -132,6 +132,17 @@ def route_failure(
     return False
 
 
+def escalate_to_person(
+    run: Run, step: Step, failure_class: str, error: str, *, held_by, tool: str, routing: dict
+) -> bool:
+    """Hand the step to a person whatever the rules' action (a call the engine refused to make,
+    e.g. a broken approval condition); the matching rule still picks the queue and the SLA."""
+    route = choose(run, step, failure_class, tool=tool)
+    route = Route(A.ESCALATE, route.rule, route.queue, {**routing, "failure_class": failure_class})
+    _escalate(run, step, route, failure_class, error, held_by)
+    return False
+
+
 def _retry(run, step, route, failure_class, error, held_by) -> None:
     delay = route.rule.backoff(step.attempts)
     step.schedule_retry(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from django.db import IntegrityError, transaction
 
 from runs import workflows as workflow_registry
@@ -51,6 +53,7 @@ def start_run(
         raise StartError(str(exc)) from None
     if not isinstance(input, dict):
         raise StartError("input must be a JSON object")
+    check_session_ref(session_context_ref)
     if definition.validate_input is not None:
         try:
             input = definition.validate_input(input)
@@ -93,6 +96,25 @@ def start_run(
             raise
         return _same_start(existing, definition, version, input_digest)
     return run, True
+
+
+# The longest session reference a run keeps (Run.session_context_ref, Snapshot's copy of it).
+SESSION_REF_MAX = 200
+
+
+def check_session_ref(value) -> None:
+    """A session reference is an opaque string naming the conversation or session that asked
+    for the run (empty: none). Refused, with nothing written, when it is not a string, is
+    longer than the column, or holds a control or format character (it is shown to people)."""
+    if not isinstance(value, str):
+        raise StartError("session_context_ref must be a string")
+    if len(value) > SESSION_REF_MAX:
+        raise StartError(f"session_context_ref is longer than {SESSION_REF_MAX} characters")
+    for char in value:
+        if unicodedata.category(char) in ("Cc", "Cf"):
+            raise StartError(
+                f"session_context_ref contains U+{ord(char):04X}, an invisible or control character"
+            )
 
 
 def _same_start(

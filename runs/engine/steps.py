@@ -22,7 +22,7 @@ from runs.engine.outcomes import (
 )
 from runs.engine.routing import match_rule
 from runs.engine.waits import end_pause_hold
-from runs.models import FailureClass, RouteAction, StepKind, Wait, to_json_value
+from runs.models import FailureClass, RouteAction, StepKind, Wait, read_record, to_json_value
 from runs.people import Approval, people
 from runs.tools import Tool, ToolError
 from runs.verbs import Verb
@@ -91,7 +91,8 @@ def execute_read(claim: Claim, tool: Tool) -> Outcome:
         result = invoke(claim, tool, params)
     except ToolError as exc:
         return degrade_or_fail(claim, tool, params, exc)
-    return Succeeded(to_json_value(result.response))
+    response = to_json_value(result.response)
+    return Succeeded(response, read=read_record(params, response))
 
 
 def degrade_or_fail(claim: Claim, tool: Tool, params: dict, exc: ToolError) -> Outcome:
@@ -121,9 +122,11 @@ def degrade_or_fail(claim: Claim, tool: Tool, params: dict, exc: ToolError) -> O
         "failure_class": exc.failure_class,
         "fallback_tool": fallback.name,
     }
+    degraded = to_json_value(degraded)
     return Succeeded(
-        to_json_value(degraded),
+        degraded,
         degraded=(exc.failure_class, exc.message),
+        read=read_record(params, degraded),
         events=[(Verb.STEP_DEGRADED, event)],
     )
 

@@ -74,6 +74,7 @@ def _same_shape(run: Run) -> dict:
                 "result": s.result,
                 "key": s.idempotency_key.replace(run_id, "RUN"),
                 "routing": s.routing,
+                "read_record": s.read_record,
                 "lease": (s.lease_owner, s.lease_expires_at),
                 "finished": s.finished_at is not None,
             }
