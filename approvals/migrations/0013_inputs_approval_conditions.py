@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("approvals", "0011_tool_metadata_overrides"),
+        ("approvals", "0012_metrics_missing_metadata_takeover_cost_resumes"),
     ]
 
     operations = [
