@@ -760,8 +760,17 @@ class Step(models.Model):
             **fields,
         )
 
-    def degrade(self, result: Any, *, held_by: str, failure_class: str, error: str) -> None:
-        """Succeeded through the tool's fallback (a read whose rule says degrade)."""
+    def degrade(
+        self,
+        result: Any,
+        *,
+        held_by: str,
+        failure_class: str,
+        error: str,
+        details: dict | None = None,
+    ) -> None:
+        """Succeeded through the tool's fallback (the rule of the tool's failure says degrade);
+        `details` name the switch for the timeline (rule, tools, keys)."""
         self._move(
             self.Status.DEGRADED,
             Verb.STEP_DEGRADED,
@@ -769,7 +778,7 @@ class Step(models.Model):
             result=result,
             error_class=failure_class,
             last_error=error,
-            data={"attempt": self.attempts},
+            data={"attempt": self.attempts, **(details or {})},
         )
 
     def complete_by_hand(self, result: Any, *, actor: str) -> None:

@@ -104,7 +104,7 @@ def _settle_ledger(claim: Claim, outcome: Outcome) -> None:
 def _apply(claim: Claim, outcome: Outcome) -> bool:
     run, step, lease = claim.run, claim.step, claim.lease
     match outcome:
-        case Succeeded(result=result, degraded=degraded):
+        case Succeeded(result=result, degraded=degraded, degraded_details=details):
             recovered = bool(step.error_class) or step.attempts > 1
             if degraded is None:
                 step.succeed(
@@ -115,8 +115,14 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
                     data={"attempt": step.attempts},
                 )
             else:
-                step.degrade(result, held_by=lease, failure_class=degraded[0], error=degraded[1])
-                run.count_failure()  # the tool failed; its fallback served the read
+                step.degrade(
+                    result,
+                    held_by=lease,
+                    failure_class=degraded[0],
+                    error=degraded[1],
+                    details=details,
+                )
+                run.count_failure()  # the tool failed; its fallback served the step
             if step.spec.get("compensates"):
                 settle_compensation(step)
             if recovered:
