@@ -262,6 +262,16 @@ class RuleForm(forms.ModelForm):
                     )
                     % {"tool": tool, "tools": listed},
                 )
+            elif found is not None:
+                self._check_fallback(found)
+            if cls == FailureClass.UNKNOWN_OUTCOME:
+                self.add_error(
+                    "failure_class",
+                    _(
+                        "An unknown outcome cannot degrade: the first call may have landed, "
+                        "and the fallback would do it a second time. It always goes to a person."
+                    ),
+                )
         if cls == FailureClass.TIMEOUT and action in (A.RETRY, A.WAIT, A.DEGRADE):
             self.add_error(
                 "action",
@@ -273,6 +283,35 @@ class RuleForm(forms.ModelForm):
             )
         if action in (A.ESCALATE, A.RETRY, A.WAIT, A.DEGRADE) and not data.get("queue"):
             self.add_error("queue", _("Name the queue a person picks this up from."))
+
+    def _check_fallback(self, tool) -> None:
+        """The fallback must be able to stand in: registered, and a write for a write (a read
+        for a read: a read's fallback must not change anything)."""
+        fallback = _tool(tool.fallback_tool)
+        if fallback is None:
+            self.add_error(
+                "action",
+                _("%(tool)s's fallback %(fallback)s is not a registered tool.")
+                % {"tool": tool.name, "fallback": tool.fallback_tool},
+            )
+        elif tool.side_effect and not fallback.side_effect:
+            self.add_error(
+                "action",
+                _(
+                    "%(tool)s is a side effect but its fallback %(fallback)s is not: the "
+                    "fallback could not do the write."
+                )
+                % {"tool": tool.name, "fallback": fallback.name},
+            )
+        elif not tool.side_effect and fallback.side_effect:
+            self.add_error(
+                "action",
+                _(
+                    "%(tool)s is a read but its fallback %(fallback)s is a side effect: a "
+                    "degraded read must not change anything."
+                )
+                % {"tool": tool.name, "fallback": fallback.name},
+            )
 
 
 # --------------------------------------------------------------------------------------------

@@ -817,9 +817,17 @@ class Step(models.Model):
         )
 
     def degrade(
-        self, result: Any, *, held_by: str, failure_class: str, error: str, **fields
+        self,
+        result: Any,
+        *,
+        held_by: str,
+        failure_class: str,
+        error: str,
+        details: dict | None = None,
+        **fields,
     ) -> None:
-        """Succeeded through the tool's fallback (a read whose rule says degrade)."""
+        """Succeeded through the tool's fallback (the rule of the tool's failure says degrade);
+        `details` name the switch for the timeline (rule, tools, keys)."""
         self._move(
             self.Status.DEGRADED,
             Verb.STEP_DEGRADED,
@@ -827,7 +835,7 @@ class Step(models.Model):
             result=result,
             error_class=failure_class,
             last_error=error,
-            data={"attempt": self.attempts},
+            data={"attempt": self.attempts, **(details or {})},
             **fields,
         )
 

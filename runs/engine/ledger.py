@@ -14,12 +14,14 @@ after it, and reconciliation of an outcome nobody saw.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from enum import StrEnum
 
 from django.db import transaction
 from django.utils import timezone
 
+from runs import tools as tool_registry
 from runs.batch import SIDE_EFFECT_IDS, SNAPSHOT_IDS, Batch, Refused
 from runs.conditions import broken, describe
 from runs.engine.calls import (
@@ -38,6 +40,7 @@ from runs.engine.outcomes import Failed, Outcome, Recheck, Succeeded, UnknownOut
 from runs.models import (
     FailureClass,
     Receipt,
+    RouteAction,
     Run,
     SideEffect,
     Snapshot,
@@ -82,33 +85,150 @@ def execute_side_effect(claim: Claim, tool: Tool) -> Outcome:
         raise ToolError(FailureClass.INVALID_INPUT, f"{tool.name} is not a side-effect tool")
     if claim.intent is not None:  # written with the claim (runs.engine.inline)
         effect, params = claim.intent
-        key = effect.idempotency_key
-    else:
-        params = build_params(claim, tool)
-        check_scope(claim, tool)
-        key = idempotency_key_for(claim.step)
-        try:
-            effect, done = write_intent(claim, tool, params, key)
-        except IdempotencyKeyConflict as exc:
-            conflict = (Verb.SIDE_EFFECT_KEY_CONFLICT, {"key": key, "step": claim.step.name})
-            return Failed(FailureClass.INVALID_INPUT, str(exc), events=[conflict])
-        if done is not None:
-            return done
+        return _call(claim, tool, effect, params, effect.idempotency_key)
+    params = build_params(claim, tool)
+    check_scope(claim, tool)
+    key = idempotency_key_for(claim.step)
+    if not claim.fresh:  # a step this claim created has no earlier attempt
+        switched = _switched_to_fallback(claim, key)
+        if switched is not None:  # an earlier attempt degraded: its fallback call is the one
+            return _degrade_with(claim, tool, switched, params, key)
+    return _keyed_call(claim, tool, params, key)
+
+
+def _keyed_call(claim: Claim, tool: Tool, params: dict, key: str, *, fallback_of: str = ""):
+    """Snapshot and intent under `key`, then the call (steps 1-3 of the module docstring).
+    `fallback_of`: the tool this one stands in for (its key is not the step's own)."""
+    try:
+        effect, done = write_intent(claim, tool, params, key, remember=not fallback_of)
+    except IdempotencyKeyConflict as exc:
+        conflict = (Verb.SIDE_EFFECT_KEY_CONFLICT, {"key": key, "step": claim.step.name})
+        return Failed(FailureClass.INVALID_INPUT, str(exc), events=[conflict])
+    if done is not None:
+        return done
+    return _call(claim, tool, effect, params, key, fallback_of=fallback_of)
+
+
+def _call(claim: Claim, tool: Tool, effect: SideEffect, params: dict, key: str, fallback_of=""):
     if effect.status == SideEffect.Status.UNKNOWN:
         settled = _settle_previous_attempt(claim, tool, effect)
         if settled is not None:
             return settled
         if effect.status == SideEffect.Status.NOT_COMMITTED:
-            effect, _ = write_intent(claim, tool, params, key)
+            effect, _ = write_intent(claim, tool, params, key, remember=not fallback_of)
     refused = _check_conditions(claim, tool, params, effect)
     if refused is not None:
         return refused
     try:
         result = invoke(claim, tool, params, key)
     except ToolError as exc:
+        if not fallback_of and exc.failure_class != FailureClass.UNKNOWN_OUTCOME:
+            degraded = _degrade_if_ruled(claim, tool, effect, params, key, exc)
+            if degraded is not None:
+                return degraded
         return _after_failed_call(claim, tool, effect, exc)
     receipt = Receipt(result.external_id, to_json_value(result.response))
     return Succeeded(receipt.response, committed=(effect, receipt))
+
+
+# -- Degrading a side effect to its tool's fallback
+#
+# Only a call the ledger knows did not land may be replaced by another tool's call: the tool
+# answered with a class other than unknown_outcome (refused, outage, not sent). An unknown
+# outcome never degrades (both effects could land): it is reconciled or goes to a person. The
+# fallback call is a side effect of its own: its own snapshot and `intended` row under the key
+# `<step key>:fallback:<tool>`, written before the call, then the same receipt or
+# reconciliation. The original row is marked not_committed first, and a later attempt that finds
+# the fallback's row settles that call instead of calling the original again.
+
+
+def fallback_key_for(key: str, fallback_tool: str) -> str:
+    return f"{key}:fallback:{fallback_tool}"
+
+
+def _degrade_if_ruled(claim, tool, effect, params, key, exc: ToolError) -> Outcome | None:
+    """The original call was refused: when its rule says degrade, switch to the fallback (or
+    say exactly why that cannot be done). None: the rule says something else."""
+    from runs.engine.routing import match_rule
+
+    rule = match_rule(claim.run, claim.step, exc.failure_class, tool.name)
+    if rule is None or rule.action != RouteAction.DEGRADE:
+        return None
+    failed = f"{tool.name} failed ({exc.failure_class}: {exc.message})"
+    fallback, why_not = _usable_fallback(claim, tool)
+    if fallback is None:
+        return Failed(exc.failure_class, f"{failed}; {why_not}", not_committed=effect)
+    _settle(effect, effect.mark_not_committed)  # before anything else is sent
+    why = {
+        "rule": rule.describe(),
+        "failure_class": exc.failure_class,
+        "error": exc.message[:500],
+        "original_tool": tool.name,
+        "original_key": key,
+    }
+    return _degrade_with(claim, tool, fallback, params, key, why=why)
+
+
+def _usable_fallback(claim: Claim, tool: Tool) -> tuple[Tool | None, str]:
+    from runs.people import people
+
+    name = tool.fallback_tool
+    if not name:
+        return None, f"the rule says degrade, but {tool.name} has no fallback tool"
+    try:
+        fallback = tool_registry.get(name)
+    except tool_registry.UnknownTool:
+        return None, f"its fallback tool {name} is not registered"
+    if not fallback.side_effect:
+        return None, f"its fallback {name} is not a side-effect tool, so it cannot do this write"
+    if people().pause_of(name) is not None:
+        return None, f"its fallback {name} is paused by an admin"
+    try:
+        check_scope(claim, fallback)
+    except ToolError as exc:
+        return None, f"its fallback {name} cannot be called: {exc.message}"
+    return fallback, ""
+
+
+def _switched_to_fallback(claim: Claim, key: str) -> Tool | None:
+    """The fallback tool, when an earlier attempt of this step switched to it and its call may
+    have landed (intended, unknown, committed): that call is settled, never the original sent
+    again — even if the tool's fallback was changed since. A fallback call known not to have
+    landed leaves the step to start afresh with the original."""
+    row = (
+        SideEffect.objects.filter(
+            step_id=claim.step.pk, idempotency_key__startswith=f"{key}:fallback:"
+        )
+        .exclude(status=SideEffect.Status.NOT_COMMITTED)
+        .values_list("tool", flat=True)
+        .first()
+    )
+    return None if row is None else tool_registry.get(row)
+
+
+def _degrade_with(claim, tool, fallback, params, key, *, why=None) -> Outcome:
+    fallback_key = fallback_key_for(key, fallback.name)
+    why = why or {"original_tool": tool.name, "original_key": key, "resumed": True}
+    outcome = _keyed_call(claim, fallback, params, fallback_key, fallback_of=tool.name)
+    if isinstance(outcome, Succeeded):
+        details = {**why, "fallback_tool": fallback.name, "fallback_key": fallback_key}
+        return replace(
+            outcome,
+            degraded=(why.get("failure_class", ""), why.get("error", "")),
+            degraded_details=details,
+        )
+    if isinstance(outcome, Failed):
+        # Routed as the original failure, so its degrade rule hands it to a person with this.
+        if "failure_class" in why:
+            error = f"{tool.name} failed ({why['failure_class']}: {why['error']}); its fallback"
+        else:
+            error = f"an earlier attempt switched {tool.name} to its fallback"
+        return replace(
+            outcome,
+            failure_class=why.get("failure_class", outcome.failure_class),
+            error=f"{error} {fallback.name} (key {fallback_key}) failed: {outcome.error}",
+        )
+    return outcome  # a recheck or an unknown outcome of the fallback's own call
 
 
 def _settle_previous_attempt(claim: Claim, tool: Tool, effect: SideEffect) -> Outcome | None:
@@ -224,18 +344,19 @@ def _check_conditions(claim: Claim, tool: Tool, params: dict, effect: SideEffect
 
 
 def write_intent(
-    claim: Claim, tool: Tool, params: dict, key: str
+    claim: Claim, tool: Tool, params: dict, key: str, *, remember: bool = True
 ) -> tuple[SideEffect, Outcome | None]:
     """Commit the Snapshot and the `intended` SideEffect before the call (the idempotency check).
 
     Returns the ledger row and, when no call must be made, the outcome to record instead.
+    `remember`: the key is the step's own (a fallback's key is not).
     """
     run, step = claim.run, claim.step
     checksum = digest(params)
     fields = snapshot_fields(claim, tool, params, key)
     if needs_baseline(tool) and _new_attempt(key):
         fields["verification_baseline"] = _read_baseline(claim, tool, params, key)
-    fresh = _write_fresh_intent(claim, tool, fields, checksum, key)
+    fresh = _write_fresh_intent(claim, tool, fields, checksum, key) if remember else None
     if fresh is not None:
         return fresh, None  # a new key on a first attempt: one round trip
     with transaction.atomic():
@@ -266,7 +387,8 @@ def write_intent(
             effect = SideEffect.intend(snapshot, params_checksum=checksum)
         else:  # not_committed before: a new attempt with the same key
             effect.intend_again(snapshot)
-        step.remember_key(key)
+        if remember:
+            step.remember_key(key)
     return effect, None
 
 

@@ -16,10 +16,12 @@ class Succeeded:
     result: Any = None
     # A side effect that landed: its ledger row commits with the step, with this receipt.
     committed: tuple[SideEffect, Receipt] | None = None
-    # A read served by its fallback tool: (failure class, error) of the tool that failed.
+    # Served by the step's fallback tool: (failure class, error) of the tool that failed, and
+    # what the step.degraded event says of the switch (rule, both tools, both keys).
     degraded: tuple[str, str] | None = None
     # A read's parameters and response summary (runs.models.read_record), kept on its step.
     read: dict | None = None
+    degraded_details: dict | None = None
     events: list[tuple[str, dict]] = field(default_factory=list)
 
 

@@ -104,7 +104,7 @@ def _settle_ledger(claim: Claim, outcome: Outcome) -> None:
 def _apply(claim: Claim, outcome: Outcome) -> bool:
     run, step, lease = claim.run, claim.step, claim.lease
     match outcome:
-        case Succeeded(result=result, degraded=degraded, read=read):
+        case Succeeded(result=result, degraded=degraded, degraded_details=details, read=read):
             recovered = bool(step.error_class) or step.attempts > 1
             # A read's input and response summary land in the same update as its result.
             fields = {"read_record": read} if read else {}
@@ -119,9 +119,14 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
                 )
             else:
                 step.degrade(
-                    result, held_by=lease, failure_class=degraded[0], error=degraded[1], **fields
+                    result,
+                    held_by=lease,
+                    failure_class=degraded[0],
+                    error=degraded[1],
+                    details=details,
+                    **fields,
                 )
-                run.count_failure()  # the tool failed; its fallback served the read
+                run.count_failure()  # the tool failed; its fallback served the step
             if step.spec.get("compensates"):
                 settle_compensation(step)
             if recovered:

@@ -7,7 +7,9 @@ escalation rule (read at routing time, so an admin's edit routes the next failur
 
 - retry: back off with jitter until the rule's attempts are spent, then escalate;
 - wait: probe the tool until the rule's wait window closes, then escalate;
-- degrade: reads degrade before they are recorded; here it means no fallback worked: escalate;
+- degrade: reads and refused side effects switch to their tool's fallback before they are
+  recorded (runs.engine.steps, runs.engine.ledger); a degrade that comes here could not apply
+  (no fallback, paused, failed too, or an unknown outcome): escalate, saying why;
 - compensate: undo the run's committed side effects;
 - escalate: a person's queue, with the rule's SLA;
 - fail: the run fails.

@@ -25,7 +25,6 @@ from runs.engine.waits import end_pause_hold
 from runs.models import FailureClass, RouteAction, StepKind, Wait, read_record, to_json_value
 from runs.people import Approval, people
 from runs.tools import Tool, ToolError
-from runs.verbs import Verb
 
 
 def execute(claim: Claim) -> Outcome:
@@ -116,10 +115,11 @@ def degrade_or_fail(claim: Claim, tool: Tool, params: dict, exc: ToolError) -> O
             f"{exc.message}; fallback {fallback.name} failed too: {fallback_exc.message}",
         )
     degraded = {"degraded": True, "fallback_tool": fallback.name, "response": result.response}
-    event = {
-        "step": claim.step.name,
+    details = {
         "rule": rule.describe(),
         "failure_class": exc.failure_class,
+        "error": exc.message[:500],
+        "original_tool": tool.name,
         "fallback_tool": fallback.name,
     }
     degraded = to_json_value(degraded)
@@ -127,7 +127,7 @@ def degrade_or_fail(claim: Claim, tool: Tool, params: dict, exc: ToolError) -> O
         degraded,
         degraded=(exc.failure_class, exc.message),
         read=read_record(params, degraded),
-        events=[(Verb.STEP_DEGRADED, event)],
+        degraded_details=details,
     )
 
 

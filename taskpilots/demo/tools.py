@@ -125,3 +125,22 @@ _define(
     fallback_tool="kb.faq",
     description="Search the knowledge base.",
 )
+
+# A mail relay that is switched off: nothing listens on its address, so every call is refused
+# before anything is sent. The drill's degrade_write scenario writes through it under a degrade
+# rule, and mail.send (its fallback) does each write instead.
+tools.register(
+    http_tool(
+        "mail.relay_down",
+        "POST",
+        "http://127.0.0.1:9/mail/send",
+        side_effect=True,
+        risk=Risk.MEDIUM,
+        fallback_tool="mail.send",
+        target=lambda p: f"mailbox:{p['to']}",
+        scope="mail:send",
+        params_schema={"to": str, "subject": str, "body": str},
+        description="Send an email through the old relay (switched off; falls back to mail.send).",
+    ),
+    replace=True,
+)

@@ -139,3 +139,21 @@ DEMO = {
 for _name, _factory in DEMO.items():
     workflows.register(_factory(_name), replace=True)
     workflows.register(_factory(f"drill.{_name}"), replace=True)
+
+# For the drill's degrade_write scenario only: one mail through the switched-off relay.
+workflows.register(
+    Workflow(
+        "drill.mail.degrade",
+        1,
+        [
+            side_effect(
+                "send",
+                "mail.relay_down",
+                params=lambda ctx: {"to": ctx.input["email"], "subject": "Hi", "body": "Hello."},
+                stage="notify",
+            )
+        ],
+        scopes=("mail:send",),
+    ),
+    replace=True,
+)

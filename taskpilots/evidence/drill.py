@@ -58,6 +58,7 @@ KINDS = (
     "local_record_failed",  # the side effect is done but the worker dies before recording it
     "zombie",  # a worker is SIGSTOPped mid-step past its lease, then SIGCONTed
     "partition",  # a worker's PostgreSQL connection is black-holed mid-step, then healed or cut
+    "degrade_write",  # the write tool is down and a rule degrades: its fallback writes, once
 )
 DRILL_WORKFLOWS = ("drill.support.reply", "drill.refund.approval", "drill.crm.lead_sync")
 LEASE_SECONDS = 2
@@ -636,6 +637,15 @@ class Drill:
         # cut.
         self._stalls("partition", batch, count)
 
+    def _drill_degrade_write(self, batch: Batch, count: int) -> None:
+        rule = EscalationRule.objects.create(
+            position=0, name=f"{self.tag}: degrade the relay", workflow="drill.mail.degrade",
+            tool="mail.relay_down", action="degrade", queue="ops",
+        )  # fmt: skip
+        self._rules.append(rule.pk)
+        for n in range(count):
+            self._start(batch, "mail.degrade", {"email": f"customer{600 + n}@example.com"})
+
     def _stalls(self, kind: str, batch: Batch, count: int) -> None:
         """Workers for the stalls (on the engine's ordinary path, where the claim, the intent,
         the call and the record are separate commits, unless --worker-env says which path;
@@ -916,6 +926,17 @@ def _records_against_the_world(run_ids, ledger: list[dict]) -> list[dict]:
     return found
 
 
+def _through_fallback_once(run_ids, sandbox: SandboxClient) -> int:
+    """Runs whose step ended degraded with exactly one effect in the world, the fallback's."""
+    degraded = Step.objects.filter(run_id__in=run_ids, status=Step.Status.DEGRADED)
+    return sum(
+        1
+        for step in degraded.select_related("run")
+        if [e["idempotency_key"] for e in sandbox.ledger(run=str(step.run_id))]
+        == [f"{engine.idempotency_key_for(step)}:fallback:mail.send"]
+    )
+
+
 def compute_report(
     run_ids: list,
     sandbox: SandboxClient,
@@ -946,6 +967,8 @@ def compute_report(
             "faults_hit": figures["runs_with_faults"],
             "auto_recovered": figures["auto_recovered"],
         }
+        if batch.kind == "degrade_write":
+            per_kind[batch.kind]["through_fallback_once"] = _through_fallback_once(ids, sandbox)
     return {
         "runs": len(runs),
         "succeeded": status["succeeded"],

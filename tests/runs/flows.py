@@ -204,3 +204,40 @@ def _turns_next(ctx, last_name):
 
 
 TURNS = _register(Workflow("test.turns", 1, [compute("start", lambda ctx: 0)], next=_turns_next))
+
+
+# -- degrading a write: a mail tool that is down (nothing listens on its port: connection
+# refused, so the ledger knows nothing was sent), whose fallback is the sandbox's mail.send.
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+DOWN_URL = f"http://127.0.0.1:{_closed_port()}/mail/send"
+_MAIL_META = {"side_effect": True, "target": lambda p: f"mailbox:{p['to']}"}
+tools.register(tools.http_tool("test.mail_down", "POST", DOWN_URL, fallback_tool="mail.send",
+                               **_MAIL_META), replace=True)  # fmt: skip
+
+
+def _half_sent(params, ctx):
+    raise ConnectionResetError("the connection broke after the request was written")
+
+
+# Its failure is an unknown outcome (python_tool: any exception from a write).
+tools.register(python_tool("test.mail_unknown", _half_sent, fallback_tool="mail.send",
+                           **_MAIL_META), replace=True)  # fmt: skip
+# A write whose declared fallback is a read: a degrade rule for it is refused.
+tools.register(python_tool("test.write_read_fallback", lambda p, c: {}, fallback_tool="kb.faq",
+                           **_MAIL_META), replace=True)  # fmt: skip
+
+
+def _mail_step(tool):
+    return side_effect("send", tool, stage="notify", params=lambda ctx: {
+        "to": ctx.input["to"], "subject": "Your order", "body": "It shipped."})  # fmt: skip
+
+
+DEGRADE_WRITE = _register(Workflow("test.degrade_write", 1, [_mail_step("test.mail_down")]))
+DEGRADE_UNKNOWN = _register(Workflow("test.degrade_unknown", 1, [_mail_step("test.mail_unknown")]))

@@ -36,6 +36,8 @@ def test_a_small_drill_loses_nothing_and_duplicates_nothing(sandbox):
         row = report["per_kind"][kind]
         assert row["succeeded"] + row["needs_human"] == row["runs"], (kind, row)
     assert report["auto_recovered"] >= 4  # timeouts, resets, a killed worker, a lost receipt
+    # The down relay's write went out once, through its fallback.
+    assert report["per_kind"]["degrade_write"]["through_fallback_once"] == 1
     assert 0 < report["human_takeover_rate"] < 1
     # The figures are the dashboard's own (approvals.metrics.seed_figures), not a second copy.
     assert report["auto_recovery_rate"] == round(

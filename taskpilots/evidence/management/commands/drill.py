@@ -186,6 +186,9 @@ class Command(BaseCommand):
         self.stdout.write(f"{'kind':<20}" + "".join(f"{c:>15}" for c in columns))
         for kind, row in report["per_kind"].items():
             self.stdout.write(f"{kind:<20}" + "".join(f"{row[c]:>15}" for c in columns))
+        if "degrade_write" in report["per_kind"]:
+            once = report["per_kind"]["degrade_write"]["through_fallback_once"]
+            self.stdout.write(f"degrade_write: {once} runs done by the fallback, one effect each")
         if report["episodes"]:
             self.stdout.write("")
             self.stdout.write("stalls (zombie: what was stopped; partition: how the hole ended)")
