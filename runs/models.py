@@ -98,6 +98,17 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
+# How much of an untrusted value an event or a page shows (its digest stands for all of it).
+SHOWN_CHARS = 300
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A short rendering of an untrusted value for an event: canonical JSON, cut at `limit`
+    characters (rendered escaped wherever it is shown)."""
+    text = canonical_json(to_json_value(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _choices_check(field: str, choices: type[models.TextChoices], name: str):
     return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
 
@@ -1366,6 +1377,48 @@ class SideEffect(models.Model):
             confirmed_by=confirmed_by,
             data={"confirmed_by": confirmed_by} if confirmed_by else None,
         )
+
+    def note_result_changed(self, observed: Receipt, changes: dict) -> None:
+        """A lookup by key found the effect, but not as recorded earlier or as the snapshot
+        expects (runs.engine.ledger.changed_result). Nothing is guessed: the row stays
+        `unknown`, keeping what the tool reports now (`receipt.observed`) for the person who
+        confirms, and the event carries both sides.
+
+        1. Lock the run (the lock order), unless the caller's transaction holds it.
+        2. Store the observed receipt, compare-and-set on `unknown`.
+        3. Append `side_effect.result_changed` with both values (digests and a short rendering).
+        """
+        kept = {"observed": observed.as_json(), "changes": to_json_value(changes)}
+        data = {
+            "key": self.idempotency_key,
+            "tool": self.tool,
+            "now": {
+                "external_id": observed.external_id[:255],
+                "digest": kept["observed"]["response_digest"],
+                "shown": shown(observed.response),
+            },
+            "expected": changes.get("expected", {}),
+            "changes": changes.get("fields", {}),
+        }
+        own_transaction = not connection.in_atomic_block
+        with transaction.atomic(savepoint=False):
+            if own_transaction:
+                Run.lock(self.run_id)
+            count = SideEffect.objects.filter(pk=self.pk, status=self.Status.UNKNOWN).update(
+                receipt=kept, updated_at=timezone.now()
+            )
+            if count:
+                TimelineEvent.append(self.run_id, Verb.SIDE_EFFECT_RESULT_CHANGED, data)
+        if not count:
+            raise InvalidTransition("side effect", self.pk, self.status, self.Status.UNKNOWN)
+        self.receipt = kept
+
+    @property
+    def changed_result(self) -> dict | None:
+        """What note_result_changed kept on an unknown row (None on any other)."""
+        if self.status != self.Status.UNKNOWN or not isinstance(self.receipt, dict):
+            return None
+        return self.receipt.get("observed") and self.receipt
 
     def mark_compensated(self, compensation_key: str) -> None:
         self._move(
