@@ -1229,6 +1229,12 @@ class SideEffect(models.Model):
                 name="side_effect_open_idx",
                 condition=Q(status__in=["intended", "unknown"]),
             ),
+            # The consistency check's walk through recent commits (runs.engine.consistency).
+            models.Index(
+                fields=["committed_at", "id"],
+                name="side_effect_committed_idx",
+                condition=Q(status="committed"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -1426,6 +1432,99 @@ class SideEffect(models.Model):
             Verb.SIDE_EFFECT_COMPENSATED,
             compensation_key=compensation_key,
         )
+
+
+class MismatchKind(models.TextChoices):
+    MISSING = "missing", "Missing externally"
+    DIFFERENT = "different", "Different externally"
+
+
+class ExternalMismatch(models.Model):
+    """A committed side effect that its external system, asked by key, no longer shows as the
+    ledger recorded it (runs.engine.consistency): missing there, or different. One row per
+    effect, kind and observed answer, however many passes see it; resolved when a later pass
+    finds the two agreeing again."""
+
+    Kind = MismatchKind
+
+    side_effect = models.ForeignKey(SideEffect, on_delete=models.PROTECT, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+", db_index=False)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    # The digest of what the system answered ("" when it holds nothing under the key).
+    observed_digest = models.CharField(max_length=64, blank=True, default="")
+    detail = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    found_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            _choices_check("kind", MismatchKind, "external_mismatch_kind_valid"),
+            models.UniqueConstraint(
+                fields=["side_effect", "kind", "observed_digest"],
+                name="external_mismatch_unique",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["found_at"],
+                name="external_mismatch_open_idx",
+                condition=Q(resolved_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.side_effect_id}"
+
+    @classmethod
+    def record(cls, effect: SideEffect, kind: str, observed_digest: str, detail: dict):
+        """Record what a pass found, with its `side_effect.external_mismatch` event, once: the
+        same mismatch seen again adds nothing (a resolved one seen again is opened again).
+        Returns the row when it is new (or opened again), else None."""
+        detail = to_json_value(detail)
+        with transaction.atomic():
+            Run.lock(effect.run_id)
+            row, created = cls.objects.get_or_create(
+                side_effect=effect,
+                kind=kind,
+                observed_digest=observed_digest,
+                defaults={"run_id": effect.run_id, "detail": detail},
+            )
+            if not created and row.resolved_at is None:
+                return None
+            if not created:
+                cls.objects.filter(pk=row.pk).update(resolved_at=None, found_at=timezone.now())
+            TimelineEvent.append(
+                effect.run_id,
+                Verb.SIDE_EFFECT_EXTERNAL_MISMATCH,
+                {"key": effect.idempotency_key, "tool": effect.tool, "kind": kind, **detail},
+            )
+        return row
+
+    @classmethod
+    def resolve(cls, effect: SideEffect) -> int:
+        """A pass found the system agreeing with the ledger again: its open mismatches close,
+        with a `side_effect.external_matched` event."""
+        with transaction.atomic():
+            count = cls.objects.filter(side_effect=effect, resolved_at__isnull=True).update(
+                resolved_at=timezone.now()
+            )
+            if count:
+                TimelineEvent.append(
+                    effect.run_id,
+                    Verb.SIDE_EFFECT_EXTERNAL_MATCHED,
+                    {"key": effect.idempotency_key, "tool": effect.tool, "resolved": count},
+                )
+        return count
+
+
+class ConsistencyCursor(models.Model):
+    """Where the consistency check's passes have got to among committed side effects (ordered by
+    committed_at, then id), so a pass bounded in size goes on where the last one stopped."""
+
+    name = models.CharField(max_length=50, unique=True)
+    position_at = models.DateTimeField()
+    position_id = models.BigIntegerField(default=0)
+    passes = models.IntegerField(default=0)
 
 
 # The batched verbs' statements (runs.batch): the same rows and compare-and-sets as the ORM
@@ -1878,7 +1977,13 @@ class TimelineEvent(ImmutableModel):
             models.Index(
                 fields=["at"],
                 name="timeline_notify_idx",
-                condition=Q(verb__in=["run.needs_human", "run.sla_breached"]),
+                condition=Q(
+                    verb__in=[
+                        "run.needs_human",
+                        "run.sla_breached",
+                        "side_effect.external_mismatch",
+                    ]
+                ),
             ),
             models.Index(
                 fields=["actor", "at"], name="timeline_actor_idx", condition=~Q(actor="system")

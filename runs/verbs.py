@@ -60,6 +60,7 @@ class Verb(StrEnum):
     # a committed effect the external system no longer shows as recorded (the consistency check)
     SIDE_EFFECT_RESULT_CHANGED = "side_effect.result_changed"
     SIDE_EFFECT_EXTERNAL_MISMATCH = "side_effect.external_mismatch"
+    SIDE_EFFECT_EXTERNAL_MATCHED = "side_effect.external_matched"
     # Compensation
     COMPENSATION_PLANNED = "compensation.planned"
     COMPENSATION_NOT_AVAILABLE = "compensation.not_available"

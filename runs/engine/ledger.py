@@ -401,7 +401,9 @@ def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdic
     return _not_found(claim, tool, effect, "reconcile")
 
 
-def changed_result(tool: Tool, effect: SideEffect, observed: Receipt) -> dict | None:
+def changed_result(
+    tool: Tool, effect: SideEffect, observed: Receipt, *, against_receipt: bool = True
+) -> dict | None:
     """What an answer found by key contradicts, or None when it contradicts nothing:
 
     - the receipt recorded earlier for the key (its response digest), where there is one;
@@ -409,7 +411,7 @@ def changed_result(tool: Tool, effect: SideEffect, observed: Receipt) -> dict | 
 
     Returns {"expected": {...}, "fields": {field: {"now", "snapshot"}}, "receipt": {...}}.
     Used by reconciliation (a person confirms) and by the consistency check."""
-    recorded = effect.receipt if isinstance(effect.receipt, dict) else {}
+    recorded = effect.receipt if isinstance(effect.receipt, dict) and against_receipt else {}
     earlier = recorded.get("response_digest", "")
     now = digest(observed.response)
     params = {} if effect.snapshot.pruned else (effect.snapshot.params or {})
