@@ -409,8 +409,13 @@ def confirm_outcome(
                 f"The tool's receipt for {step.name} came in meanwhile (external id "
                 f"{effect.external_id or 'none given'}): it happened. Confirm that it happened."
             )
+        observed = (effect.changed_result or {}).get("observed")
         if happened:
             proof = proof.strip() or (effect.external_id if late else "")
+            if observed and proof == observed.get("external_id"):
+                # Accepting what the tool now reports for the key (reconciliation found it
+                # there, but not as the snapshot expected): its answer is the receipt.
+                return _accept_changed_result(run, user, step, effect, observed, comment)
             if not proof:
                 raise ActionRefused(
                     "To confirm it happened, give the external reference (e.g. the message or "
@@ -440,6 +445,34 @@ def confirm_outcome(
             comment=comment,
         )
         _resume(run, user, "outcome confirmed")
+    return step
+
+
+def _accept_changed_result(run, user, step, effect, observed: dict, comment: str) -> Step:
+    """confirm_outcome's "it happened, as the tool now reports it": the tool's answer found by
+    key becomes the receipt and the step's result, confirmed by the person."""
+    actor = _actor(user)
+    answer = observed.get("response")
+    changes = effect.changed_result.get("changes", {})
+    effect.commit(
+        Receipt(observed.get("external_id", ""), answer),
+        confirmed_by=actor,
+        actor=actor,
+        data={"accepted_changed_result": True},
+    )
+    step.succeed(answer, actor=actor)
+    _decision(
+        run,
+        user,
+        "confirm_happened",
+        step=step,
+        snapshot=effect.snapshot,
+        before={"status": "unknown", "expected": changes.get("expected", {})},
+        after={"status": effect.status, "accepted": observed.get("response_digest", "")},
+        proof=observed.get("external_id", ""),
+        comment=comment,
+    )
+    _resume(run, user, "changed result accepted")
     return step
 
 

@@ -40,6 +40,7 @@ from runs.models import (
     Step,
     StepKind,
     Wait,
+    shown,
 )
 
 logger = logging.getLogger("taskpilots.console")
@@ -359,6 +360,8 @@ class RunContext:
     viewer: Any = None
     # What is true when there is nothing to do (the actions panel says it).
     idle: str = ""
+    # A result found by key that is not what the snapshot expected, side by side (changed_side).
+    changed: dict | None = None
 
 
 def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
@@ -415,9 +418,37 @@ def build_run_context(run: Run, user) -> RunContext:
         can_act=acts,
         viewer=user,
     )
+    ctx.changed = changed_side(current, effects)
     ctx.suggestion = suggest_next_action(ctx)
     ctx.idle = idle_sentence(ctx)
     return ctx
+
+
+def changed_side(current: Step | None, effects: list[SideEffect]) -> dict | None:
+    """The current unknown step's result found by key against what its snapshot expected
+    (SideEffect.note_result_changed): rows of (field, the snapshot said, the tool reports now),
+    short renderings of untrusted values (escaped by the template), and both digests."""
+    if current is None or current.status != Step.Status.UNKNOWN_OUTCOME:
+        return None
+    effect = next((e for e in effects if e.idempotency_key == current.idempotency_key), None)
+    kept = effect.changed_result if effect is not None else None
+    if not kept:
+        return None
+    observed, changes = kept["observed"], kept.get("changes", {})
+    rows = [
+        (name, shown(values.get("snapshot"), 120), shown(values.get("now"), 120))
+        for name, values in (changes.get("fields") or {}).items()
+    ]
+    expected = changes.get("expected", {})
+    return {
+        "key": effect.idempotency_key,
+        "rows": rows,
+        "external_id": observed.get("external_id", ""),
+        "now_digest": observed.get("response_digest", ""),
+        "now_shown": shown(observed.get("response")),
+        "expected_digest": expected.get("receipt_digest") or expected.get("params_digest", ""),
+        "expected_shown": expected.get("shown", ""),
+    }
 
 
 def _current_step(run: Run, steps: list[Step]) -> Step | None:
@@ -747,6 +778,18 @@ def _approval_suggestion(ctx: RunContext, tool: str) -> SafeString:
 
 def _unknown_outcome_suggestion(ctx: RunContext, step: Step, tool: str) -> SafeString:
     """Where to look, in the words of the system the call went to."""
+    if ctx.changed:
+        return say(
+            _(
+                "%(tool)s has a record for key %(key)s, but not the one this call asked for "
+                "(compared below). Accept the new result (confirm it happened with reference "
+                "%(ref)s), treat it as not done (sent again with the same key), or take the run "
+                "over."
+            ),
+            tool=tool,
+            key=ctx.changed["key"],
+            ref=ctx.changed["external_id"] or "—",
+        )
     key = (ctx.pending.idempotency_key if ctx.pending else "") or step.idempotency_key
     target = (ctx.pending.target if ctx.pending else "") or tool
     template = _UNKNOWN_BY_SYSTEM.get(tool.split(".")[0], _UNKNOWN_ANYWHERE)

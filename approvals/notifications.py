@@ -56,7 +56,14 @@ SCAN_OVERLAP = timedelta(seconds=120)
 SCAN_START = timedelta(minutes=10)
 
 QUEUED, SLA_BREACHED, ESCALATED = "queued", "sla_breached", "escalated"
-NOTIFYING_VERBS = (Verb.RUN_NEEDS_HUMAN, Verb.RUN_SLA_BREACHED)
+# The consistency check found a committed effect missing or different externally: an alert to
+# the queue TASKPILOTS["CONSISTENCY_ALERT_QUEUE"] names.
+EXTERNAL_MISMATCH = "external_mismatch"
+NOTIFYING_VERBS = (
+    Verb.RUN_NEEDS_HUMAN,
+    Verb.RUN_SLA_BREACHED,
+    Verb.SIDE_EFFECT_EXTERNAL_MISMATCH,
+)
 
 
 class DeliveryError(Exception):
@@ -87,6 +94,9 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
         if data.get("to_queue") and data.get("to_queue") != data.get("from_queue"):
             ids += record(run_id, ESCALATED, data["to_queue"], seq, extra=data, channels=channels)
         return ids
+    if verb == Verb.SIDE_EFFECT_EXTERNAL_MISMATCH:
+        queue = settings.TASKPILOTS["CONSISTENCY_ALERT_QUEUE"]
+        return record(run_id, EXTERNAL_MISMATCH, queue, seq, extra=data, channels=channels)
     return []
 
 
@@ -185,6 +195,12 @@ def build_payload(run_id, event: str, queue: str, extra: dict) -> dict[str, Any]
         text = (
             f"[{queue}] SLA breached: {name} was due {extra.get('due_at', '')}"
             f" (rule “{rule}”): {extra.get('outcome', '')}"
+        )
+    elif event == EXTERNAL_MISMATCH:
+        kind = "missing" if extra.get("kind") == "missing" else "different"
+        text = (
+            f"[{queue}] {extra.get('tool', '')} shows key {str(extra.get('key', ''))[:255]} "
+            f"{kind} from what the ledger of {name} recorded as committed."
         )
     else:
         text = (

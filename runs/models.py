@@ -130,6 +130,17 @@ def read_record(params: Any, response: Any) -> dict:
     return {"params": params, "output": output}
 
 
+# How much of an untrusted value an event or a page shows (its digest stands for all of it).
+SHOWN_CHARS = 300
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A short rendering of an untrusted value for an event: canonical JSON, cut at `limit`
+    characters (rendered escaped wherever it is shown)."""
+    text = canonical_json(to_json_value(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _choices_check(field: str, choices: type[models.TextChoices], name: str):
     return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
 
@@ -1294,6 +1305,12 @@ class SideEffect(models.Model):
                 name="side_effect_open_idx",
                 condition=Q(status__in=["intended", "unknown"]),
             ),
+            # The consistency check's walk through recent commits (runs.engine.consistency).
+            models.Index(
+                fields=["committed_at", "id"],
+                name="side_effect_committed_idx",
+                condition=Q(status="committed"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -1443,12 +1460,147 @@ class SideEffect(models.Model):
             data={"confirmed_by": confirmed_by} if confirmed_by else None,
         )
 
+    def note_result_changed(self, observed: Receipt, changes: dict) -> None:
+        """A lookup by key found the effect, but not as recorded earlier or as the snapshot
+        expects (runs.engine.ledger.changed_result). Nothing is guessed: the row stays
+        `unknown`, keeping what the tool reports now (`receipt.observed`) for the person who
+        confirms, and the event carries both sides.
+
+        1. Lock the run (the lock order), unless the caller's transaction holds it.
+        2. Store the observed receipt, compare-and-set on `unknown`.
+        3. Append `side_effect.result_changed` with both values (digests and a short rendering).
+        """
+        kept = {"observed": observed.as_json(), "changes": to_json_value(changes)}
+        data = {
+            "key": self.idempotency_key,
+            "tool": self.tool,
+            "now": {
+                "external_id": observed.external_id[:255],
+                "digest": kept["observed"]["response_digest"],
+                "shown": shown(observed.response),
+            },
+            "expected": changes.get("expected", {}),
+            "changes": changes.get("fields", {}),
+        }
+        own_transaction = not connection.in_atomic_block
+        with transaction.atomic(savepoint=False):
+            if own_transaction:
+                Run.lock(self.run_id)
+            count = SideEffect.objects.filter(pk=self.pk, status=self.Status.UNKNOWN).update(
+                receipt=kept, updated_at=timezone.now()
+            )
+            if count:
+                TimelineEvent.append(self.run_id, Verb.SIDE_EFFECT_RESULT_CHANGED, data)
+        if not count:
+            raise InvalidTransition("side effect", self.pk, self.status, self.Status.UNKNOWN)
+        self.receipt = kept
+
+    @property
+    def changed_result(self) -> dict | None:
+        """What note_result_changed kept on an unknown row (None on any other)."""
+        if self.status != self.Status.UNKNOWN or not isinstance(self.receipt, dict):
+            return None
+        return self.receipt.get("observed") and self.receipt
+
     def mark_compensated(self, compensation_key: str) -> None:
         self._move(
             self.Status.COMPENSATED,
             Verb.SIDE_EFFECT_COMPENSATED,
             compensation_key=compensation_key,
         )
+
+
+class MismatchKind(models.TextChoices):
+    MISSING = "missing", "Missing externally"
+    DIFFERENT = "different", "Different externally"
+
+
+class ExternalMismatch(models.Model):
+    """A committed side effect that its external system, asked by key, no longer shows as the
+    ledger recorded it (runs.engine.consistency): missing there, or different. One row per
+    effect, kind and observed answer, however many passes see it; resolved when a later pass
+    finds the two agreeing again."""
+
+    Kind = MismatchKind
+
+    side_effect = models.ForeignKey(SideEffect, on_delete=models.PROTECT, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+", db_index=False)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    # The digest of what the system answered ("" when it holds nothing under the key).
+    observed_digest = models.CharField(max_length=64, blank=True, default="")
+    detail = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
+    found_at = models.DateTimeField(default=timezone.now)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            _choices_check("kind", MismatchKind, "external_mismatch_kind_valid"),
+            models.UniqueConstraint(
+                fields=["side_effect", "kind", "observed_digest"],
+                name="external_mismatch_unique",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["found_at"],
+                name="external_mismatch_open_idx",
+                condition=Q(resolved_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.side_effect_id}"
+
+    @classmethod
+    def record(cls, effect: SideEffect, kind: str, observed_digest: str, detail: dict):
+        """Record what a pass found, with its `side_effect.external_mismatch` event, once: the
+        same mismatch seen again adds nothing (a resolved one seen again is opened again).
+        Returns the row when it is new (or opened again), else None."""
+        detail = to_json_value(detail)
+        with transaction.atomic():
+            Run.lock(effect.run_id)
+            row, created = cls.objects.get_or_create(
+                side_effect=effect,
+                kind=kind,
+                observed_digest=observed_digest,
+                defaults={"run_id": effect.run_id, "detail": detail},
+            )
+            if not created and row.resolved_at is None:
+                return None
+            if not created:
+                cls.objects.filter(pk=row.pk).update(resolved_at=None, found_at=timezone.now())
+            TimelineEvent.append(
+                effect.run_id,
+                Verb.SIDE_EFFECT_EXTERNAL_MISMATCH,
+                {"key": effect.idempotency_key, "tool": effect.tool, "kind": kind, **detail},
+            )
+        return row
+
+    @classmethod
+    def resolve(cls, effect: SideEffect) -> int:
+        """A pass found the system agreeing with the ledger again: its open mismatches close,
+        with a `side_effect.external_matched` event."""
+        with transaction.atomic():
+            count = cls.objects.filter(side_effect=effect, resolved_at__isnull=True).update(
+                resolved_at=timezone.now()
+            )
+            if count:
+                TimelineEvent.append(
+                    effect.run_id,
+                    Verb.SIDE_EFFECT_EXTERNAL_MATCHED,
+                    {"key": effect.idempotency_key, "tool": effect.tool, "resolved": count},
+                )
+        return count
+
+
+class ConsistencyCursor(models.Model):
+    """Where the consistency check's passes have got to among committed side effects (ordered by
+    committed_at, then id), so a pass bounded in size goes on where the last one stopped."""
+
+    name = models.CharField(max_length=50, unique=True)
+    position_at = models.DateTimeField()
+    position_id = models.BigIntegerField(default=0)
+    passes = models.IntegerField(default=0)
 
 
 # The batched verbs' statements (runs.batch): the same rows and compare-and-sets as the ORM
@@ -1929,7 +2081,13 @@ class TimelineEvent(ImmutableModel):
             models.Index(
                 fields=["at"],
                 name="timeline_notify_idx",
-                condition=Q(verb__in=["run.needs_human", "run.sla_breached"]),
+                condition=Q(
+                    verb__in=[
+                        "run.needs_human",
+                        "run.sla_breached",
+                        "side_effect.external_mismatch",
+                    ]
+                ),
             ),
             models.Index(
                 fields=["actor", "at"], name="timeline_actor_idx", condition=~Q(actor="system")

@@ -138,6 +138,11 @@ class Tool:
     # Parameter names and types, for the console's edit form and for validation.
     params_schema: Mapping[str, type] = field(default_factory=dict)
     description: str = ""
+    # Fields of the response that must equal the snapshot's parameter of the same name (a
+    # refund's amount and payment): a lookup by key that finds the effect with other values
+    # has found something else than this call asked for, and a person confirms before the run
+    # goes on (runs.engine.ledger.changed_result).
+    expect_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.risk not in Risk.values:
@@ -146,6 +151,17 @@ class Tool:
     @property
     def lookup_by_key(self) -> bool:
         return self.lookup is not None
+
+    def unexpected(self, params: dict, response: Any) -> dict[str, dict]:
+        """The `expect_fields` whose value in `response` is not the snapshot's: {field: {"now":
+        the response's value, "snapshot": the parameter's}}. Fields the parameters lack are not
+        compared."""
+        found = response if isinstance(response, dict) else {}
+        return {
+            name: {"now": found.get(name), "snapshot": params[name]}
+            for name in self.expect_fields
+            if name in params and found.get(name) != params[name]
+        }
 
     def target_of(self, params: dict) -> str:
         if self.target is None:
@@ -186,6 +202,7 @@ class Tool:
             "timeout": self.timeout,
             "settle_seconds": self.settle_seconds,
             "scope": self.scope,
+            "expect_fields": list(self.expect_fields),
         }
 
 

@@ -56,6 +56,11 @@ class Verb(StrEnum):
     SIDE_EFFECT_RECHECK_SCHEDULED = "side_effect.recheck_scheduled"
     SIDE_EFFECT_VERIFIED = "side_effect.verified"
     SIDE_EFFECT_VERIFY_FAILED = "side_effect.verify_failed"
+    # Found by key, but not as recorded or as the snapshot expects (a person confirms), and
+    # a committed effect the external system no longer shows as recorded (the consistency check)
+    SIDE_EFFECT_RESULT_CHANGED = "side_effect.result_changed"
+    SIDE_EFFECT_EXTERNAL_MISMATCH = "side_effect.external_mismatch"
+    SIDE_EFFECT_EXTERNAL_MATCHED = "side_effect.external_matched"
     # Compensation
     COMPENSATION_PLANNED = "compensation.planned"
     COMPENSATION_NOT_AVAILABLE = "compensation.not_available"

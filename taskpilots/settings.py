@@ -309,6 +309,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("TASKPILOTS_SWEEP_INTERVAL", 3.0, minimum=0.5),
         "options": {"expires": 30},
     },
+    # Compares recent committed side effects with their systems (runs.engine.consistency).
+    "consistency-check": {
+        "task": "runs.tasks.check_consistency",
+        "schedule": env_float("TASKPILOTS_CONSISTENCY_INTERVAL", 300.0, minimum=10),
+        "options": {"expires": 300},
+    },
     # Stores the metrics dashboard's rows of runs that have been still for a minute.
     "metrics-rollup": {
         "task": "approvals.tasks.rollup_metrics",
@@ -345,6 +351,12 @@ TASKPILOTS = {
     "STALE_RUN_SECONDS": env_int("TASKPILOTS_STALE_RUN_SECONDS", 10, minimum=1),
     # How many runs one sweeper pass touches at most.
     "SWEEP_BATCH": env_int("TASKPILOTS_SWEEP_BATCH", 500, minimum=1),
+    # The consistency check: how far back committed side effects are compared with their
+    # systems, how many are read per query and asked per pass, and which queue is alerted.
+    "CONSISTENCY_WINDOW_HOURS": env_float("TASKPILOTS_CONSISTENCY_WINDOW_HOURS", 24.0, minimum=0.1),
+    "CONSISTENCY_BATCH": env_int("TASKPILOTS_CONSISTENCY_BATCH", 100, minimum=1),
+    "CONSISTENCY_MAX_PER_PASS": env_int("TASKPILOTS_CONSISTENCY_MAX_PER_PASS", 1000, minimum=1),
+    "CONSISTENCY_ALERT_QUEUE": env_str("TASKPILOTS_CONSISTENCY_ALERT_QUEUE", "support"),
     # Sandbox (simulated external systems) base URL for the demo workflows.
     "SANDBOX_URL": env_str("TASKPILOTS_SANDBOX_URL", "http://127.0.0.1:8765"),
     # Modules that register workflows and tools on import (comma-separated in the environment).

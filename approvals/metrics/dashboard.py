@@ -70,6 +70,7 @@ class Dashboard:
                 },
             },
             "runs_needing_human": self.needing_human,
+            "external_mismatches": self.inconsistencies.get("external_mismatches", 0),
             "rollup": {"live_runs": self.live_runs, "behind": self.rollup_behind},
         }
 

@@ -512,12 +512,17 @@ INCONSISTENCIES = {
         "settle window): the call's outcome was never recorded."
     ),
     "waiting_without_wait": _("Runs waiting with no pending wait to wake them."),
+    "external_mismatches": _(
+        "Committed side effects that their system, asked by key, shows missing or different "
+        "(the consistency check; open until a later check finds them agreeing)."
+    ),
 }
 INCONSISTENCY_LABELS = {
     "running_without_step": _("Running, no step"),
     "expired_leases": _("Expired leases"),
     "intended_too_long": _("Intents never settled"),
     "waiting_without_wait": _("Waiting on nothing"),
+    "external_mismatches": _("Missing or different externally"),
 }
 
 

@@ -177,6 +177,11 @@ class RecoveryCollector:
             ["kind"],
             [(kind, scrape.state[kind]) for kind in INCONSISTENCIES],
         )
+        yield GaugeMetricFamily(
+            "taskpilots_external_mismatches",
+            "Committed side effects their system shows missing or different (consistency check).",
+            value=scrape.state["external_mismatches"],
+        )
 
 
 def _family(kind: type[Metric], name: str, help_text: str, labels: list[str], rows) -> Metric:

@@ -29,7 +29,7 @@ from approvals.metrics.sql import DAY_END, DAY_START, T, durations_of
 from approvals.metrics.store import EPOCH, HIGH_WATER_MARGIN
 from approvals.metrics.window import Window
 from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
-from runs.models import Step
+from runs.models import ExternalMismatch, Step
 
 logger = logging.getLogger("taskpilots.metrics")
 
@@ -186,7 +186,9 @@ SELECT
      AND NOT EXISTS (SELECT 1 FROM {T["wait"]} w WHERE w.run_id = r.id
                      AND w.status = 'pending')) AS waiting_without_wait,
   (SELECT count(*) FROM {T["run"]} r WHERE r.status IN ('needs_human', 'taken_over'))
-    AS needing_human
+    AS needing_human,
+  (SELECT count(*) FROM {ExternalMismatch._meta.db_table} m WHERE m.resolved_at IS NULL)
+    AS external_mismatches
 """
 
 

@@ -50,6 +50,7 @@ from runs.models import (
     chain_heads,
     digest,
     new_row,
+    shown,
     to_json_value,
 )
 from runs.tools import LookupResult, Tool, ToolError
@@ -70,6 +71,7 @@ class Verdict(StrEnum):
     RESEND = "resend"  # safe to call again with the same key
     RECHECK = "recheck"  # no record yet, but the request may still be in flight: ask later
     UNKNOWN = "unknown"  # nothing can tell: a person decides
+    CHANGED = "changed"  # found by key, but not as recorded or expected: a person confirms
 
 
 def idempotency_key_for(step: Step) -> str:
@@ -128,6 +130,10 @@ def _call(claim: Claim, tool: Tool, effect: SideEffect, params: dict, key: str, 
                 return degraded
         return _after_failed_call(claim, tool, effect, exc)
     receipt = Receipt(result.external_id, to_json_value(result.response))
+    if tool.expect_fields and tool.unexpected(params, receipt.response):
+        # Not what was asked for (a deduping system replaying another record under this key):
+        # taken neither as done nor as not done — a person confirms.
+        return _answered_otherwise(claim, effect, tool, receipt)
     return Succeeded(receipt.response, committed=(effect, receipt))
 
 
@@ -231,12 +237,25 @@ def _degrade_with(claim, tool, fallback, params, key, *, why=None) -> Outcome:
     return outcome  # a recheck or an unknown outcome of the fallback's own call
 
 
+def _answered_otherwise(claim: Claim, effect: SideEffect, tool: Tool, receipt: Receipt):
+    fence(claim)
+    _settle(effect, lambda: effect.mark_unknown("the answer is not what the snapshot asked for"))
+    changes = changed_result(tool, effect, receipt)
+    if changes is not None and effect.status == SideEffect.Status.UNKNOWN:
+        _settle(effect, lambda: effect.note_result_changed(receipt, changes))
+    if effect.changed_result:
+        return changed_outcome(effect)
+    return unknown_outcome(tool, effect, "the answer is not what the snapshot asked for")
+
+
 def _settle_previous_attempt(claim: Claim, tool: Tool, effect: SideEffect) -> Outcome | None:
     """An earlier attempt never reported back: find out what it did before calling again.
     None means the call may be made (again) under the same key."""
     verdict = reconcile(claim, tool, effect)
     if verdict == Verdict.COMMITTED:
         return Succeeded(effect.receipt.get("response"))
+    if verdict == Verdict.CHANGED:
+        return changed_outcome(effect)
     if verdict == Verdict.UNKNOWN:
         return unknown_outcome(tool, effect, "a previous attempt did not report back")
     if verdict == Verdict.RECHECK:
@@ -256,6 +275,8 @@ def _after_failed_call(claim: Claim, tool: Tool, effect: SideEffect, exc: ToolEr
     verdict = reconcile(claim, tool, effect, answered=exc.answered)
     if verdict == Verdict.COMMITTED:
         return Succeeded(effect.receipt.get("response"))
+    if verdict == Verdict.CHANGED:
+        return changed_outcome(effect)
     if verdict == Verdict.RESEND and exc.answered and effect.confirmed_by == "verification":
         # The system answered with an error and a read shows it did nothing: it refused the
         # call. Sending it again would only be refused again; the rules route the refusal.
@@ -540,8 +561,65 @@ def _reconcile_by_lookup(claim: Claim, tool: Tool, effect: SideEffect) -> Verdic
         return _not_answered(claim, Verb.SIDE_EFFECT_LOOKUP_FAILED, key, exc)
     if found.found:
         receipt = Receipt(found.external_id, to_json_value(found.response))
+        changes = changed_result(tool, effect, receipt)
+        if changes is not None:
+            _settle(effect, lambda: effect.note_result_changed(receipt, changes))
+            return Verdict.CHANGED if effect.changed_result else Verdict.UNKNOWN
         return _found(effect, receipt, "reconcile")
     return _not_found(claim, tool, effect, "reconcile")
+
+
+def changed_result(
+    tool: Tool, effect: SideEffect, observed: Receipt, *, against_receipt: bool = True
+) -> dict | None:
+    """What an answer found by key contradicts, or None when it contradicts nothing:
+
+    - the receipt recorded earlier for the key (its response digest), where there is one;
+    - the fields the tool expects to equal the snapshot's parameters (`Tool.expect_fields`).
+
+    Returns {"expected": {...}, "fields": {field: {"now", "snapshot"}}, "receipt": {...}}.
+    Used by reconciliation (a person confirms) and by the consistency check."""
+    recorded = effect.receipt if isinstance(effect.receipt, dict) and against_receipt else {}
+    earlier = recorded.get("response_digest", "")
+    now = digest(observed.response)
+    params = {} if effect.snapshot.pruned else (effect.snapshot.params or {})
+    fields = tool.unexpected(params, observed.response)
+    if not fields and (not earlier or earlier == now):
+        return None
+    expected: dict = {"params_digest": effect.params_checksum}
+    if tool.expect_fields and params:
+        wanted = {name: params[name] for name in tool.expect_fields if name in params}
+        expected["shown"] = shown(wanted)
+    changes: dict = {"expected": expected, "fields": fields}
+    if earlier and earlier != now:
+        expected["receipt_digest"] = earlier
+        expected["external_id"] = recorded.get("external_id", "")
+        changes["receipt"] = {"earlier": earlier, "now": now}
+    return changes
+
+
+def changed_outcome(effect: SideEffect) -> UnknownOutcome:
+    """The person's question when a tool's answer by key is not what was asked for."""
+    kept = effect.changed_result or {}
+    changes = kept.get("changes", {})
+    key = effect.idempotency_key
+    observed = kept.get("observed", {})
+    if changes.get("fields"):
+        said = "; ".join(
+            f"{name} {shown(values['now'], 80)} (the snapshot said {shown(values['snapshot'], 80)})"
+            for name, values in changes["fields"].items()
+        )
+        what = f"{effect.tool} now reports {said} for key {key}"
+    else:
+        what = (
+            f"{effect.tool} now reports a different result for key {key} than the receipt "
+            f"recorded earlier (digest {observed.get('response_digest', '')[:12]}…, recorded "
+            f"{changes.get('receipt', {}).get('earlier', '')[:12]}…)"
+        )
+    return UnknownOutcome(
+        f"{what}. The effect is there, but not as this call asked for it: a person confirms "
+        "before the run goes on (accept the new result, treat it as not done, or take over)."
+    )
 
 
 def _reconcile_by_verification(

@@ -100,6 +100,7 @@ _define(
     target=lambda p: f"refund:{p['refund_id']}",
     scope="payments:refund",
     params_schema={"refund_id": str},
+    expect_fields=("refund_id",),
     description="Void a refund (the compensation of payments.refund).",
 )
 _define(
@@ -113,6 +114,7 @@ _define(
     target=lambda p: f"payment:{p['payment_id']}",
     scope="payments:refund",
     params_schema={"payment_id": str, "amount": float},
+    expect_fields=("payment_id", "amount"),
     compensating_tool="payments.void",
     compensation_params=lambda params, original: {"refund_id": original["external_id"]},
     description="Refund a customer's payment.",

@@ -37,7 +37,8 @@ from django.utils import timezone
 from approvals import actions, metrics
 from approvals.models import ApprovalRequest, EscalationRule
 from runs import engine
-from runs.models import Run, SideEffect, Snapshot, Step, Wait
+from runs.models import ExternalMismatch, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
+from runs.verbs import Verb
 from taskpilots import embedded
 from taskpilots.celery import app as celery_app
 from taskpilots.env import format_database_url
@@ -59,6 +60,8 @@ KINDS = (
     "zombie",  # a worker is SIGSTOPped mid-step past its lease, then SIGCONTed
     "partition",  # a worker's PostgreSQL connection is black-holed mid-step, then healed or cut
     "degrade_write",  # the write tool is down and a rule degrades: its fallback writes, once
+    "changed_result",  # a recovered refund is found by key with another amount: a person confirms
+    "external_mismatch",  # a committed mail changes out there: the consistency check finds it
 )
 DRILL_WORKFLOWS = ("drill.support.reply", "drill.refund.approval", "drill.crm.lead_sync")
 LEASE_SECONDS = 2
@@ -626,6 +629,37 @@ class Drill:
         # Back to ordinary workers: they must reconcile what the chaos ones left behind.
         self._restart_workers()
 
+    def _drill_changed_result(self, batch: Batch, count: int) -> None:
+        # The refund lands, its answer is lost and the lookup cannot answer at first; meanwhile
+        # the record under the key gets another amount. The person accepts what the bank says.
+        self.sandbox.inject("payments", "commit_then_500", action="refund", count=count)
+        self.sandbox.inject("payments", "503", action="by-key", count=4 * count)
+        for n in range(count):
+            self._start(batch, "refund.approval", self._refund_input(800 + n, 20.0))
+
+        def landed():
+            return [self.sandbox.ledger(system="payments", run=str(r)) for r in batch.run_ids]
+
+        self._wait(lambda: all(landed()), what="every refund to land", timeout=30)
+        for [record, *_] in landed():
+            changed = {**record["response"], "amount": record["response"]["amount"] + 1}
+            self.sandbox.alter("payments", record["idempotency_key"], response=changed)
+
+    def _drill_external_mismatch(self, batch: Batch, count: int) -> None:
+        from runs.engine.consistency import check_consistency
+
+        for n in range(count):
+            self._start(batch, "support.reply", self._reply_input(900 + n))
+        self._wait(lambda: self._settled(batch), what="the replies to finish", timeout=60)
+        mail = SideEffect.objects.filter(run_id=batch.run_ids[0], tool="mail.send").first()
+        if mail is not None and mail.status == SideEffect.Status.COMMITTED:
+            # Planted: the provider now says the mail bounced (same id, so the drill's own
+            # ledger check, which compares ids, does not see it; the consistency check does).
+            bounced = {**mail.receipt.get("response", {}), "status": "bounced"}
+            self.sandbox.alter("mail", mail.idempotency_key, response=bounced)
+        for _ in range(2):  # the second pass must not count it again
+            check_consistency(since=batch.started_at)
+
     def _drill_zombie(self, batch: Batch, count: int) -> None:
         # One stall at a time: a worker SIGSTOPped at the next moment of a mail step, kept
         # stopped until another worker took the step back, then SIGCONTed.
@@ -980,8 +1014,15 @@ def compute_report(
         **_ledger_check(runs, sandbox),
         **_figures(list(runs)),
         **stalls.analyse(list(episodes), stall_folder, sandbox),
+        # changed_result: answers found by key a person confirmed; external_mismatch: found.
+        "results_changed": _events(runs, Verb.SIDE_EFFECT_RESULT_CHANGED),
+        "external_mismatches": ExternalMismatch.objects.filter(run_id__in=list(runs)).count(),
         "per_kind": per_kind,
     }
+
+
+def _events(run_ids, verb: str) -> int:
+    return TimelineEvent.objects.filter(run_id__in=list(run_ids), verb=verb).count()
 
 
 def progress_to_stderr(message: str) -> None:

@@ -143,6 +143,13 @@ class SandboxClient:
         query = urlencode({name: value for name, value in filters.items() if value is not None})
         return self._admin("GET", f"ledger?{query}")["entries"]
 
+    def alter(
+        self, system: str, key: str, *, response: dict[str, Any] | None = None, delete=False
+    ) -> int:
+        """Change (`response`) or remove (`delete`) what the system holds under `key`."""
+        body = {"system": system, "key": key, "response": response, "delete": delete}
+        return self._admin("POST", "alter", body)["altered"]
+
     def config(self) -> dict[str, dict[str, bool]]:
         return self._admin("GET", "config")["config"]
 

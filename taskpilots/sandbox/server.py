@@ -566,6 +566,21 @@ class Store:
             for row in rows
         ]
 
+    def alter(self, system: str, idempotency_key: str, response: dict | None, delete: bool) -> int:
+        """Change what the system holds under a key behind the caller's back (a record edited
+        or removed by someone else): the drills' and tests' way to plant a mismatch. Returns
+        how many ledger rows it touched."""
+        where = "WHERE system = ? AND idempotency_key = ?"
+        with self.lock:
+            if delete:
+                cursor = self.db.execute(f"DELETE FROM ledger {where}", (system, idempotency_key))
+            else:
+                cursor = self.db.execute(
+                    f"UPDATE ledger SET response = ? {where}",
+                    (json.dumps(response), system, idempotency_key),
+                )
+        return cursor.rowcount
+
     def reset(self, config: bool) -> None:
         with self.lock:
             self.db.execute("DELETE FROM ledger")
@@ -815,6 +830,19 @@ class SandboxHandler(BaseHTTPRequestHandler):
             body = self._json_body(raw_body)
             store.reset(config=body.get("config") is True)
             self._send(200, {"status": "reset", "config": store.config()})
+        elif name == "alter":
+            self._require(method, "POST")
+            body = self._json_body(raw_body)
+            system, key = body.get("system"), body.get("key")
+            if system not in DEFAULT_CONFIG:
+                raise InvalidInput("system", f"system must be one of {', '.join(DEFAULT_CONFIG)}")
+            if not isinstance(key, str) or not key:
+                raise InvalidInput("key", "key is required")
+            delete, response = body.get("delete") is True, body.get("response")
+            if not delete and not isinstance(response, dict):
+                raise InvalidInput("response", "give a response object, or delete: true")
+            altered = store.alter(system, key, response, delete)
+            self._send(200, {"altered": altered})
         elif name == "config":
             if method == "GET":
                 self._send(200, {"config": store.config()})

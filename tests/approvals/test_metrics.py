@@ -265,6 +265,7 @@ def test_state_inconsistencies_and_people_needed_now(world):
         "expired_leases": 1,  # R11's step
         "intended_too_long": 1,  # R11's side effect
         "waiting_without_wait": 1,  # R12
+        "external_mismatches": 0,  # none recorded (tests/runs/test_consistency.py)
     }
     assert board.needing_human == 1  # R5
 

@@ -173,3 +173,21 @@ def test_only_the_stalled_tasks_own_calls_and_records_count_as_stale():
     assert _by_stalled_task({"pid": 41}, episode)
     episode.thread = None
     assert _by_stalled_task({"pid": 41, "thread": 8}, episode)
+
+
+@pytest.mark.timeout(300)
+def test_the_drill_reports_changed_results_and_a_planted_external_mismatch(sandbox):
+    faults = ("changed_result", "external_mismatch")
+    config = DrillConfig(runs=4, faults=faults, workers=2, batch_timeout=60,
+                         sandbox_url=sandbox.base_url)  # fmt: skip
+    with Drill(config) as drill:
+        report = drill.run()
+    assert report["lost_runs"] == 0
+    assert report["duplicate_side_effects"] == 0, report["duplicates"]
+    # Each recovered refund was found with another amount and a person confirmed it.
+    assert report["results_changed"] == 2
+    assert report["ledger_mismatches"] == 0  # the accepted answer is what the bank holds
+    assert report["per_kind"]["changed_result"]["succeeded"] == 2
+    # One mail changed out there; two passes of the check record it once.
+    assert report["external_mismatches"] == 1
+    assert report["per_kind"]["external_mismatch"]["succeeded"] == 2

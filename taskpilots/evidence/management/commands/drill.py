@@ -27,6 +27,8 @@ KEYS = (
     "duplicate_side_effects",
     "committed_without_snapshot",
     "ledger_mismatches",
+    "results_changed",  # changed_result: a person confirmed each
+    "external_mismatches",  # external_mismatch: found by the consistency check
     "runs_with_faults",
     "auto_recovered",
     *FIGURE_KEYS,
