@@ -1074,19 +1074,13 @@ class Step(models.Model):
     def succeed_in(self, batch, result: Any, *, held_by: Lease, now, read_record=None) -> None:
         """`succeed` of the claimed attempt, as the engine records it (a read with its
         read_record, in the same statement)."""
+        fence = [self.pk, held_by.owner, held_by.attempt]
         if read_record:
-            batch.must(
-                _STEP_SUCCEEDED_READ,
-                [db_json(result), db_json(read_record), now, self.pk, held_by.owner,
-                 held_by.attempt],
-                "the lease was taken back",
-            )  # fmt: skip
+            values = [db_json(result), db_json(read_record), now, *fence]
+            batch.must(_STEP_SUCCEEDED_READ, values, "the lease was taken back")
         else:
-            batch.must(
-                _STEP_SUCCEEDED,
-                [db_json(result), now, self.pk, held_by.owner, held_by.attempt],
-                "the lease was taken back",
-            )
+            values = [db_json(result), now, *fence]
+            batch.must(_STEP_SUCCEEDED, values, "the lease was taken back")
         data = {"attempt": self.attempts}
         batch.event(Verb.STEP_SUCCEEDED, self.event_data(self.Status.SUCCEEDED, data))
 

@@ -673,9 +673,13 @@ class Drill:
 
     def _drill_degrade_write(self, batch: Batch, count: int) -> None:
         rule = EscalationRule.objects.create(
-            position=0, name=f"{self.tag}: degrade the relay", workflow="drill.mail.degrade",
-            tool="mail.relay_down", action="degrade", queue="ops",
-        )  # fmt: skip
+            position=0,
+            name=f"{self.tag}: degrade the relay",
+            workflow="drill.mail.degrade",
+            tool="mail.relay_down",
+            action="degrade",
+            queue="ops",
+        )
         self._rules.append(rule.pk)
         for n in range(count):
             self._start(batch, "mail.degrade", {"email": f"customer{600 + n}@example.com"})
