@@ -56,7 +56,10 @@ SCAN_OVERLAP = timedelta(seconds=120)
 SCAN_START = timedelta(minutes=10)
 
 QUEUED, SLA_BREACHED, ESCALATED = "queued", "sla_breached", "escalated"
-NOTIFYING_VERBS = (Verb.RUN_NEEDS_HUMAN, Verb.RUN_SLA_BREACHED)
+# TaskPilots paused a tool whose API drifted (`tool.paused`): to the queue of the rule that
+# routed the drift (by default the admins'), who fix the adapter and resume the tool.
+TOOL_PAUSED = "tool_paused"
+NOTIFYING_VERBS = (Verb.RUN_NEEDS_HUMAN, Verb.RUN_SLA_BREACHED, Verb.TOOL_PAUSED)
 
 
 class DeliveryError(Exception):
@@ -87,6 +90,10 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
         if data.get("to_queue") and data.get("to_queue") != data.get("from_queue"):
             ids += record(run_id, ESCALATED, data["to_queue"], seq, extra=data, channels=channels)
         return ids
+    if verb == Verb.TOOL_PAUSED:
+        return record(
+            run_id, TOOL_PAUSED, data.get("queue", ""), seq, extra=data, channels=channels
+        )
     return []
 
 
@@ -185,6 +192,11 @@ def build_payload(run_id, event: str, queue: str, extra: dict) -> dict[str, Any]
         text = (
             f"[{queue}] SLA breached: {name} was due {extra.get('due_at', '')}"
             f" (rule “{rule}”): {extra.get('outcome', '')}"
+        )
+    elif event == TOOL_PAUSED:
+        text = (
+            f"[{queue}] TaskPilots paused {extra.get('tool', '')}: {extra.get('reason', '')}"
+            f" (found by {name}). Steps that call it wait until an admin resumes it."
         )
     else:
         text = (
