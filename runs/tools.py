@@ -434,11 +434,12 @@ _http_client = SharedClient(trust_env=False)
 
 
 # An error body that says the request named a field the server does not know (any common
-# wording: "unknown field", "unsupported parameter", "unrecognized property", JSON Schema's
-# "additional properties are not allowed"): our request was written for another API version.
+# wording: "unknown field", "unsupported parameter", "unrecognized property", an error code such
+# as TaskPilots' own "unknown_field", JSON Schema's "additional properties are not allowed"):
+# our request was written for another API version.
 _UNKNOWN_FIELD = re.compile(
-    r"\b(unknown|unsupported|unrecogni[sz]ed|unexpected)\s+(\w+\s+)?"
-    r"(field|parameter|param|property|attribute|argument|key)s?\b"
+    r"\b(unknown|unsupported|unrecogni[sz]ed|unexpected)[\s_-]+([a-z]+\s+)?"
+    r"(field|parameter|param|property|attribute|argument)s?\b"
     r"|\b(field|parameter|property|attribute|argument)s?\b[^.]{0,60}\b(is|are)\s+not\s+"
     r"(supported|recogni[sz]ed|allowed|permitted)\b"
     r"|additional\s*properties",

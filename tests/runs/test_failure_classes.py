@@ -14,12 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone, translation
 
-from approvals import console, metrics, notifications
+from approvals import console, metrics, notifications, rules
 from approvals.models import EscalationRule, NotificationChannel, NotificationDelivery, ToolPause
 from runs import engine, tools, workflows
-from runs.models import FailureClass, Run, Step, TimelineEvent
+from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
 from runs.tools import CallContext, ToolError, http_tool, python_tool
-from runs.workflows import Workflow, compute, read
+from runs.workflows import Workflow, compute, read, side_effect
 from tests.approvals.console_helpers import fast_passwords  # noqa: F401  (autouse)
 from tests.factories import EscalationRuleFactory
 
@@ -88,8 +88,10 @@ tools.register(
     replace=True,
 )
 tools.register(
-    http_tool("test.profile_put", "POST", at("/profile/put"), side_effect=True), replace=True
-)
+    http_tool("test.profile_put", "POST", at("/profile/put"), side_effect=True,
+              target=lambda p: f"profile:{p['id']}"),
+    replace=True,
+)  # fmt: skip
 
 
 def _workflow(name, tool):
@@ -100,6 +102,11 @@ def _workflow(name, tool):
     )  # fmt: skip
 
 
+workflows.register(
+    Workflow("test.classes_profile_put", 1,
+             [side_effect("put", "test.profile_put", params=lambda ctx: {"id": ctx.input["id"]})]),
+    replace=True,
+)  # fmt: skip
 _workflow("test.classes_order", "test.order_get")
 _workflow("test.classes_orders", "test.orders_list")
 _workflow("test.classes_profile", "test.profile_get")
@@ -141,9 +148,12 @@ def call(tool_name):
         (400, {"detail": "Unsupported parameter: expand"}, "api_drift", "api_drift"),
         (422, {"error": "Additional properties are not allowed ('x' was unexpected)"},
          "api_drift", "api_drift"),
+        (422, {"error": {"code": "unknown_field", "message": "tier is not a known field."}},
+         "api_drift", "api_drift"),
         (422, {"error": "email is required", "field": "email"}, "invalid_input",
          "invalid_input"),
         (400, "bad request", "invalid_input", "invalid_input"),
+        (400, {"error": "unknown API key"}, "invalid_input", "invalid_input"),
         (409, {"error": "unknown field"}, "invalid_input", "invalid_input"),
     ],
 )  # fmt: skip
@@ -271,6 +281,34 @@ def test_api_drift_pauses_the_tool_tells_the_admins_and_holds_every_run(
     assert ToolPause.objects.get(pk=pause.pk).resumed_by == admin_user
 
 
+def test_a_write_refused_for_drift_is_held_and_made_once_after_the_resume(admin_user):
+    # A 406 is a refusal: nothing landed, so the held write may be made again after the resume,
+    # under the same key, and lands exactly once.
+    SERVER.answers["/profile/put"] = (406, {"error": "v1 retired"})
+    run, _ = engine.start_run("test.classes_profile_put", {"id": "7"})
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == Run.Status.WAITING
+    step = Step.objects.get(run=run, name="put")
+    assert step.status == "waiting" and step.error_class == FailureClass.API_DRIFT
+    effect = SideEffect.objects.get(step=step)
+    assert effect.status == "not_committed"
+    assert SERVER.calls == {"/profile/put": 1}
+
+    SERVER.answers["/profile/put"] = (200, {"id": "p-7"})
+    rules.resume_tool("test.profile_put", admin_user)
+    engine.sweep()
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == Run.Status.SUCCEEDED
+    assert SERVER.calls == {"/profile/put": 2}
+    effects = [(e.status, e.idempotency_key) for e in SideEffect.objects.filter(step=step)]
+    assert effects == [("committed", effect.idempotency_key)]
+    # Replaying the finished step (reset to pending) sends nothing more: the key is committed.
+    Step.objects.filter(run=run).update(status="pending", result=None)
+    Run.objects.filter(pk=run.pk).update(status="running", finished_at=None)
+    assert engine.run_until_quiet(run.pk).status == Run.Status.SUCCEEDED
+    assert SERVER.calls == {"/profile/put": 2}
+
+
 def test_drift_under_a_fail_rule_fails_and_pauses_nothing():
     # The pause is the escalate route's handling of drift; an admin's fail rule still fails.
     EscalationRuleFactory(position=0, failure_class="api_drift", action="fail")
@@ -319,7 +357,9 @@ def test_the_rule_tester_names_the_drift_rule(client, admin_user):
     client.force_login(admin_user)
     response = client.get("/console/rules/", {"tool": "test.profile_get",
                                               "failure_class": "api_drift"})  # fmt: skip
-    assert response.context["verdict"].rule.name == "API drift: pause the tool, admins fix it"
+    verdict = response.context["verdict"]
+    assert verdict.rule.name == "API drift: pause the tool, admins fix it"
+    assert "pauses test.profile_get for every run and tells the “admin” queue" in verdict.sentence
 
 
 def test_the_new_classes_read_in_chinese():
