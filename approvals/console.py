@@ -96,6 +96,8 @@ REASON_LABELS = {
     FailureClass.PERMISSION: gettext_lazy("Permission denied"),
     FailureClass.UNKNOWN_OUTCOME: gettext_lazy("Unknown outcome"),
     FailureClass.TIMEOUT: gettext_lazy("Wait timed out"),
+    FailureClass.EMPTY_RESULT: gettext_lazy("Nothing found"),
+    FailureClass.API_DRIFT: gettext_lazy("API changed"),
 }
 STEP_KIND_LABELS = {
     StepKind.COMPUTE: gettext_lazy("Compute"),
@@ -833,6 +835,14 @@ _FAILURE_ADVICE = {
     FailureClass.PERMISSION: gettext_lazy(
         "TaskPilots may not use %(tool)s. Ask an admin to grant access, then retry; or do it by "
         "hand and mark the step done."
+    ),
+    FailureClass.EMPTY_RESULT: gettext_lazy(
+        "%(tool)s found nothing where the step needs an answer. Check the data it was asked "
+        "about; correct the parameters and retry, or do it by hand and mark the step done."
+    ),
+    FailureClass.API_DRIFT: gettext_lazy(
+        "%(tool)s answers in a way TaskPilots was not written for (its API changed). An admin "
+        "fixes the tool, then resumes it on the tools page."
     ),
     FailureClass.TIMEOUT: gettext_lazy(
         "The wait ran out with no answer. Check whether it happened; then mark the step done "

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, models, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -531,8 +531,9 @@ class ToolPause(models.Model):
 
     tool = models.CharField(max_length=150)
     reason = models.TextField()
+    # None: TaskPilots opened it (a tool whose API drifted, runs.engine.routing).
     paused_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
     )
     paused_at = models.DateTimeField(default=timezone.now)
     resumed_by = models.ForeignKey(
@@ -555,6 +556,20 @@ class ToolPause(models.Model):
     def active_for(cls, tool: str) -> ToolPause | None:
         """The open pause of this tool, if any (one index lookup: tool_pause_one_open)."""
         return cls.objects.filter(tool=tool, resumed_at__isnull=True).first()
+
+    @classmethod
+    def open_by_engine(cls, tool: str, reason: str) -> tuple[ToolPause, bool]:
+        """Open a pause with nobody's name on it, or keep the open one: (pause, created). Two
+        runs finding the drift at once meet on tool_pause_one_open; the second keeps the
+        first's pause."""
+        existing = cls.active_for(tool)
+        if existing is not None:
+            return existing, False
+        try:
+            with transaction.atomic():
+                return cls.objects.create(tool=tool, reason=reason[:2000]), True
+        except IntegrityError:
+            return cls.objects.get(tool=tool, resumed_at__isnull=True), False
 
     @classmethod
     def open_statement(cls, tool: str) -> tuple[str, list]:

@@ -59,10 +59,14 @@ QUEUED, SLA_BREACHED, ESCALATED = "queued", "sla_breached", "escalated"
 # The consistency check found a committed effect missing or different externally: an alert to
 # the queue TASKPILOTS["CONSISTENCY_ALERT_QUEUE"] names.
 EXTERNAL_MISMATCH = "external_mismatch"
+# TaskPilots paused a tool whose API drifted (`tool.paused`): to the queue of the rule that
+# routed the drift (by default the admins'), who fix the adapter and resume the tool.
+TOOL_PAUSED = "tool_paused"
 NOTIFYING_VERBS = (
     Verb.RUN_NEEDS_HUMAN,
     Verb.RUN_SLA_BREACHED,
     Verb.SIDE_EFFECT_EXTERNAL_MISMATCH,
+    Verb.TOOL_PAUSED,
 )
 
 
@@ -97,6 +101,10 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
     if verb == Verb.SIDE_EFFECT_EXTERNAL_MISMATCH:
         queue = settings.TASKPILOTS["CONSISTENCY_ALERT_QUEUE"]
         return record(run_id, EXTERNAL_MISMATCH, queue, seq, extra=data, channels=channels)
+    if verb == Verb.TOOL_PAUSED:
+        return record(
+            run_id, TOOL_PAUSED, data.get("queue", ""), seq, extra=data, channels=channels
+        )
     return []
 
 
@@ -201,6 +209,11 @@ def build_payload(run_id, event: str, queue: str, extra: dict) -> dict[str, Any]
         text = (
             f"[{queue}] {extra.get('tool', '')} shows key {str(extra.get('key', ''))[:255]} "
             f"{kind} from what the ledger of {name} recorded as committed."
+        )
+    elif event == TOOL_PAUSED:
+        text = (
+            f"[{queue}] TaskPilots paused {extra.get('tool', '')}: {extra.get('reason', '')}"
+            f" (found by {name}). Steps that call it wait until an admin resumes it."
         )
     else:
         text = (

@@ -28,6 +28,10 @@ class People:
     def pause_statement(self, tool: str) -> tuple[str, list]:
         return ToolPause.open_statement(tool)
 
+    def pause_for_drift(self, tool: str, reason: str) -> tuple[people.Pause, bool]:
+        pause, created = ToolPause.open_by_engine(tool, reason)
+        return people.Pause(pause.pk, pause.reason), created
+
     def ask(self, run: Run, step: Step, approval: people.Approval) -> int:
         return ApprovalRequest.open(run, step, approval).pk
 

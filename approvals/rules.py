@@ -417,7 +417,7 @@ class Verdict:
     also_matching: list[EscalationRule]
 
 
-def explain(rule: EscalationRule | None, *, tool: str = "") -> str:
+def explain(rule: EscalationRule | None, *, tool: str = "", failure_class: str = "") -> str:
     if rule is None:
         return _("No enabled rule matches: the engine hands the run to the “ops” queue.")
     head = _("Rule #%(position)s “%(name)s” (version %(version)s)") % {
@@ -463,6 +463,12 @@ def explain(rule: EscalationRule | None, *, tool: str = "") -> str:
         )
     elif rule.action == A.FAIL:
         text = _("%(head)s fails the run.")
+    elif (failure_class or rule.failure_class) == FailureClass.API_DRIFT:
+        # runs.engine.routing: drift on the escalate route pauses the tool instead.
+        text = _(
+            "%(head)s pauses %(tool)s for every run and tells the “%(queue)s” queue; the "
+            "runs go on when an admin resumes the tool."
+        )
     else:
         text = _("%(head)s hands the run to the “%(queue)s” queue.")
     text = text % values
@@ -486,7 +492,8 @@ def which_rule(*, workflow="", step="", tool="", failure_class="", risk="") -> V
     }
     matching = [r for r in EscalationRule.objects.filter(enabled=True) if r.matches(**match)]
     first = EscalationRule.first_match(**match)
-    return Verdict(first, explain(first, tool=tool), risk, matching[1:])
+    verdict = explain(first, tool=tool, failure_class=failure_class)
+    return Verdict(first, verdict, risk, matching[1:])
 
 
 # How many recent failing steps the tester's list is drawn from.

@@ -191,6 +191,12 @@ class FailureClass(models.TextChoices):
     INVALID_INPUT = "invalid_input", _("Invalid input (data uncertainty)")
     PERMISSION = "permission", _("Permission denied")
     UNKNOWN_OUTCOME = "unknown_outcome", _("Unknown outcome (side-effect boundary)")
+    # A read that found nothing where something was expected (404/410, or an empty answer from
+    # a tool that declares `expects_result`): the data is missing, not the system.
+    EMPTY_RESULT = "empty_result", _("Empty result")
+    # The system answers in a shape the adapter was not written for (406, an unknown field, a
+    # response that fails the tool's response check): every call will fail the same way.
+    API_DRIFT = "api_drift", _("API version drift")
     # Not a tool error: a wait or approval reached its deadline undecided.
     TIMEOUT = "timeout", _("Wait timed out")
 
@@ -913,22 +919,35 @@ class Step(models.Model):
             },
         )
 
-    def hold_for_pause(self, *, held_by: str, recheck_at, pause: dict) -> None:
-        """An admin paused the tool: park without calling it, give the attempt back."""
+    def hold_for_pause(
+        self, *, held_by: str, recheck_at, pause: dict, failure: dict | None = None
+    ) -> None:
+        """An admin paused the tool: park without calling it, give the attempt back.
+
+        `failure` (failure_class, error, routing): the step's own call failed in a way that
+        opened the pause (API drift). That attempt was made and counts, and the event carries
+        the routing the metrics count as a tool failure."""
         routing = {
             "rule": "(tool paused by an admin)",
             "action": "wait",
             "paused_tool": pause["tool"],
             "pause": pause["pause"],
         }
+        data = {"tool": pause["tool"], "pause": pause["pause"], "reason": pause["reason"]}
+        extra = {"attempts": max(self.attempts - 1, 0)}
+        if failure is not None:  # the call was made: its attempt counts
+            routing = {**failure["routing"], **routing, "rule": failure["routing"].get("rule")}
+            data["routing"] = {**failure["routing"], "failure_class": failure["failure_class"]}
+            data["error"] = failure["error"][:500]
+            extra = {"error_class": failure["failure_class"], "last_error": failure["error"][:4000]}
         self._move(
             self.Status.WAITING,
             Verb.STEP_TOOL_PAUSED,
             held_by=held_by,
-            attempts=max(self.attempts - 1, 0),
             next_attempt_at=recheck_at,
             routing=routing,
-            data={"tool": pause["tool"], "pause": pause["pause"], "reason": pause["reason"]},
+            data=data,
+            **extra,
         )
 
     def wait(self, wait: Wait, *, held_by: str) -> None:
@@ -2080,6 +2099,7 @@ class TimelineEvent(ImmutableModel):
                         "run.needs_human",
                         "run.sla_breached",
                         "side_effect.external_mismatch",
+                        "tool.paused",
                     ]
                 ),
             ),

@@ -68,6 +68,11 @@ class People(Protocol):
         """`pause_of` as one SQL statement returning (id, reason) or no row, for the engine's
         one-round-trip claims (runs.engine.inline); None when no tool can be paused."""
 
+    def pause_for_drift(self, tool: str, reason: str) -> tuple[Pause, bool] | None:
+        """Open a pause of `tool` on the engine's behalf (its API drifted), in the engine's
+        transaction, for the admins to resume: (pause, created); an open pause is kept. None
+        when no tool can be paused."""
+
     def ask(self, run: Run, step: Step, approval: Approval) -> int:
         """Open the approval request, in the engine's transaction; returns its id."""
 
@@ -86,6 +91,9 @@ class NoPeople:
         return None
 
     def pause_statement(self, tool: str) -> None:
+        return None
+
+    def pause_for_drift(self, tool: str, reason: str) -> None:
         return None
 
     def ask(self, run: Run, step: Step, approval: Approval) -> int:

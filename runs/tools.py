@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -143,6 +144,11 @@ class Tool:
     # has found something else than this call asked for, and a person confirms before the run
     # goes on (runs.engine.ledger.changed_result).
     expect_fields: tuple[str, ...] = ()
+    # A read whose empty answer (None, [], {}, "") means the data is missing: `empty_result`.
+    expects_result: bool = False
+    # A read's answer as this adapter expects it: `check(response)` returns what is wrong with
+    # it (a string) or None; a wrong shape means the API drifted (`api_drift`).
+    response_check: Callable[[Any], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.risk not in Risk.values:
@@ -189,6 +195,27 @@ class Tool:
                 )
         return params
 
+    def check_read(self, response: Any) -> None:
+        """Classify a read's successful answer that the step cannot use. Writes are never
+        checked here: their answer is the proof of a committed effect, whatever its shape."""
+        if self.side_effect:
+            return
+        if self.expects_result and response in (None, [], {}, ""):
+            raise ToolError(
+                FailureClass.EMPTY_RESULT, f"{self.name} answered with nothing ({response!r})"
+            )
+        if self.response_check is None:
+            return
+        try:
+            problem = self.response_check(response)
+        except Exception as exc:  # a check that cannot read the answer: the shape is not ours
+            problem = f"{type(exc).__name__}: {exc}"
+        if problem:
+            raise ToolError(
+                FailureClass.API_DRIFT,
+                f"{self.name} answered in an unexpected shape: {str(problem)[:300]}",
+            )
+
     def describe(self) -> dict:
         return {
             "name": self.name,
@@ -203,6 +230,8 @@ class Tool:
             "settle_seconds": self.settle_seconds,
             "scope": self.scope,
             "expect_fields": list(self.expect_fields),
+            "expects_result": self.expects_result,
+            "response_checked": self.response_check is not None,
         }
 
 
@@ -421,11 +450,39 @@ def _guess_external_id(value: Any) -> str:
 _http_client = SharedClient(trust_env=False)
 
 
-def _classify_status(status: int, *, write: bool, retry_after: float | None) -> str:
+# An error body that says the request named a field the server does not know (any common
+# wording: "unknown field", "unsupported parameter", "unrecognized property", an error code such
+# as TaskPilots' own "unknown_field", JSON Schema's "additional properties are not allowed"):
+# our request was written for another API version.
+_UNKNOWN_FIELD = re.compile(
+    r"\b(unknown|unsupported|unrecogni[sz]ed|unexpected)[\s_-]+([a-z]+\s+)?"
+    r"(field|parameter|param|property|attribute|argument)s?\b"
+    r"|\b(field|parameter|property|attribute|argument)s?\b[^.]{0,60}\b(is|are)\s+not\s+"
+    r"(supported|recogni[sz]ed|allowed|permitted)\b"
+    r"|additional\s*properties",
+    re.IGNORECASE,
+)
+
+
+def _says_unknown_field(body: Any) -> bool:
+    text = body if isinstance(body, str) else json.dumps(body, default=str)
+    return bool(_UNKNOWN_FIELD.search(text[:4000]))
+
+
+def _classify_status(
+    status: int, *, write: bool, retry_after: float | None, body: Any = None
+) -> str:
     if status in (401, 403):
         return FailureClass.PERMISSION
     if status in (429, 503):
         return FailureClass.TRANSIENT
+    # A read of something that is not there: the data is missing. A write keeps invalid_input
+    # (the system refused it, and a person checks what it was sent to).
+    if status in (404, 410) and not write:
+        return FailureClass.EMPTY_RESULT
+    # A refusal of the request's format, read or write: the call was not processed.
+    if status == 406 or (status in (400, 422) and body is not None and _says_unknown_field(body)):
+        return FailureClass.API_DRIFT
     if 400 <= status < 500:
         return FailureClass.INVALID_INPUT
     # Any other 5xx: on a write the server may have committed before failing.
@@ -560,7 +617,7 @@ class _HttpEndpoint:
     def error(self, response: HttpResponse, target: str) -> ToolError:
         retry_after = _retry_after(response.headers)
         cls = (self.classify(response, self.name) if self.classify else None) or _classify_status(
-            response.status, write=self.write, retry_after=retry_after
+            response.status, write=self.write, retry_after=retry_after, body=response.body
         )
         detail = response.body
         if isinstance(detail, dict):

@@ -79,6 +79,9 @@ class Verb(StrEnum):
     TAKEOVER_STARTED = "takeover.started"
     TAKEOVER_ENDED = "takeover.ended"
     TOOL_RESUMED = "tool.resumed"
+    # The engine paused a tool whose API drifted (runs.engine.routing); written on the run whose
+    # call found it, and it notifies the admins.
+    TOOL_PAUSED = "tool.paused"
     # Requests from API clients, recorded before the action they ask for
     API_CANCEL_REQUESTED = "api.cancel_requested"
     API_DECISION_REQUESTED = "api.decision_requested"

@@ -4,9 +4,10 @@ add up these rows.
 
 A **tool failure** is one failed tool attempt as the engine routed it: a timeline event
 `step.retry_scheduled`, `step.waiting_for_tool`, `step.failed`, `step.escalated` (with the
-failure class the escalation rule saw, `data.routing.failure_class`) or `step.unknown_outcome`
-(class `unknown_outcome`), on a step that calls a tool. Wait and approval deadlines (class
-`timeout`) and human actions are not tool failures.
+failure class the escalation rule saw, `data.routing.failure_class`), `step.tool_paused` when the
+step's own call paused the tool (API drift; a hold by an admin's pause has no routing and is not
+counted) or `step.unknown_outcome` (class `unknown_outcome`), on a step that calls a tool.
+Wait and approval deadlines (class `timeout`) and human actions are not tool failures.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ FAILURE_VERBS = (
     Verb.STEP_WAITING_FOR_TOOL,
     Verb.STEP_FAILED,
     Verb.STEP_ESCALATED,
+    Verb.STEP_TOOL_PAUSED,
     Verb.STEP_UNKNOWN_OUTCOME,
 )
 RESEND_VERBS = (Verb.SIDE_EFFECT_NOT_COMMITTED, Verb.SIDE_EFFECT_RESEND_WITH_SAME_KEY)

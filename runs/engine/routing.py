@@ -30,8 +30,9 @@ from django.utils import timezone
 from runs import tools as tool_registry
 from runs.engine.compensation import begin_compensation
 from runs.engine.dispatch import enqueue
-from runs.models import FailureClass, RouteAction, Run, Step, Wait
+from runs.models import FailureClass, RouteAction, Run, Step, TimelineEvent, Wait
 from runs.people import Rule, people
+from runs.verbs import Verb
 
 A = RouteAction
 # Where a failure no rule routes goes: the people who look at runs.
@@ -130,6 +131,10 @@ def route_failure(
         reason = f"Could not degrade: {error}"
     elif route.action in (A.COMPENSATE, A.FAIL):
         return end_step(run, step, route, failure_class, error, held_by=held_by, origin=origin)
+    if failure_class == FailureClass.API_DRIFT and _pause_drifted_tool(
+        run, step, route, reason, held_by, tool or step.tool
+    ):
+        return False
     _escalate(run, step, route, failure_class, reason, held_by)
     return False
 
@@ -185,6 +190,50 @@ def _wait_for_tool(run, step, route, failure_class, error, held_by, tool) -> str
     run.count_failure()
     run.wait(f"waiting for {tool} to recover")
     return None
+
+
+def _pause_drifted_tool(run, step, route, error, held_by, tool) -> bool:
+    """The tool's API drifted: every call will fail the same way until its adapter is fixed, so
+    pause the tool (the steps of every run that call it wait, none calls it) and tell the
+    admins, instead of sending each run to a person. Returns False when no tool can be paused
+    (the core alone): the failure is escalated as usual.
+
+    1. Open the tool's pause on TaskPilots' behalf, or find the one open.
+    2. A new pause writes `tool.paused` on this run's timeline (it notifies the admins:
+       approvals.notifications).
+    3. The step is held by the pause (`step.tool_paused` names it and the drift); an admin's
+       resume wakes it and it calls the tool again.
+    """
+    from runs.engine.outcomes import HeldByPause
+    from runs.engine.waits import hold_for_pause
+
+    if not tool:
+        return False
+    opened = people().pause_for_drift(tool, f"API drift: {error}"[:2000])
+    if opened is None:
+        return False
+    pause, created = opened
+    if created:
+        TimelineEvent.append(
+            run.pk,
+            Verb.TOOL_PAUSED,
+            {
+                "tool": tool,
+                "pause": pause.pk,
+                "reason": pause.reason[:500],
+                "failure_class": FailureClass.API_DRIFT,
+                "step": step.name,
+                "queue": route.queue,
+                "routing": route.routing,
+            },
+        )
+    run.count_failure()
+    failure = {"failure_class": FailureClass.API_DRIFT, "error": error, "routing": route.routing}
+    hold_for_pause(
+        run, step, HeldByPause(tool, pause.pk, pause.reason[:500]), held_by=held_by,
+        failure=failure,
+    )  # fmt: skip
+    return True
 
 
 def _escalate(run, step, route, failure_class, reason, held_by) -> None:

@@ -88,6 +88,7 @@ def execute_read(claim: Claim, tool: Tool) -> Outcome:
     check_scope(claim, tool)
     try:
         result = invoke(claim, tool, params)
+        tool.check_read(result.response)  # empty_result / api_drift for an unusable answer
     except ToolError as exc:
         return degrade_or_fail(claim, tool, params, exc)
     response = to_json_value(result.response)

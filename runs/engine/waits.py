@@ -58,9 +58,12 @@ def park(run: Run, step: Step, park: Park, *, held_by: str) -> bool:
     return False
 
 
-def hold_for_pause(run: Run, step: Step, held: HeldByPause, *, held_by: str) -> bool:
+def hold_for_pause(
+    run: Run, step: Step, held: HeldByPause, *, held_by: str, failure: dict | None = None
+) -> bool:
     """Park the step like an outage wait, but not as a failure: the claim's attempt is given
-    back and no failure is counted."""
+    back and no failure is counted (`failure`: the step's own call opened the pause, see
+    Step.hold_for_pause)."""
     correlation = f"pause:{held.pause}"
     wait = Wait.objects.filter(step=step, status=Wait.Status.PENDING).first()
     if wait is None:
@@ -68,8 +71,11 @@ def hold_for_pause(run: Run, step: Step, held: HeldByPause, *, held_by: str) -> 
     elif wait.correlation_key != correlation:
         wait.rekey(correlation)
     pause = {"tool": held.tool, "pause": held.pause, "reason": held.reason}
-    step.hold_for_pause(held_by=held_by, recheck_at=timezone.now() + PAUSE_RECHECK, pause=pause)
-    run.wait(f"{held.tool} is paused by an admin: {held.reason}"[:2000])
+    step.hold_for_pause(
+        held_by=held_by, recheck_at=timezone.now() + PAUSE_RECHECK, pause=pause, failure=failure
+    )
+    by = "TaskPilots" if failure is not None else "an admin"
+    run.wait(f"{held.tool} is paused by {by}: {held.reason}"[:2000])
     return False
 
 

@@ -26,6 +26,19 @@ def classify(response: HttpResponse, tool_name: str) -> str | None:
     return None
 
 
+def fields(*names: str):
+    """A response check: the answer is a JSON object with these fields (an answer without them
+    is from another API version: `api_drift`, see docs/rules.md)."""
+
+    def check(response) -> str | None:
+        if not isinstance(response, dict):
+            return f"expected a JSON object, got {type(response).__name__}"
+        missing = [name for name in names if name not in response]
+        return f"missing {', '.join(missing)}" if missing else None
+
+    return check
+
+
 def _define(name, method, path, *, lookup: bool = False, **meta):
     system = path.strip("/").split("/")[0]
     return tools.register(
@@ -66,7 +79,13 @@ _define(
     description="Change a helpdesk ticket's status.",
 )
 _define("tickets.get", "GET", "/tickets/get", target=lambda p: f"ticket:{p['ticket_id']}")
-_define("crm.lookup", "GET", "/crm/lookup", target=lambda p: f"contact:{p['email']}")
+_define(
+    "crm.lookup",
+    "GET",
+    "/crm/lookup",
+    target=lambda p: f"contact:{p['email']}",
+    response_check=fields("found", "contact"),
+)
 _define(
     "crm.create",
     "POST",
@@ -125,6 +144,7 @@ _define(
     "GET",
     "/kb/search",
     fallback_tool="kb.faq",
+    response_check=fields("results"),
     description="Search the knowledge base.",
 )
 

@@ -242,3 +242,15 @@ def test_only_admins_configure_channels(client, support_user):
     response = client.post(CHANNELS, {"queue": "ops", "kind": "email", "target": "a@example.com"})
     assert response.status_code == 403
     assert not NotificationChannel.objects.exists()
+
+
+def test_the_notification_scan_index_covers_every_notifying_verb():
+    """The sweeper's scan filters the timeline by NOTIFYING_VERBS: a verb missing from the
+    partial index's condition would turn it into a scan of the whole timeline."""
+    from approvals.notifications import NOTIFYING_VERBS
+    from runs.models import TimelineEvent
+
+    index = next(i for i in TimelineEvent._meta.indexes if i.name == "timeline_notify_idx")
+    ((lookup, verbs),) = index.condition.children
+    assert lookup == "verb__in"
+    assert sorted(verbs) == sorted(str(v) for v in NOTIFYING_VERBS)
