@@ -4,7 +4,8 @@ add up these rows.
 
 A **tool failure** is one failed tool attempt as the engine routed it: a timeline event
 `step.retry_scheduled`, `step.waiting_for_tool`, `step.failed`, `step.escalated` (with the
-failure class the escalation rule saw, `data.routing.failure_class`), `step.tool_paused` when the
+failure class the escalation rule saw, `data.routing.failure_class`), `step.degraded` (the
+tool failed and its fallback did the step: `data.failure_class`), `step.tool_paused` when the
 step's own call paused the tool (API drift; a hold by an admin's pause has no routing and is not
 counted) or `step.unknown_outcome` (class `unknown_outcome`), on a step that calls a tool.
 Wait and approval deadlines (class `timeout`) and human actions are not tool failures.
@@ -23,6 +24,7 @@ FAILURE_VERBS = (
     Verb.STEP_WAITING_FOR_TOOL,
     Verb.STEP_FAILED,
     Verb.STEP_ESCALATED,
+    Verb.STEP_DEGRADED,
     Verb.STEP_TOOL_PAUSED,
     Verb.STEP_UNKNOWN_OUTCOME,
 )
@@ -48,6 +50,7 @@ TERMINAL = tuple(sorted(Run.TERMINAL))
 
 _FAILURE_CLASS = (
     f"CASE WHEN e.verb = '{Verb.STEP_UNKNOWN_OUTCOME}' THEN 'unknown_outcome' "
+    f"WHEN e.verb = '{Verb.STEP_DEGRADED}' THEN e.data ->> 'failure_class' "
     "ELSE e.data #>> '{routing,failure_class}' END"
 )
 _NOT_TIMEOUT = f"COALESCE({_FAILURE_CLASS}, 'timeout') <> 'timeout'"

@@ -179,3 +179,18 @@ def test_the_run_page_shows_the_degraded_step_with_the_fallback_receipt(client, 
     assert fallback.external_id in page
     assert "Fallback tool" in page and "Degraded to its fallback after" in page
     assert "connection refused" in page
+
+
+def test_a_degraded_write_counts_as_a_tool_failure_recovered_in_place(sandbox):
+    # The original tool failed (one tool failure, class outage) and the step finished at the
+    # same step through its fallback, with no person: a local recovery.
+    from approvals.metrics.dashboard import seed_figures
+
+    degrade_rule()
+    run = start_and_drive()
+    assert run.status == Run.Status.SUCCEEDED
+    figures = seed_figures([run.pk])
+    assert figures["local_recovery_rate"]["value"] == 1.0
+    assert figures["local_recovery_rate"]["counts"] == [1, 1]
+    by_class = figures["tool_failure_rate"]["extra"]["by_class"]
+    assert by_class["outage"]["failures"] == 1
