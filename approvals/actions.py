@@ -180,17 +180,46 @@ def decide_approval(
     actor = _actor(user)
     with transaction.atomic():
         run, step, approval = _lock_pending_approval(approval_id, user, expected_version)
-        params = approval.proposed_params
+        if approval.approvals_required > 1:
+            check_may_approve_twoperson(run, approval, user, decision)
+        params = approval.approved_params
         if decision == D.APPROVED_WITH_EDITS:
             params = validate_params(approval.tool, edited_params, proposed=params)
-            if params == approval.proposed_params:
+            if params == approval.approved_params:
                 decision = D.APPROVED  # nothing was changed
+            elif approval.awaits_second:
+                raise ActionRefused(
+                    f"{approval.first_approved_by.get_username()} approved these parameters; "
+                    "as the second approver, approve them as they are or reject."
+                )
         if conditions and decision == D.REJECTED:
             raise InvalidConditions("A rejection takes no conditions.")
         try:
             conditions = validate_conditions(conditions, params)
         except ConditionError as exc:
             raise InvalidConditions(str(exc), index=exc.index) from None
+        if decision != D.REJECTED and approval.approvals_required > 1:
+            if not approval.awaits_second:
+                approval.approve_first(user, params=params, comment=comment, conditions=conditions)
+                _decision(
+                    run,
+                    user,
+                    DECISION_VERBS[decision],
+                    step=step,
+                    approval=approval,
+                    shown=approval.shown(),
+                    before=approval.proposed_params,
+                    after=params,
+                    comment=comment,
+                    conditions=conditions,
+                )
+                return approval
+            # Either approver's conditions apply: the call must meet all of them.
+            conditions = approval.first_conditions + [
+                c for c in conditions if c not in approval.first_conditions
+            ]
+            if params != approval.proposed_params:
+                decision = D.APPROVED_WITH_EDITS  # the first approver's edits
         approval.decide(user, decision, params=params, comment=comment, conditions=conditions)
         for wait in Wait.objects.filter(
             step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING
@@ -217,12 +246,15 @@ def decide_approval(
         else:
             # What the side effect after this step executes, and the decision its snapshot
             # names (runs.engine.ledger reads `human_decision`).
+            first = approval.first_approved_by
+            approvers = [first.get_username(), user.get_username()] if first else []
             answer = {
                 "decision": decision,
                 "params": params,
                 "by": user.get_username(),
                 "comment": comment,
                 "human_decision": record.reference(),
+                **({"approved_by": approvers} if approval.first_approved_by_id else {}),
                 # Enforced on the call (runs.engine.ledger): broken, nothing is called.
                 **({"conditions": conditions} if conditions else {}),
             }
@@ -230,6 +262,27 @@ def decide_approval(
             _resume(run, user, f"approval {decision}")
     approval.refresh_from_db()
     return approval
+
+
+def check_may_approve_twoperson(run: Run, approval: ApprovalRequest, user, decision: str) -> None:
+    """A two-person approval's own rules, under the locks: the person who started the run or
+    took it over approves neither time, and nobody approves twice. (Anyone allowed to decide
+    may reject.)"""
+    if decision == D.REJECTED:
+        return
+    name = user.get_username()
+    if run.principal == f"user:{name}":
+        raise ActionRefused(
+            f"{name} started this run, so they cannot approve it: it needs two other people."
+        )
+    if Takeover.objects.filter(run=run, user=user).exists():
+        raise ActionRefused(
+            f"{name} took this run over, so they cannot approve it: it needs two other people."
+        )
+    if approval.first_approved_by_id == user.pk:
+        raise ActionRefused(
+            f"You already approved this; it needs a second approver other than {name}."
+        )
 
 
 def _lock_pending_approval(approval_id: int, user, expected_version):
@@ -240,7 +293,7 @@ def _lock_pending_approval(approval_id: int, user, expected_version):
     step = Step.objects.select_for_update().get(pk=step_id)
     approval = (
         ApprovalRequest.objects.select_for_update(of=("self",))
-        .select_related("decided_by", "step")
+        .select_related("decided_by", "first_approved_by", "step")
         .get(pk=approval_id)
     )
     if approval.status != ApprovalRequest.Status.PENDING:

@@ -84,6 +84,10 @@ class ApprovalOut(Schema):
     decided_at: datetime | None
     comment: str
     conditions: list[dict[str, Any]] = []
+    approvals_required: int = 1
+    # Still needed before the run goes on (0 once decided), and who approved so far.
+    approvals_needed: int = 0
+    approved_by: list[str] = []
 
 
 class OutcomeIn(StrictIn):
@@ -284,6 +288,9 @@ def settle_outcome(request, run_id: UUID, body: OutcomeIn):
     description=(
         "The decision is recorded as that user's, with their permissions: they must be in the "
         "support or admin group, and only the owner or an admin decides a taken-over run. "
+        "A two-person approval answers the first approval with status `pending`, "
+        "`approvals_needed` 1 and `approved_by`; the run goes on after a second, different "
+        "user approves (the run's starter and anyone who took it over are refused, 409). "
         "A request that was already decided answers 409 naming who decided."
     ),
     tags=["approvals"],
@@ -352,4 +359,18 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
         "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
         "decided_at": approval.decided_at,
         "comment": approval.comment,
+        **_approvers(approval),
+    }
+
+
+def _approvers(approval: ApprovalRequest) -> dict[str, Any]:
+    """How many approvals the request needs, how many are still missing and who gave them."""
+    approved = [u.get_username() for u in (approval.first_approved_by, approval.decided_by) if u]
+    if approval.decision == ApprovalRequest.Decision.REJECTED:
+        approved = approved[:-1]
+    pending = approval.status == ApprovalRequest.Status.PENDING
+    return {
+        "approvals_required": approval.approvals_required,
+        "approvals_needed": approval.approvals_required - len(approved) if pending else 0,
+        "approved_by": approved,
     }

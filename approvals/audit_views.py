@@ -334,7 +334,9 @@ def _evidence(run: Run, events: list[TimelineEvent]) -> dict[int, Evidence]:
     decisions = list(HumanDecision.objects.filter(run=run).select_related("user", "step"))
     steps = {(s.name, s.iteration): s for s in Step.objects.filter(run=run)}
     approvals: dict[int, list[ApprovalRequest]] = {}
-    for approval in ApprovalRequest.objects.filter(run=run).select_related("decided_by"):
+    for approval in ApprovalRequest.objects.filter(run=run).select_related(
+        "decided_by", "first_approved_by"
+    ):
         approvals.setdefault(approval.step_id, []).append(approval)
     found: dict[int, Evidence] = {}
     for event in events:

@@ -465,7 +465,7 @@ def _open_approval(current: Step | None) -> ApprovalRequest | None:
     if current is None or current.kind != "approval":
         return None
     pending = ApprovalRequest.objects.filter(step=current, status=ApprovalRequest.Status.PENDING)
-    return pending.order_by("-id").first()
+    return pending.select_related("first_approved_by").order_by("-id").first()
 
 
 def _open_wait(current: Step | None) -> Wait | None:

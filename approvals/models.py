@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import random
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
@@ -66,11 +67,25 @@ class ApprovalRequest(models.Model):
     # What the approver allowed only under conditions (runs.conditions): [{param, op, value}],
     # enforced by the engine on the call. Empty: no conditions.
     conditions = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
+    # How many distinct people must approve (1 or 2), decided when the request opens from the
+    # rule that matched then: a later rule edit does not change a pending request.
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    # A two-person request's first approval: who, when, the parameters they approved (what the
+    # second approver is asked about) and their conditions. Empty until then.
+    first_approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    first_approved_at = models.DateTimeField(null=True, blank=True)
+    first_params = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
+    first_conditions = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
             _choices_check("status", ApprovalStatus, "approval_status_valid"),
+            models.CheckConstraint(
+                condition=Q(approvals_required__in=[1, 2]), name="approval_required_one_or_two"
+            ),
             models.CheckConstraint(
                 condition=Q(decision="")
                 | Q(decision__in=["approved", "approved_with_edits", "rejected"]),
@@ -121,7 +136,61 @@ class ApprovalRequest(models.Model):
             tool=asked.tool,
             proposed_params=asked.proposed_params,
             due_at=asked.due_at,
+            approvals_required=asked.approvals_required,
         )
+
+    @property
+    def awaits_second(self) -> bool:
+        """A two-person request that one person approved and a second has not yet."""
+        return (
+            self.approvals_required == 2
+            and self.status == self.Status.PENDING
+            and self.first_approved_by_id is not None
+        )
+
+    @property
+    def approved_params(self) -> dict:
+        """What an approval approves now: the first approver's parameters once they approved
+        (the second approver is asked about those), else the proposal."""
+        return self.first_params if self.first_params is not None else self.proposed_params
+
+    def approve_first(self, user, *, params: dict, comment: str = "", conditions=()) -> None:
+        """The first of two approvals: recorded (with its event), the request stays pending and
+        the run does not move; the run's version moves so a page loaded before it is stale.
+        The caller holds the run, step and request locks (approvals.actions)."""
+        now = timezone.now()
+        with transaction.atomic(savepoint=False):
+            count = ApprovalRequest.objects.filter(
+                pk=self.pk, status=self.Status.PENDING, first_approved_by__isnull=True
+            ).update(
+                first_approved_by=user,
+                first_approved_at=now,
+                first_params=params,
+                first_conditions=list(conditions),
+            )
+            if not count:
+                raise InvalidTransition("approval", self.pk, self.status, "first_approved")
+            Run.objects.filter(pk=self.run_id).update(
+                lock_version=F("lock_version") + 1, updated_at=now
+            )
+            TimelineEvent.append(
+                self.run_id,
+                Verb.APPROVAL_FIRST_APPROVED,
+                {
+                    "approval": self.pk,
+                    "step": self.step.name,
+                    "by": user.get_username(),
+                    "approvals_required": self.approvals_required,
+                    "comment": comment,
+                    **({"conditions": list(conditions)} if conditions else {}),
+                    "params": params,
+                    "diff": params_diff(self.proposed_params, params),
+                    "shown_digest": self.shown()["digest"],
+                },
+                actor=f"user:{user.get_username()}",
+            )
+        self.first_approved_by, self.first_approved_at = user, now
+        self.first_params, self.first_conditions = params, list(conditions)
 
     def shown(self) -> dict[str, Any]:
         """Exactly what the approver is shown: the tool, its target and the parameters, with
@@ -173,6 +242,11 @@ class ApprovalRequest(models.Model):
             data={
                 "comment": comment,
                 **({"conditions": list(conditions)} if conditions else {}),
+                **(
+                    {"first_approved_by": self.first_approved_by.get_username()}
+                    if self.first_approved_by_id
+                    else {}
+                ),
                 "proposed": self.proposed_params,
                 "params": params,
                 "diff": params_diff(self.proposed_params, params),
@@ -382,6 +456,12 @@ class EscalationRule(models.Model):
     # queue it moves to ("" = stays) and the SLA it gets there (0 = none).
     escalate_to = models.CharField(max_length=100, blank=True, default="")
     escalate_after_seconds = models.PositiveIntegerField(default=0)
+    # Approvals this rule matches need this many distinct approvers (1 or 2). With
+    # `amount_param`, two are needed only when that parameter of the call is above
+    # `amount_above` (a missing or non-numeric value counts as above: the careful side).
+    approvers_required = models.PositiveSmallIntegerField(default=1)
+    amount_param = models.CharField(max_length=100, blank=True, default="")
+    amount_above = models.DecimalField(max_digits=18, decimal_places=2, null=True, blank=True)
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -395,6 +475,9 @@ class EscalationRule(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(risk="") | Q(risk__in=Risk.values), name="rule_risk_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(approvers_required__in=[1, 2]), name="rule_approvers_one_or_two"
             ),
             models.CheckConstraint(
                 condition=Q(backoff_cap_seconds__gte=models.F("backoff_base_seconds")),
@@ -431,6 +514,18 @@ class EscalationRule(models.Model):
                 return rule
         return None
 
+    def approvers_for(self, params: Any) -> int:
+        """How many distinct people must approve a call with these parameters."""
+        if self.approvers_required < 2 or not self.amount_param:
+            return self.approvers_required
+        value = params.get(self.amount_param) if isinstance(params, dict) else None
+        if isinstance(value, bool):
+            return 2
+        try:
+            return 2 if Decimal(str(value)) > (self.amount_above or 0) else 1
+        except (InvalidOperation, ValueError):
+            return 2
+
     def backoff(self, attempt: int, rng: random.Random | None = None) -> timedelta:
         """Exponential backoff with full jitter, capped: base·2^(attempt-1), then uniform(½, 1)."""
         raw = min(self.backoff_cap_seconds, self.backoff_base_seconds * 2 ** max(attempt - 1, 0))
@@ -465,6 +560,9 @@ class EscalationRule(models.Model):
         "approval_sla_seconds",
         "escalate_to",
         "escalate_after_seconds",
+        "approvers_required",
+        "amount_param",
+        "amount_above",
     )
 
     def data(self) -> dict[str, Any]:

@@ -239,8 +239,12 @@ def _as_seen(data: dict) -> dict:
 
 def _approve(run, user, data, request):
     approval = _approval_of(run, data)
-    conditions = actions.parse_conditions(data.get("conditions", ""), approval.proposed_params)
-    actions.decide_approval(approval.pk, user, "approved", conditions=conditions, **_as_seen(data))
+    conditions = actions.parse_conditions(data.get("conditions", ""), approval.approved_params)
+    approval = actions.decide_approval(
+        approval.pk, user, "approved", conditions=conditions, **_as_seen(data)
+    )
+    if approval.awaits_second:
+        return _("Your approval is recorded; the run waits for a second approver (another person).")
     if conditions:
         return _("Approved, only if %(conditions)s.") % {
             "conditions": "; ".join(describe_condition(c) for c in conditions)

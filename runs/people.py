@@ -30,6 +30,8 @@ class Rule(Protocol):
     escalate_to: str  # the queue an SLA breach moves the run to ("" keeps it)
     escalate_after_seconds: int  # the SLA after a breach (0: none)
 
+    def approvers_for(self, params: Any) -> int: ...  # distinct approvers an approval needs
+
     def backoff(self, attempt: int) -> timedelta: ...
 
     def describe(self) -> dict[str, Any]: ...
@@ -53,6 +55,7 @@ class Approval:
     tool: str
     proposed_params: dict
     due_at: datetime | None
+    approvals_required: int = 1  # distinct people who must approve (the matching rule's)
 
 
 class People(Protocol):

@@ -72,6 +72,8 @@ class Verb(StrEnum):
     # People
     APPROVAL_REQUESTED = "approval.requested"
     APPROVAL_APPROVED = "approval.approved"
+    # A two-person approval's first approval (the request stays pending).
+    APPROVAL_FIRST_APPROVED = "approval.first_approved"
     APPROVAL_APPROVED_WITH_EDITS = "approval.approved_with_edits"
     APPROVAL_REJECTED = "approval.rejected"
     APPROVAL_EXPIRED = "approval.expired"

@@ -138,15 +138,17 @@ def execute_approval(claim: Claim) -> Outcome:
     if definition.when is not None and not definition.when(claim.ctx):
         return Succeeded({"decision": "not_required", "params": params})
     reason = definition.reason(claim.ctx) if callable(definition.reason) else definition.reason
+    risk = tool_registry.get(definition.tool).risk if definition.tool else "medium"
+    # The rule for this approval (matched on the tool's risk too, so a "high risk" rule can ask
+    # for two approvers): its SLA, and how many people must approve.
     rule = people().rule_for(
         workflow=claim.run.workflow,
         step=claim.step.name,
         tool=definition.tool,
         failure_class="",
-        risk="",
+        risk=risk,
     )
     sla = definition.sla or (timedelta(seconds=rule.approval_sla_seconds) if rule else None)
-    risk = tool_registry.get(definition.tool).risk if definition.tool else "medium"
     return AskApproval(
         Approval(
             queue=definition.queue,
@@ -155,6 +157,7 @@ def execute_approval(claim: Claim) -> Outcome:
             tool=definition.tool,
             proposed_params=params,
             due_at=timezone.now() + sla if sla else None,
+            approvals_required=rule.approvers_for(params) if rule else 1,
         )
     )
 
