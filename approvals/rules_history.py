@@ -169,7 +169,7 @@ class Comparison:
         ]
 
 
-def failures(days: int, cap: int = SCAN_CAP) -> tuple[list[Episode], int, bool]:
+def failures(days: int, cap: int) -> tuple[list[Episode], int, bool]:
     """The window's failures, newest first, at most `cap`, grouped by step (one query).
     Returns (episodes, failures read, capped)."""
     since = timezone.now() - timedelta(days=days)
@@ -241,10 +241,10 @@ def with_change(current: list[EscalationRule], edited: EscalationRule) -> list[E
 
 
 def compare(
-    current: list, proposed: list, days: int, *, cap: int = SCAN_CAP, examples: int = EXAMPLES
+    current: list, proposed: list, days: int, *, cap: int | None = None, examples: int = EXAMPLES
 ) -> Comparison:
     """Replay the window's failures through both rule sets (no query but the scan)."""
-    episodes, scanned, capped = failures(days, cap)
+    episodes, scanned, capped = failures(days, SCAN_CAP if cap is None else cap)
     result = Comparison(days, scanned, len(episodes), capped, Side(), Side(), 0)
     for episode in episodes:
         before, after = outcome(current, episode), outcome(proposed, episode)

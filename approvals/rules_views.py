@@ -130,13 +130,14 @@ def rule_preview(request: HttpRequest, rule_id: int | None = None) -> HttpRespon
         days = rules_history.WINDOWS[0]
     if days not in rules_history.WINDOWS:
         days = rules_history.WINDOWS[0]
-    context = {"form": form, "rule": rule, "days": days, "windows": rules_history.WINDOWS}
+    context = {"form": form, "rule": rule, "days": days, "previewing": True}
+    template = "console/rules_form.html#history-preview"
     if not form.is_valid():
-        return render(request, "console/rules_preview.html", context, status=422)
+        return render(request, template, context, status=422)
     # is_valid() put the form's values on the instance, in memory only.
     context["comparison"] = rules_history.preview(form.instance, days)
     context["cap"] = rules_history.SCAN_CAP
-    return render(request, "console/rules_preview.html", context)
+    return render(request, template, context)
 
 
 @require_POST

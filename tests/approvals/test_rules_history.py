@@ -198,3 +198,19 @@ def test_the_preview_needs_the_csrf_token(admin_user):
     client = Client(enforce_csrf_checks=True)
     client.force_login(admin_user)
     assert client.post(preview_url(rule), form_data(rule)).status_code == 403
+
+
+def test_a_capped_preview_says_so(client, admin_user, history, monkeypatch):
+    monkeypatch.setattr(rules_history, "SCAN_CAP", 3)
+    rule = EscalationRule.objects.get(name="Retry transient errors")
+    client.force_login(admin_user)
+    response = client.post(preview_url(rule), {**form_data(rule), "days": "30"})
+    assert response.status_code == 200 and response.context["comparison"].scanned == 3
+    assert b"Only the newest 3 were read" in response.content
+
+
+def test_a_missing_rule_is_404_and_get_is_405(client, admin_user):
+    client.force_login(admin_user)
+    assert client.post(reverse("console:rule-preview", args=[999999]), {}).status_code == 404
+    rule = EscalationRule.objects.get(name="Retry transient errors")
+    assert client.get(preview_url(rule)).status_code == 405
