@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -140,6 +141,18 @@ def test_the_preview_reads_a_constant_number_of_queries(history, django_assert_n
         failing_run(1)
     with django_assert_num_queries(2):
         assert rules_history.preview(rule, 30).steps == 7
+
+
+def test_the_scan_can_use_the_failure_index(history, query_count):
+    """The index's verb list (migration approvals 0016) and FAILURE_VERBS must agree, or the
+    scan walks the whole timeline: with sequential scans off, the plan must name the index."""
+    with query_count() as ctx:
+        rules_history.failures(30, 100)
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + ctx.captured_queries[-1]["sql"])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "runs_timeline_failure_idx" in plan
 
 
 # -- the preview in the form -----------------------------------------------------------------
