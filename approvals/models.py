@@ -28,7 +28,7 @@ from runs.models import (
     _choices_check,
     digest,
 )
-from runs.people import Approval
+from runs.people import Approval, first_matching
 from runs.verbs import Verb
 
 
@@ -507,12 +507,14 @@ class EscalationRule(models.Model):
     ) -> EscalationRule | None:
         """The rule that routes this failure: the first enabled one, in order, that matches.
         Read from the database every time, so an admin's edit applies to the next failure."""
-        for rule in cls.objects.filter(enabled=True).order_by("position", "id"):
-            if rule.matches(
-                workflow=workflow, step=step, tool=tool, failure_class=failure_class, risk=risk
-            ):
-                return rule
-        return None
+        return first_matching(
+            cls.objects.filter(enabled=True).order_by("position", "id"),
+            workflow=workflow,
+            step=step,
+            tool=tool,
+            failure_class=failure_class,
+            risk=risk,
+        )
 
     def approvers_for(self, params: Any) -> int:
         """How many distinct people must approve a call with these parameters."""

@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from approvals import notifications, rules, tool_metadata
+from approvals import notifications, rules, rules_history, tool_metadata
 from approvals.models import (
     EscalationRule,
     MetadataConflict,
@@ -114,6 +114,30 @@ def rule_edit(request: HttpRequest, rule_id: int) -> HttpResponse:
     else:
         messages.info(request, _("Nothing changed."))
     return redirect("console:rule-list")
+
+
+@require_POST
+@never_cache
+@admin_view
+def rule_preview(request: HttpRequest, rule_id: int | None = None) -> HttpResponse:
+    """The form's current values tested against the last 7 or 30 days of failures (htmx
+    fragment); nothing is saved. An invalid form answers with its errors instead."""
+    rule = get_object_or_404(EscalationRule, pk=rule_id) if rule_id is not None else None
+    form = rules.RuleForm(request.POST, instance=rule)
+    try:
+        days = int(request.POST.get("days", ""))
+    except ValueError:
+        days = rules_history.WINDOWS[0]
+    if days not in rules_history.WINDOWS:
+        days = rules_history.WINDOWS[0]
+    context = {"form": form, "rule": rule, "days": days, "previewing": True}
+    template = "console/rules_form.html#history-preview"
+    if not form.is_valid():
+        return render(request, template, context, status=422)
+    # is_valid() put the form's values on the instance, in memory only.
+    context["comparison"] = rules_history.preview(form.instance, days)
+    context["cap"] = rules_history.SCAN_CAP
+    return render(request, template, context)
 
 
 @require_POST
@@ -302,6 +326,8 @@ urlpatterns = [
     path("rules/", rule_list, name="rule-list"),
     path("rules/new/", rule_create, name="rule-create"),
     path("rules/<int:rule_id>/", rule_edit, name="rule-edit"),
+    path("rules/new/preview/", rule_preview, name="rule-preview-new"),
+    path("rules/<int:rule_id>/preview/", rule_preview, name="rule-preview"),
     path("rules/<int:rule_id>/toggle/", rule_toggle, name="rule-toggle"),
     path("rules/<int:rule_id>/move/<str:direction>/", rule_move, name="rule-move"),
     path("rules/tools/", tool_list, name="tool-list"),

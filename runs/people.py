@@ -9,7 +9,7 @@ failure goes to a person; no tool is paused; and an approval step cannot be aske
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +35,17 @@ class Rule(Protocol):
     def backoff(self, attempt: int) -> timedelta: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+    def matches(
+        self, *, workflow: str, step: str, tool: str, failure_class: str, risk: str
+    ) -> bool: ...
+
+
+def first_matching(rules: Iterable[Rule], **match: str) -> Rule | None:
+    """The rule that routes a failure: the first of `rules` (in routing order, enabled ones
+    only) that matches it. The one definition of "first match": the engine's rules read from the
+    database and a rule set tested against history (approvals.rules_history) both go through it."""
+    return next((rule for rule in rules if rule.matches(**match)), None)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ a timeline event naming the rule and its version.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -31,7 +32,7 @@ from runs import tools as tool_registry
 from runs.engine.compensation import begin_compensation
 from runs.engine.dispatch import enqueue
 from runs.models import FailureClass, RouteAction, Run, Step, TimelineEvent, Wait
-from runs.people import Rule, people
+from runs.people import Rule, first_matching, people
 from runs.verbs import Verb
 
 A = RouteAction
@@ -69,6 +70,39 @@ def tool_risk(tool_name: str) -> str:
         return ""
 
 
+def decide(
+    rules: Iterable[Rule] | None,
+    *,
+    workflow: str,
+    step: str,
+    tool: str,
+    failure_class: str,
+    risk: str,
+    origin=Origin.ATTEMPT,
+    has_step: bool = True,
+    unknown_outcome: bool = False,
+) -> tuple[Rule | None, str]:
+    """The matching rule and the action it leads to, narrowed to what applies: the one
+    definition of routing. `rules` None reads the rules in force (people().rule_for); a list
+    (in routing order, enabled only) tests a rule set that is not saved (approvals.rules_history).
+    """
+    match = {
+        "workflow": workflow,
+        "step": step,
+        "tool": tool,
+        "failure_class": failure_class,
+        "risk": risk,
+    }
+    rule = people().rule_for(**match) if rules is None else first_matching(rules, **match)
+    action = rule.action if rule else A.ESCALATE
+    if origin != Origin.ATTEMPT and action in (A.RETRY, A.WAIT, A.DEGRADE):
+        action = A.ESCALATE
+    guessing = failure_class == FailureClass.UNKNOWN_OUTCOME or unknown_outcome
+    if guessing or (not has_step and action in (A.FAIL, A.COMPENSATE)):
+        action = A.ESCALATE
+    return rule, action
+
+
 def choose(
     run: Run,
     step: Step | None,
@@ -80,21 +114,17 @@ def choose(
 ) -> Route:
     """The route of one failure: the first matching rule's action, narrowed to what applies."""
     tool = tool or (step.tool if step is not None else "")
-    rule = people().rule_for(
+    rule, action = decide(
+        None,
         workflow=run.workflow,
         step=step.name if step is not None else "",
         tool=tool,
         failure_class=failure_class,
         risk=tool_risk(tool) if risk is None else risk,
+        origin=origin,
+        has_step=step is not None,
+        unknown_outcome=step is not None and step.status == Step.Status.UNKNOWN_OUTCOME,
     )
-    action = rule.action if rule else A.ESCALATE
-    if origin != Origin.ATTEMPT and action in (A.RETRY, A.WAIT, A.DEGRADE):
-        action = A.ESCALATE
-    guessing = failure_class == FailureClass.UNKNOWN_OUTCOME or (
-        step is not None and step.status == Step.Status.UNKNOWN_OUTCOME
-    )
-    if guessing or (step is None and action in (A.FAIL, A.COMPENSATE)):
-        action = A.ESCALATE
     described = rule.describe() if rule else {"rule": "(no rule matched)"}
     return Route(
         action=action,
