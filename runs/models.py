@@ -1991,6 +1991,7 @@ def _document(run, current, last, waits, event_wait, deadlines, effects, decisio
         "workflow": run.workflow,
         "workflow_version": run.workflow_version,
         "status": run.status,
+        "session_context_ref": run.session_context_ref,
         "current_stage": run.stage,
         "current_step": (
             {
