@@ -116,3 +116,39 @@ def test_take_screenshots(page, sandbox):
     page.screenshot(path=OUT / "inbox-zh-hans.png", full_page=True)
     page.goto(f"/console/runs/{refund.pk}/")
     page.screenshot(path=OUT / "run-detail-approval-zh-hans.png", full_page=True)
+
+
+def test_take_incident_screenshots(page, admin_user):
+    """Two-person approval waiting for its second approver, and a rule change previewed
+    against the last 7 days of failures before it is saved."""
+    from approvals.models import EscalationRule
+    from tests.approvals import test_two_person  # noqa: F401  (registers test.twoperson)
+    from tests.approvals.test_rules_history import failing_run
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    EscalationRule.objects.create(
+        position=1, name="Two approvers for high risk", risk="high", action="escalate",
+        queue="support", approvers_required=2,
+    )  # fmt: skip
+    ann = UserFactory(username="ann.support", groups=["support"])
+    run, _ = engine.start_run("test.twoperson", {"amount": 480})
+    engine.run_until_quiet(run.pk)
+    log_in(page, ann.username)
+    page.goto(f"/console/runs/{run.pk}/")
+    page.get_by_role("button", name="Approve", exact=True).click()
+    page.locator(".two-person").filter(has_text="waiting for a second approver").wait_for()
+    page.screenshot(path=OUT / "run-detail-two-person.png", full_page=True)
+
+    rule = EscalationRule.objects.create(
+        name="Flaky writes: retry", position=2, workflow="test.flaky", action="retry",
+        queue="ops", max_attempts=5, version=1,
+    )  # fmt: skip
+    for _ in range(3):
+        failing_run(2)
+    page.context.clear_cookies()
+    log_in(page, admin_user.username)
+    page.goto(f"/console/rules/{rule.pk}/")
+    page.select_option("select[name=action]", "escalate")
+    page.get_by_role("button", name="last 7 days").click()
+    page.locator("#history-preview .preview-changed").wait_for()
+    page.screenshot(path=OUT / "rule-history-preview.png", full_page=True)
