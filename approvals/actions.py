@@ -177,42 +177,16 @@ def decide_approval(
     """
     if decision not in D.values:
         raise ActionRefused(f"decision must be one of {', '.join(D.values)}")
-    actor = _actor(user)
     with transaction.atomic():
         run, step, approval = _lock_pending_approval(approval_id, user, expected_version)
         if approval.approvals_required > 1:
             check_may_approve_twoperson(run, approval, user, decision)
-        params = approval.approved_params
-        if decision == D.APPROVED_WITH_EDITS:
-            params = validate_params(approval.tool, edited_params, proposed=params)
-            if params == approval.approved_params:
-                decision = D.APPROVED  # nothing was changed
-            elif approval.awaits_second:
-                raise ActionRefused(
-                    f"{approval.first_approved_by.get_username()} approved these parameters; "
-                    "as the second approver, approve them as they are or reject."
-                )
-        if conditions and decision == D.REJECTED:
-            raise InvalidConditions("A rejection takes no conditions.")
-        try:
-            conditions = validate_conditions(conditions, params)
-        except ConditionError as exc:
-            raise InvalidConditions(str(exc), index=exc.index) from None
+        decision, params, conditions = _what_is_approved(
+            approval, decision, edited_params, conditions
+        )
         if decision != D.REJECTED and approval.approvals_required > 1:
             if not approval.awaits_second:
-                approval.approve_first(user, params=params, comment=comment, conditions=conditions)
-                _decision(
-                    run,
-                    user,
-                    DECISION_VERBS[decision],
-                    step=step,
-                    approval=approval,
-                    shown=approval.shown(),
-                    before=approval.proposed_params,
-                    after=params,
-                    comment=comment,
-                    conditions=conditions,
-                )
+                _approve_first(run, step, approval, user, decision, params, comment, conditions)
                 return approval
             # Either approver's conditions apply: the call must meet all of them.
             conditions = approval.first_conditions + [
@@ -221,47 +195,90 @@ def decide_approval(
             if params != approval.proposed_params:
                 decision = D.APPROVED_WITH_EDITS  # the first approver's edits
         approval.decide(user, decision, params=params, comment=comment, conditions=conditions)
-        for wait in Wait.objects.filter(
-            step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING
-        ):
-            wait.resolve({"decision": decision}, by=actor, actor=actor)
-        edited = decision == D.APPROVED_WITH_EDITS
-        diff = params_diff(approval.proposed_params, params)
-        record = _decision(
-            run,
-            user,
-            DECISION_VERBS[decision],
-            step=step,
-            approval=approval,
-            shown=approval.shown(),
-            before=approval.proposed_params,
-            after={"params": params, "diff": diff} if edited else params,
-            comment=comment,
-            conditions=conditions,
-        )
-        if decision == D.REJECTED:
-            step.fail(error=f"rejected by {user.get_username()}: {comment}", actor=actor)
-            Takeover.end(run, user, "rejected")
-            begin_compensation(run, f"rejected by {user.get_username()}", actor=actor)
-        else:
-            # What the side effect after this step executes, and the decision its snapshot
-            # names (runs.engine.ledger reads `human_decision`).
-            first = approval.first_approved_by
-            approvers = [first.get_username(), user.get_username()] if first else []
-            answer = {
-                "decision": decision,
-                "params": params,
-                "by": user.get_username(),
-                "comment": comment,
-                "human_decision": record.reference(),
-                **({"approved_by": approvers} if approval.first_approved_by_id else {}),
-                # Enforced on the call (runs.engine.ledger): broken, nothing is called.
-                **({"conditions": conditions} if conditions else {}),
-            }
-            step.succeed(answer, actor=actor)
-            _resume(run, user, f"approval {decision}")
+        _carry_out(run, step, approval, user, decision, params, comment, conditions)
     approval.refresh_from_db()
     return approval
+
+
+def _what_is_approved(approval, decision, edited_params, conditions) -> tuple[str, dict, list]:
+    """The decision, the parameters it approves (edits validated against the tool's schema)
+    and its conditions (validated against those parameters)."""
+    params = approval.approved_params
+    if decision == D.APPROVED_WITH_EDITS:
+        params = validate_params(approval.tool, edited_params, proposed=params)
+        if params == approval.approved_params:
+            decision = D.APPROVED  # nothing was changed
+        elif approval.awaits_second:
+            raise ActionRefused(
+                f"{approval.first_approved_by.get_username()} approved these parameters; "
+                "as the second approver, approve them as they are or reject."
+            )
+    if conditions and decision == D.REJECTED:
+        raise InvalidConditions("A rejection takes no conditions.")
+    try:
+        conditions = validate_conditions(conditions, params)
+    except ConditionError as exc:
+        raise InvalidConditions(str(exc), index=exc.index) from None
+    return decision, params, conditions
+
+
+def _approve_first(run, step, approval, user, decision, params, comment, conditions) -> None:
+    """The first of two approvals: recorded and shown; the run waits for the second."""
+    approval.approve_first(user, params=params, comment=comment, conditions=conditions)
+    _decision(
+        run,
+        user,
+        DECISION_VERBS[decision],
+        step=step,
+        approval=approval,
+        shown=approval.shown(),
+        before=approval.proposed_params,
+        after=params,
+        comment=comment,
+        conditions=conditions,
+    )
+
+
+def _carry_out(run, step, approval, user, decision, params, comment, conditions) -> None:
+    """A decided approval: resolve its wait, record the decision bound to what was shown, then
+    resume the run with the approved call, or fail the step and undo what was done."""
+    actor = _actor(user)
+    for wait in Wait.objects.filter(step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING):
+        wait.resolve({"decision": decision}, by=actor, actor=actor)
+    edited = decision == D.APPROVED_WITH_EDITS
+    diff = params_diff(approval.proposed_params, params)
+    record = _decision(
+        run,
+        user,
+        DECISION_VERBS[decision],
+        step=step,
+        approval=approval,
+        shown=approval.shown(),
+        before=approval.proposed_params,
+        after={"params": params, "diff": diff} if edited else params,
+        comment=comment,
+        conditions=conditions,
+    )
+    if decision == D.REJECTED:
+        step.fail(error=f"rejected by {user.get_username()}: {comment}", actor=actor)
+        Takeover.end(run, user, "rejected")
+        begin_compensation(run, f"rejected by {user.get_username()}", actor=actor)
+        return
+    # What the side effect after this step executes, and the decision its snapshot names
+    # (runs.engine.ledger reads `human_decision`).
+    first = approval.first_approved_by
+    answer = {
+        "decision": decision,
+        "params": params,
+        "by": user.get_username(),
+        "comment": comment,
+        "human_decision": record.reference(),
+        **({"approved_by": [first.get_username(), user.get_username()]} if first else {}),
+        # Enforced on the call (runs.engine.ledger): broken, nothing is called.
+        **({"conditions": conditions} if conditions else {}),
+    }
+    step.succeed(answer, actor=actor)
+    _resume(run, user, f"approval {decision}")
 
 
 def check_may_approve_twoperson(run: Run, approval: ApprovalRequest, user, decision: str) -> None:

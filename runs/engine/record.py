@@ -21,8 +21,9 @@ from runs.engine.outcomes import (
     Succeeded,
     UnknownOutcome,
 )
+from runs.engine.pauses import hold_for_pause
 from runs.engine.routing import escalate_to_person, route_failure
-from runs.engine.waits import close_recovery_wait, hold_for_pause, park
+from runs.engine.waits import close_recovery_wait, park
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent, TransitionError, Wait
 from runs.people import people
 from runs.verbs import Verb

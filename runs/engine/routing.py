@@ -31,6 +31,8 @@ from django.utils import timezone
 from runs import tools as tool_registry
 from runs.engine.compensation import begin_compensation
 from runs.engine.dispatch import enqueue
+from runs.engine.outcomes import HeldByPause
+from runs.engine.pauses import hold_for_pause
 from runs.models import FailureClass, RouteAction, Run, Step, TimelineEvent, Wait
 from runs.people import Rule, first_matching, people
 from runs.verbs import Verb
@@ -234,9 +236,6 @@ def _pause_drifted_tool(run, step, route, error, held_by, tool) -> bool:
     3. The step is held by the pause (`step.tool_paused` names it and the drift); an admin's
        resume wakes it and it calls the tool again.
     """
-    from runs.engine.outcomes import HeldByPause
-    from runs.engine.waits import hold_for_pause
-
     if not tool:
         return False
     opened = people().pause_for_drift(tool, f"API drift: {error}"[:2000])
@@ -259,10 +258,8 @@ def _pause_drifted_tool(run, step, route, error, held_by, tool) -> bool:
         )
     run.count_failure()
     failure = {"failure_class": FailureClass.API_DRIFT, "error": error, "routing": route.routing}
-    hold_for_pause(
-        run, step, HeldByPause(tool, pause.pk, pause.reason[:500]), held_by=held_by,
-        failure=failure,
-    )  # fmt: skip
+    held = HeldByPause(tool, pause.pk, pause.reason[:500])
+    hold_for_pause(run, step, held, held_by=held_by, failure=failure)
     return True
 
 

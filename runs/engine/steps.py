@@ -20,8 +20,8 @@ from runs.engine.outcomes import (
     Park,
     Succeeded,
 )
+from runs.engine.pauses import end_pause_hold
 from runs.engine.routing import match_rule
-from runs.engine.waits import end_pause_hold
 from runs.models import FailureClass, RouteAction, StepKind, Wait, read_record, to_json_value
 from runs.people import Approval, people
 from runs.tools import Tool, ToolError

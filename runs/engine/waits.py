@@ -4,20 +4,16 @@ passes (routed like any failure)."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from runs.engine.dispatch import enqueue
-from runs.engine.outcomes import HeldByPause, Park
+from runs.engine.outcomes import Park
 from runs.engine.routing import Origin, route_failure
 from runs.models import FailureClass, InboundEvent, Run, Step, Wait, to_json_value
-
-# A step held by a pause is looked at again this often even if nobody resumes the tool (a pause
-# closed by other means than approvals.rules.resume_tool, which wakes the held steps at once).
-PAUSE_RECHECK = timedelta(hours=1)
 
 
 def park(run: Run, step: Step, park: Park, *, held_by: str) -> bool:
@@ -56,41 +52,6 @@ def park(run: Run, step: Step, park: Park, *, held_by: str) -> bool:
     step.wait(wait, held_by=held_by)
     run.wait(f"waiting for {wait.event_type or wait.kind}")
     return False
-
-
-def hold_for_pause(
-    run: Run, step: Step, held: HeldByPause, *, held_by: str, failure: dict | None = None
-) -> bool:
-    """Park the step like an outage wait, but not as a failure: the claim's attempt is given
-    back and no failure is counted (`failure`: the step's own call opened the pause, see
-    Step.hold_for_pause)."""
-    correlation = f"pause:{held.pause}"
-    wait = Wait.objects.filter(step=step, status=Wait.Status.PENDING).first()
-    if wait is None:
-        Wait.open(step, Wait.Kind.TOOL_RECOVERY, event_type=held.tool, correlation_key=correlation)
-    elif wait.correlation_key != correlation:
-        wait.rekey(correlation)
-    pause = {"tool": held.tool, "pause": held.pause, "reason": held.reason}
-    step.hold_for_pause(
-        held_by=held_by, recheck_at=timezone.now() + PAUSE_RECHECK, pause=pause, failure=failure
-    )
-    by = "TaskPilots" if failure is not None else "an admin"
-    run.wait(f"{held.tool} is paused by {by}: {held.reason}"[:2000])
-    return False
-
-
-def end_pause_hold(run: Run, step: Step) -> None:
-    """The paused tool is back: close the step's pause wait before it is called."""
-    with transaction.atomic():
-        Run.lock(run.pk)
-        for wait in Wait.objects.filter(
-            step=step,
-            kind=Wait.Kind.TOOL_RECOVERY,
-            status=Wait.Status.PENDING,
-            correlation_key__startswith="pause:",
-        ):
-            wait.resolve(None, by="tool resumed")
-        step.end_pause_hold()
 
 
 def close_recovery_wait(step: Step) -> None:
