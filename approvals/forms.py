@@ -109,9 +109,8 @@ class ReleaseForm(ActionForm):
     )
 
 
-class ApproveForm(ActionForm):
-    approval = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
-    conditions = forms.CharField(
+def _conditions_field() -> forms.CharField:
+    return forms.CharField(
         label=_("Only if (conditions)"),
         required=False,
         max_length=2000,
@@ -123,6 +122,11 @@ class ApproveForm(ActionForm):
         ),
         widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
     )
+
+
+class ApproveForm(ActionForm):
+    approval = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    conditions = _conditions_field()
 
 
 class RejectForm(ApproveForm):
@@ -200,7 +204,9 @@ class EditParamsForm(ActionForm):
 
     approval = forms.IntegerField(min_value=1, widget=forms.HiddenInput, required=False)
 
-    def __init__(self, *args, tool: str = "", params: dict | None = None, **kwargs):
+    def __init__(
+        self, *args, tool: str = "", params: dict | None = None, conditions=False, **kwargs
+    ):
         super().__init__(*args, **kwargs)
         self.tool = tool
         self.original = dict(params or {}) if isinstance(params, dict) else {}
@@ -222,6 +228,9 @@ class EditParamsForm(ActionForm):
                 initial=self.original,
                 widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
             )
+        if conditions:
+            # Approving with edits can be conditional too (checked against the edited call).
+            self.fields["conditions"] = _conditions_field()
 
     def param_fields(self):
         return [self[name] for name in self.fields if name.startswith("param")]

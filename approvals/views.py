@@ -141,7 +141,9 @@ def _action_forms(ctx: console.RunContext, bound: dict | None = None) -> dict[st
         spec = ACTIONS[name]
         initial = {**version, **approval, **step}
         if spec.form is EditParamsForm:
-            forms[name] = EditParamsForm(initial=initial, **(ctx.edit_fields or {}))
+            forms[name] = EditParamsForm(
+                initial=initial, conditions=name == "approve_edits", **(ctx.edit_fields or {})
+            )
         else:
             forms[name] = spec.form(initial=initial)
     forms.update(bound or {})
@@ -256,9 +258,19 @@ def _approve_edits(run, user, data, request):
     if not data.get("approval"):
         raise actions.ActionRefused(_("There is no approval to decide."))
     approval = _approval_of(run, data)
+    conditions = actions.parse_conditions(data.get("conditions", ""), data["params"])
     actions.decide_approval(
-        approval.pk, user, "approved_with_edits", edited_params=data["params"], **_as_seen(data)
+        approval.pk,
+        user,
+        "approved_with_edits",
+        edited_params=data["params"],
+        conditions=conditions,
+        **_as_seen(data),
     )
+    if conditions:
+        return _("Approved with your edits, only if %(conditions)s.") % {
+            "conditions": "; ".join(describe_condition(c) for c in conditions)
+        }
     return _("Approved with your edits: the call uses your parameters.")
 
 
@@ -345,7 +357,7 @@ def _bind(spec: ActionSpec, request: HttpRequest, run: Run):
         return spec.form(request.POST)
     ctx = console.build_run_context(run, request.user)
     fields = ctx.edit_fields or {"tool": "", "params": {}}
-    return EditParamsForm(request.POST, **fields)
+    return EditParamsForm(request.POST, conditions=spec.perform is _approve_edits, **fields)
 
 
 @require_POST

@@ -145,7 +145,33 @@ class TestConsole:
     def test_the_form_has_the_conditions_field(self, console):
         run = waiting()
         page = console.get(reverse("console:run-detail", args=[run.pk])).content.decode()
-        assert 'name="conditions"' in page
+        forms = re.findall(r'<form [^>]*data-action="(\w+)".*?</form>', page, re.S)
+        assert {"approve", "approve_edits"} <= set(forms)
+        for action in ("approve", "approve_edits"):
+            form = re.search(rf'data-action="{action}".*?</form>', page, re.S).group(0)
+            assert 'name="conditions"' in form, action
+
+    def edit(self, console, run, amount, text):
+        run.refresh_from_db()
+        request = ApprovalRequest.objects.get(run=run, status="pending")
+        url = reverse("console:run-action", args=[run.pk, "approve_edits"])
+        body = {"expected_version": run.lock_version, "approval": request.pk,
+                "params_json": json.dumps({"amount": amount, "currency": "EUR"}),
+                "conditions": text}  # fmt: skip
+        return console.post(url, body)
+
+    def test_approve_with_edits_takes_conditions_checked_against_the_edits(self, console):
+        run = waiting(amount=40)
+        response = self.edit(console, run, 45, "amount <= 50")
+        assert response.status_code == 302
+        decision = HumanDecision.objects.get(run=run)
+        assert decision.verb == "approve_with_edits"
+        assert decision.conditions == [{"param": "amount", "op": "<=", "value": 50}]
+        assert ApprovalRequest.objects.get(run=run).edited_params["amount"] == 45
+        # The conditions hold against the edited parameters, not the proposed ones.
+        response = self.edit(console, waiting(amount=40), 60, "amount <= 50")
+        assert response.status_code == 422
+        assert "already break" in unescape(response.content.decode())
 
 
 class TestApi:
