@@ -30,3 +30,8 @@ urlpatterns = [
 from approvals.rules_views import urlpatterns as rules_urlpatterns  # noqa: E402
 
 urlpatterns += rules_urlpatterns
+
+# Side effects their systems no longer show as recorded (the consistency check).
+from approvals.mismatch_views import urlpatterns as mismatch_urlpatterns  # noqa: E402
+
+urlpatterns += mismatch_urlpatterns

@@ -1558,7 +1558,9 @@ class ExternalMismatch(models.Model):
                 fields=["found_at"],
                 name="external_mismatch_open_idx",
                 condition=Q(resolved_at__isnull=True),
-            )
+            ),
+            # The console's list of every mismatch, newest first (approvals/mismatch_views.py).
+            models.Index(fields=["found_at", "id"], name="external_mismatch_found_idx"),
         ]
 
     def __str__(self) -> str:
