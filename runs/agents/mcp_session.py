@@ -298,12 +298,35 @@ def call_tool(
         # The server could not be started or reached: the call was never made.
         raise ToolError(FailureClass.OUTAGE, f"{where}: cannot reach the server: {exc}") from None
     except MCPError as exc:
-        if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
+        if exc.code == INVALID_PARAMS:
             raise ToolError(FailureClass.INVALID_INPUT, f"{where}: {exc.message}") from None
+        if exc.code == METHOD_NOT_FOUND:
+            # The server does not offer the method any more: every call fails the same way.
+            raise ToolError(FailureClass.API_DRIFT, f"{where}: {exc.message}") from None
         raise ToolError(after_send, f"{where}: error {exc.code}: {exc.message}") from None
     except (TimeoutError, concurrent.futures.TimeoutError):
         raise ToolError(after_send, f"{where}: no answer within {limit}s") from None
     except Exception as exc:
-        raise ToolError(
-            after_send, f"{where}: the connection broke: {type(exc).__name__}: {exc}"
-        ) from None
+        raise broken_answer(exc, where, write=write) from None
+
+
+# How the MCP client says an answer broke the tool's own output schema (mcp.client.session).
+_SHAPE_BROKEN = (
+    "Invalid structured content returned by tool",
+    "has an output schema but did not return structured content",
+)
+
+
+def broken_answer(exc: Exception, where: str, *, write: bool) -> ToolError:
+    """The class of a call that broke after it was sent. An answer that does not match the
+    schema the server declares for it is API drift for a read (it will not parse next time
+    either); for a write the call was answered, so it may have happened: unknown outcome,
+    reconciled by key. Anything else is a broken connection."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, RuntimeError) and any(part in str(exc) for part in _SHAPE_BROKEN):
+        text = f"the answer does not match the tool's output schema: {exc}"
+        if not write:
+            return ToolError(FailureClass.API_DRIFT, f"{where}: {text}")
+        return ToolError(FailureClass.UNKNOWN_OUTCOME, f"{where}: {text}")
+    after_send = FailureClass.UNKNOWN_OUTCOME if write else FailureClass.TRANSIENT
+    return ToolError(after_send, f"{where}: the connection broke: {text}")

@@ -525,6 +525,9 @@ def _model_failure_class(exc: Exception) -> str:
         return FailureClass.PERMISSION
     if isinstance(exc, openai.BadRequestError | ModelBehaviorError):
         return FailureClass.INVALID_INPUT
+    if isinstance(exc, openai.NotFoundError):
+        # The model or the endpoint is gone (renamed, retired): every call fails the same way.
+        return FailureClass.API_DRIFT
     if isinstance(exc, openai.APIConnectionError):
         return FailureClass.OUTAGE
     if isinstance(exc, openai.APIError):
