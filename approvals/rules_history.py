@@ -18,6 +18,9 @@ against history"):
   as "cannot tell" when it did not (the rules in force ended it; more attempts might have
   worked); a wait window is not replayed (history does not say how long the tool was out);
 - escalate reaches a person; degrade (assumed to work), compensate and fail do not;
+- an API drift that would be escalated pauses its tool instead, as the engine does
+  (runs.engine.routing): the step waits for an admin to resume the tool and reaches no person
+  of its own;
 - a tool's risk is the one registered now.
 """
 
@@ -31,6 +34,7 @@ from django.db.models import IntegerField, OuterRef, Q, Subquery
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from approvals.models import EscalationRule
 from runs.engine.routing import Origin, decide, tool_risk
@@ -46,7 +50,8 @@ EXAMPLES = 5
 
 
 # The timeline events of a routing decision on a failed attempt or a timed-out wait (a person's
-# own escalate or fail carries no routing and is left out). Indexed (runs_timeline_failure_idx).
+# own escalate or fail carries no routing and is left out; so does a pause an admin opened).
+# Indexed (runs_timeline_failure_idx).
 FAILURE_VERBS = (
     Verb.STEP_RETRY_SCHEDULED,
     Verb.STEP_WAITING_FOR_TOOL,
@@ -54,7 +59,11 @@ FAILURE_VERBS = (
     Verb.STEP_FAILED,
     Verb.STEP_UNKNOWN_OUTCOME,
     Verb.STEP_DEGRADED,
+    Verb.STEP_TOOL_PAUSED,
 )
+# Where a step's failing ends when it is not a route: its drifted tool paused.
+PAUSE_TOOL = "pause_tool"
+END_LABELS = {**dict(A.choices), PAUSE_TOOL: _("Pause the tool (API drift)")}
 UNROUTED = (Verb.STEP_UNKNOWN_OUTCOME, Verb.STEP_DEGRADED)  # no routing in their data
 
 
@@ -112,6 +121,8 @@ def outcome(rules: list, episode: Episode) -> Outcome:
         if action == A.WAIT:
             continue  # probed again (the wait window is not replayed)
         if action in (A.ESCALATE, A.RETRY):
+            if failure.failure_class == FailureClass.API_DRIFT and failure.tool:
+                return Outcome(tuple(actions), False, PAUSE_TOOL)
             return Outcome(tuple(actions), True, A.ESCALATE)
         return Outcome(tuple(actions), False, action)
     # Still retrying or waiting after the last failure history has: done if the step got done,
@@ -162,7 +173,7 @@ class Comparison:
 
     def change_rows(self) -> list[dict]:
         return [
-            {"before": A(before).label, "after": A(after).label, **found}
+            {"before": END_LABELS[before], "after": END_LABELS[after], **found}
             for (before, after), found in sorted(
                 self.changes.items(), key=lambda item: -item[1]["count"]
             )

@@ -144,7 +144,7 @@ def test_the_preview_reads_a_constant_number_of_queries(history, django_assert_n
 
 
 def test_the_scan_can_use_the_failure_index(history, query_count):
-    """The index's verb list (migration approvals 0016) and FAILURE_VERBS must agree, or the
+    """The index's verb list (migrations approvals 0016, 0019) and FAILURE_VERBS must agree, or the
     scan walks the whole timeline: with sequential scans off, the plan must name the index."""
     with query_count() as ctx:
         rules_history.failures(30, 100)
@@ -227,3 +227,31 @@ def test_a_missing_rule_is_404_and_get_is_405(client, admin_user):
     assert client.post(reverse("console:rule-preview", args=[999999]), {}).status_code == 404
     rule = EscalationRule.objects.get(name="Retry transient errors")
     assert client.get(preview_url(rule)).status_code == 405
+
+
+# -- API drift: the engine pauses the tool instead of asking a person -------------------------
+
+
+def test_drift_is_replayed_as_a_paused_tool_not_a_person():
+    from tests.runs.test_failure_classes import SERVER, drive
+
+    SERVER.answers.clear()
+    SERVER.answers["/profile/get"] = (406, {"error": "application/vnd.v1+json is retired"})
+    run = drive("test.classes_profile")
+    assert Step.objects.get(run=run, name="fetch").error_class == "api_drift"
+
+    current = rules_history.rules_in_force()
+    kept = rules_history.compare(current, current, 7)
+    assert kept.scanned == 1 and kept.steps == 1
+    assert kept.current.actions == {"escalate": 1}
+    assert kept.current.person == 0 and kept.changed == 0
+
+    # A rule that fails drifted calls instead: the step ends failed, still no person.
+    fail = EscalationRule(name="drift fails", position=0, enabled=True, action="fail",
+                          failure_class="api_drift", queue="ops")  # fmt: skip
+    changed = rules_history.compare(current, rules_history.with_change(current, fail), 7)
+    assert changed.proposed.actions == {"fail": 1} and changed.changed == 1
+    [row] = changed.change_rows()
+    before, after = str(row["before"]), str(row["after"])
+    assert (before, after) == ("Pause the tool (API drift)", "Fail the run")
+    assert row["runs"] == [run.pk]
