@@ -30,9 +30,23 @@ def inbox_live(request: HttpRequest) -> HttpResponse:
     return live.revalidate(views.inbox(request), etag)
 
 
+@require_GET
+@views.console_view()
+def run_main_live(request: HttpRequest, run_id) -> HttpResponse:
+    """A live run's every-2-seconds refresh of #run-main: 304 after one query while the run
+    and its claim are as they were, else views.run_detail's fragment."""
+    stamp = live.run_stamp(run_id)
+    if stamp is None:
+        raise Http404("no such run")
+    etag = live.etag_for(request, stamp)
+    if live.not_modified(request, etag):
+        return live.answer_not_modified(etag)
+    return live.revalidate(views.run_detail(request, run_id), etag)
+
+
 def _int_param(request: HttpRequest, name: str) -> int | None:
     try:
-        return int(request.GET.get(name, ""))
+        return int(request.GET.get(name) or request.POST.get(name) or "")
     except ValueError:
         return None
 
@@ -68,9 +82,6 @@ def _render_bar(request, run_id, others, shown: int | None, *, error: str = "") 
         "may_claim": can_act(request.user) and not run.is_terminal,
         "stale": stale,
         "changed": live.what_changed(run, opened_at) if stale else "",
-        # The claim buttons post back with the page's version and time: their answer (the bar)
-        # still knows whether the page is stale.
-        "query": f"?v={shown}&t={opened}" if shown is not None and opened else "",
         "now": timezone.now(),
         "error": error,
     }

@@ -37,5 +37,6 @@ from approvals import live_views  # noqa: E402
 urlpatterns += [
     path("live/inbox/", live_views.inbox_live, name="inbox-live"),
     path("runs/<uuid:run_id>/live/", live_views.run_live, name="run-live"),
+    path("runs/<uuid:run_id>/live/main/", live_views.run_main_live, name="run-main-live"),
     path("runs/<uuid:run_id>/claim/<slug:verb>/", live_views.run_claim, name="run-claim"),
 ]

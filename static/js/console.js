@@ -38,7 +38,7 @@
   document.addEventListener("htmx:afterSettle", function () {
     var main = document.getElementById("run-main");
     if (!main) return;
-    var stale = main.querySelector("[data-live-stale]") !== null;
+    var stale = document.querySelector("#live [data-live-stale]") !== null;
     main.classList.toggle("is-stale", stale);
     var buttons = main.querySelectorAll(".actions .action-form button[type=submit]");
     for (var i = 0; i < buttons.length; i++) {

@@ -60,9 +60,7 @@ def bar_url(run, version=None, opened=None):
 
 
 def own_queries(ctx) -> list[str]:
-    return [
-        q["sql"] for q in ctx.captured_queries if not any(t in q["sql"] for t in AUTH_TABLES)
-    ]
+    return [q["sql"] for q in ctx.captured_queries if not any(t in q["sql"] for t in AUTH_TABLES)]
 
 
 # -- conditional polling --------------------------------------------------------------------
@@ -86,9 +84,7 @@ def test_an_unchanged_inbox_poll_is_a_304_after_one_query(client, support_user):
     assert len(ctx.captured_queries) <= 4  # with the session, user and groups
 
 
-def test_the_inbox_stamp_changes_with_arrivals_changes_claims_and_departures(
-    client, support_user
-):
+def test_the_inbox_stamp_changes_with_arrivals_changes_claims_and_departures(client, support_user):
     run = waiting_run()
     client.force_login(support_user)
     seen = [poll_inbox(client)["ETag"]]
@@ -113,9 +109,7 @@ def test_the_inbox_stamp_changes_with_arrivals_changes_claims_and_departures(
     assert not changed()
 
 
-def test_the_inbox_re_renders_once_a_minute_even_when_nothing_changed(
-    client, support_user, clock
-):
+def test_the_inbox_re_renders_once_a_minute_even_when_nothing_changed(client, support_user, clock):
     waiting_run()
     client.force_login(support_user)
     etag = poll_inbox(client)["ETag"]
@@ -182,9 +176,7 @@ def test_presence_expires_and_is_refreshed_sparingly(support_user, admin_user, c
     live.cache.set = lambda *a, **k: (writes.append(a[0]), original(*a, **k))
     try:
         for _ in range(5):  # 5 polls within 10 s: the viewer's entry is written once
-            assert [v.username for v in live.touch_presence(run.pk, support_user)] == [
-                "alex-admin"
-            ]
+            assert [v.username for v in live.touch_presence(run.pk, support_user)] == ["alex-admin"]
             clock.now += 2
         assert len(writes) == 1
         clock.now += live.PRESENCE_TTL  # alex closed the tab 30 s ago
@@ -252,9 +244,7 @@ def test_two_claims_at_once_get_one_claim(support_user, admin_user):
     assert held.value.claim.user == support_user
 
 
-def test_an_admin_may_end_someone_elses_claim_but_support_may_not(
-    client, support_user, admin_user
-):
+def test_an_admin_may_end_someone_elses_claim_but_support_may_not(client, support_user, admin_user):
     run = waiting_run()
     other = UserFactory(username="ola-support", groups=["support"])
     SoftClaim.claim(run, other, minutes=5)
@@ -328,13 +318,31 @@ def test_a_stale_page_learns_who_changed_the_run(client, sandbox, support_user, 
     fresh = client.get(bar_url(run, opened=opened), **BAR)
     assert "data-live-stale" not in fresh.content.decode()
     actions.take_over(run.pk, admin_user, comment="", expected_version=run.lock_version)
-    stale = client.get(
-        bar_url(run, opened=opened), HTTP_IF_NONE_MATCH=fresh["ETag"], **BAR
-    )
+    stale = client.get(bar_url(run, opened=opened), HTTP_IF_NONE_MATCH=fresh["ETag"], **BAR)
     assert stale.status_code == 200 and "data-live-stale" in stale.content.decode()
     text = visible_text(stale)
     assert "This run changed since you opened it: alex-admin took over at" in text
     assert "it is now taken over" in text.lower() and "Reload" in text
-    # The run page carries its version and time to the bar, so a fresh page is not stale.
+    # The run page carries the version it shows to the bar, so a fresh page is not stale.
     page = client.get(reverse("console:run-detail", args=[run.pk])).content.decode()
-    assert f"?v={Run.objects.get(pk=run.pk).lock_version}&amp;t=" in page
+    version = Run.objects.get(pk=run.pk).lock_version
+    assert f'id="live-version" name="v" value="{version}"' in page
+    assert 'hx-include="#live-version, #live-opened"' in page
+    assert (
+        "data-live-stale" not in client.get(bar_url(run, version=version), **BAR).content.decode()
+    )
+
+
+def test_a_live_run_refresh_is_a_304_until_the_run_moves(client, support_user):
+    run = RunFactory(status=Run.Status.RUNNING)
+    client.force_login(support_user)
+    url = reverse("console:run-main-live", args=[run.pk]) + "?tab=steps"
+    headers = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-main"}
+    first = client.get(url, **headers)
+    assert first.status_code == 200 and 'id="run-main"' in first.content.decode()
+    assert "<html" not in first.content.decode()
+    with CaptureQueriesContext(connection) as ctx:
+        same = client.get(url, HTTP_IF_NONE_MATCH=first["ETag"], **headers)
+    assert same.status_code == 304 and len(own_queries(ctx)) == 1
+    Run.objects.get(pk=run.pk).wait("timer")
+    assert client.get(url, HTTP_IF_NONE_MATCH=first["ETag"], **headers).status_code == 200
