@@ -42,7 +42,15 @@
     main.classList.toggle("is-stale", stale);
     var buttons = main.querySelectorAll(".actions .action-form button[type=submit]");
     for (var i = 0; i < buttons.length; i++) {
-      if (stale) buttons[i].disabled = true;
+      var button = buttons[i];
+      if (stale && !button.disabled) {
+        button.disabled = true;
+        button.setAttribute("data-live-disabled", "");
+      } else if (!stale && button.hasAttribute("data-live-disabled")) {
+        // A poll that crossed this page's own action: the fresh page is not stale after all.
+        button.disabled = false;
+        button.removeAttribute("data-live-disabled");
+      }
     }
   });
 })();
