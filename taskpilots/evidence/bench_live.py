@@ -5,13 +5,14 @@ gunicorn as `make run` does (bench_console.gunicorn: 2 sync workers, a query-cou
 logs `--consoles` sessions in and measures twice for `--seconds` each:
 
 1. idle: nobody polls; what the database does anyway (autovacuum, the stats collector);
-2. polling: each console polls the inbox's live fragment every 5 s, as templates/console/
-   inbox.html does, sending back the ETag it got (as the browser's cache does), staggered.
+2. polling: after each console's first poll (a 200 and its ETag, untimed), each polls the
+   inbox's live fragment every 5 s, as templates/console/inbox.html does, sending back the ETag
+   (as the browser's cache does), staggered over the 5 s.
 
 For each phase it reads this database's pg_stat_database counters (transactions, tuples
-returned and fetched, buffer reads) and the CPU time of every PostgreSQL process on the machine
-(/proc; machine-wide, so other work on the server shows up in it). Ends with one JSON line:
-requests/s, p50/p95 ms, the answers (304 / 200) and queries per unchanged poll, and the deltas.
+returned and fetched, buffer reads) and the CPU time of the backends connected to this database
+(/proc, when PostgreSQL runs on this machine). Ends with one JSON line: requests/s, p50/p95 ms,
+the answers (304 / 200), queries per unchanged poll, and the phases' deltas.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 from django.db import connection
 
+from runs.models import Run
 from taskpilots.evidence import scratch
 from taskpilots.evidence.bench import percentile
 from taskpilots.evidence.bench_console import _request, bench_user, gunicorn, load, log_in
@@ -49,47 +51,47 @@ def _pg_counters() -> dict[str, int]:
         return dict(zip(COUNTERS, cursor.fetchone(), strict=True))
 
 
-def _postgres_cpu_seconds() -> float | None:
-    """utime + stime of every process named postgres (None where /proc cannot tell)."""
-    ticks, total = os.sysconf("SC_CLK_TCK"), 0
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
+def _backend_cpu() -> dict[int, float]:
+    """CPU seconds (utime + stime, /proc) of each backend connected to this database: the web
+    workers keep theirs (CONN_MAX_AGE). Empty where /proc cannot tell (another machine)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in cursor.fetchall()]
+    ticks, found = os.sysconf("SC_CLK_TCK"), {}
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat") as handle:
-                stat = handle.read()
+                fields = handle.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
-        if name.startswith("postgres"):
-            fields = rest.split()
-            total += int(fields[11]) + int(fields[12])
-    return total / ticks
+        found[pid] = (int(fields[11]) + int(fields[12])) / ticks
+    return found
 
 
 def _phase(seconds: float, work: Callable[[float], None]) -> dict:
-    before, cpu_before = _pg_counters(), _postgres_cpu_seconds()
+    before, cpu_before = _pg_counters(), _backend_cpu()
     work(time.monotonic() + seconds)
-    after, cpu_after = _pg_counters(), _postgres_cpu_seconds()
+    after, cpu_after = _pg_counters(), _backend_cpu()
     deltas = {name: after[name] - before[name] for name in COUNTERS}
     # Less this process's own two reads of the counters (and their clear_snapshot).
     deltas["xact_commit"] = max(0, deltas["xact_commit"] - 2)
-    cpu = None if cpu_before is None or cpu_after is None else round(cpu_after - cpu_before, 2)
-    return {"seconds": seconds, "pg": deltas, "postgres_cpu_s": cpu}
+    cpu = sum(now - cpu_before.get(pid, 0.0) for pid, now in cpu_after.items())
+    return {"seconds": seconds, "pg": deltas, "backend_cpu_s": round(cpu, 2)}
 
 
 class _Console(threading.Thread):
     """One open inbox: poll every POLL_SECONDS until `deadline`, with If-None-Match."""
 
-    def __init__(self, port: int, cookies: dict, offset: float, deadline: float, lock, out):
+    def __init__(self, port, cookies: dict, etag: str, offset: float, deadline: float, lock, out):
         super().__init__(daemon=True)
-        self.port, self.cookies, self.offset, self.deadline = port, cookies, offset, deadline
-        self.lock, self.out = lock, out
+        self.port, self.cookies, self.etag = port, cookies, etag
+        self.offset, self.deadline, self.lock, self.out = offset, deadline, lock, out
 
     def run(self) -> None:
-        etag, next_at = "", time.monotonic() + self.offset
+        etag, next_at = self.etag, time.monotonic() + self.offset
         while next_at < self.deadline:
             time.sleep(max(0.0, next_at - time.monotonic()))
             headers = {"HX-Request": "true", "HX-Target": "inbox-live"}
@@ -107,9 +109,17 @@ class _Console(threading.Thread):
 def bench_inbox(runs: int, consoles: int, seconds: float, say: Say, *, workers: int = 2) -> dict:
     load(runs, say)
     bench_user()
+    waiting = Run.objects.filter(status__in=Run.HUMAN).count()
+    say(f"{Run.objects.count()} runs, {waiting} waiting for a person (the inbox)")
     with gunicorn(workers, say) as port:
         say(f"logging {consoles} consoles in")
         sessions = [log_in(port) for _ in range(consoles)]
+        say("each console's first poll (a 200 and its ETag), untimed")
+        headers = {"HX-Request": "true", "HX-Target": "inbox-live"}
+        first = [_request(port, "GET", PATH, cookies, headers=headers) for cookies in sessions]
+        if any(status != 200 for status, _b, _h in first):
+            raise RuntimeError(f"first polls answered {sorted({s for s, _b, _h in first})}")
+        etags = [answer["ETag"] for _status, _body, answer in first]
         say(f"idle for {seconds:.0f} s (nobody polls)")
         idle = _phase(seconds, lambda deadline: time.sleep(max(0, deadline - time.monotonic())))
         say(f"idle: {idle}")
@@ -118,8 +128,8 @@ def bench_inbox(runs: int, consoles: int, seconds: float, say: Say, *, workers: 
 
         def poll(deadline: float) -> None:
             threads = [
-                _Console(port, cookies, i * POLL_SECONDS / consoles, deadline, lock, polls)
-                for i, cookies in enumerate(sessions)
+                _Console(port, cookies, etag, i * POLL_SECONDS / consoles, deadline, lock, polls)
+                for i, (cookies, etag) in enumerate(zip(sessions, etags, strict=True))
             ]
             for thread in threads:
                 thread.start()
@@ -147,6 +157,7 @@ def bench_inbox(runs: int, consoles: int, seconds: float, say: Say, *, workers: 
             str(s): sum(1 for st, _e, _q in polls if st == s) for s in {p[0] for p in polls}
         },
         "queries_per_unchanged_poll": max(unchanged) if unchanged else None,
+        "waiting_runs": waiting,
         "idle": idle,
         "polling": polling,
         "pg_xacts_per_poll": round(
