@@ -82,6 +82,18 @@ def _phase(seconds: float, work: Callable[[float], None]) -> dict:
     return {"seconds": seconds, "pg": deltas, "backend_cpu_s": round(cpu, 2)}
 
 
+def stamp_ms(samples: int = 20) -> float:
+    """The inbox stamp's execution time in PostgreSQL (EXPLAIN ANALYZE), the median of `samples`."""
+    from approvals.live import _INBOX_STAMP, _sql
+
+    times = []
+    with connection.cursor() as cursor:
+        for _ in range(samples):
+            cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _sql(_INBOX_STAMP))
+            times.append(cursor.fetchone()[0][0]["Execution Time"])
+    return round(percentile(times, 50), 3)
+
+
 class _Console(threading.Thread):
     """One open inbox: poll every POLL_SECONDS until `deadline`, with If-None-Match."""
 
@@ -106,8 +118,10 @@ class _Console(threading.Thread):
             next_at += POLL_SECONDS
 
 
-def bench_inbox(runs: int, consoles: int, seconds: float, say: Say, *, workers: int = 2) -> dict:
-    load(runs, say)
+def bench_inbox(
+    runs: int, consoles: int, seconds: float, say: Say, *, workers: int = 2, vacuum: bool = True
+) -> dict:
+    load(runs, say, vacuum=vacuum)
     bench_user()
     waiting = Run.objects.filter(status__in=Run.HUMAN).count()
     say(f"{Run.objects.count()} runs, {waiting} waiting for a person (the inbox)")
@@ -158,6 +172,7 @@ def bench_inbox(runs: int, consoles: int, seconds: float, say: Say, *, workers: 
         },
         "queries_per_unchanged_poll": max(unchanged) if unchanged else None,
         "waiting_runs": waiting,
+        "stamp_query_ms": stamp_ms(),
         "idle": idle,
         "polling": polling,
         "pg_xacts_per_poll": round(
