@@ -118,6 +118,11 @@ class _Console(threading.Thread):
             next_at += POLL_SECONDS
 
 
+def _p95(polls, status: int) -> float | None:
+    times = [elapsed for answer, elapsed, _q in polls if answer == status]
+    return round(percentile(times, 95), 1) if times else None
+
+
 def bench_inbox(
     runs: int, consoles: int, seconds: float, say: Say, *, workers: int = 2, vacuum: bool = True
 ) -> dict:
@@ -167,6 +172,9 @@ def bench_inbox(
         "requests_per_s": round(len(polls) / seconds, 1),
         "p50_ms": round(percentile(times, 50) or 0, 1),
         "p95_ms": round(percentile(times, 95) or 0, 1),
+        # Unchanged polls, and the renders (the once-a-minute refresh, or a change).
+        "p95_ms_304": _p95(polls, 304),
+        "p95_ms_200": _p95(polls, 200),
         "answers": {
             str(s): sum(1 for st, _e, _q in polls if st == s) for s in {p[0] for p in polls}
         },
