@@ -23,7 +23,13 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from approvals import untrusted, viewer_time
-from approvals.models import ApprovalRequest, DecisionVerb, EscalationRule, HumanDecision
+from approvals.models import (
+    ApprovalRequest,
+    DecisionVerb,
+    EscalationRule,
+    HumanDecision,
+    SoftClaim,
+)
 from approvals.permissions import (
     is_admin,  # noqa: F401  (approvals/metrics_views.py reads it here)
     may_act,
@@ -207,6 +213,9 @@ def inbox_queryset(user, *, queue="", workflow="", reason="", owner="") -> Query
         runs = runs.filter(owner=user)
     elif owner == "unassigned":
         runs = runs.filter(owner__isnull=True)
+    elif owner == "unclaimed":  # nobody said “I'll handle it” (approvals/live.py)
+        claimed = SoftClaim.objects.filter(run=OuterRef("pk"), expires_at__gt=timezone.now())
+        runs = runs.filter(~Exists(claimed))
     return (
         runs.select_related("owner")
         .annotate(current=_current_step_subquery())

@@ -27,7 +27,12 @@ class InboxFilterForm(forms.Form):
     owner = forms.ChoiceField(
         label=_("Owner"),
         required=False,
-        choices=[("", _("Anyone")), ("mine", _("Mine")), ("unassigned", _("Unassigned"))],
+        choices=[
+            ("", _("Anyone")),
+            ("mine", _("Mine")),
+            ("unassigned", _("Unassigned")),
+            ("unclaimed", _("Nobody handling it")),
+        ],
     )
 
     def __init__(self, *args, queues=(), workflows=(), **kwargs):

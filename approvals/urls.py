@@ -35,3 +35,13 @@ urlpatterns += rules_urlpatterns
 from approvals.mismatch_views import urlpatterns as mismatch_urlpatterns  # noqa: E402
 
 urlpatterns += mismatch_urlpatterns
+
+# The live console (approvals/live_views.py): conditional polls, presence, soft claims.
+from approvals import live_views  # noqa: E402
+
+urlpatterns += [
+    path("live/inbox/", live_views.inbox_live, name="inbox-live"),
+    path("runs/<uuid:run_id>/live/", live_views.run_live, name="run-live"),
+    path("runs/<uuid:run_id>/live/main/", live_views.run_main_live, name="run-main-live"),
+    path("runs/<uuid:run_id>/claim/<slug:verb>/", live_views.run_claim, name="run-claim"),
+]

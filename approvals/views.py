@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import actions, console, paging, untrusted
+from approvals import actions, console, live, paging, untrusted
 from approvals.forms import (
     ActionForm,
     ApproveForm,
@@ -81,6 +81,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     page = _page(request, runs)
     for run in page.object_list:
         run.reason = console.reason_of(run.current)
+    live.attach_claims(page.object_list)
     context = {
         "form": form,
         "page": page,
@@ -377,6 +378,13 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
     form = _bind(spec, request, run)
     if not form.is_valid():
         return _answer(request, run, status=422, error=_("Check the form."), bound={action: form})
+    held = live.claim_held_by_other(run, request.user)
+    if held and request.POST.get("despite_claim") != "1":
+        # A soft claim warns, it does not refuse: the forms come back carrying the confirmation.
+        error = live.claim_warning(held)
+        return _answer(
+            request, run, status=422, error=error, bound={action: form}, despite_claim=True
+        )
     try:
         message = spec.perform(run, request.user, form.cleaned_data, request)
     except actions.DecisionConflict:
@@ -406,16 +414,16 @@ def _fresh(run: Run) -> Run:
     return Run.objects.select_related("owner").get(pk=run.pk)
 
 
-def _answer(request, run, *, status, success="", error="", bound=None) -> HttpResponse:
+def _answer(request, run, *, status, success="", error="", bound=None, **extra) -> HttpResponse:
     """htmx: the refreshed run (header, steps, actions) with the outcome; otherwise the page
     itself (errors) or a redirect to it (success, so a reload does not post again)."""
     if not request.htmx:
         if status == 200:
             messages.success(request, success)
             return redirect(reverse("console:run-detail", args=[run.pk]), permanent=False)
-        context = _detail_context(request, _fresh(run), error=error, bound=bound)
+        context = _detail_context(request, _fresh(run), error=error, bound=bound, **extra)
         return render(request, "console/run_detail.html", context, status=status)
     if status == 409:
         run, bound = _fresh(run), None
-    context = _detail_context(request, run, success=success, error=error, bound=bound)
+    context = _detail_context(request, run, success=success, error=error, bound=bound, **extra)
     return render(request, "console/run_detail.html#run-main", context, status=status)

@@ -35,7 +35,7 @@ _SWAP = (
 
 class Migration(migrations.Migration):
     atomic = False
-    dependencies = [("approvals", "0016_history_timeline_failure_idx")]
+    dependencies = [("approvals", "0018_live_claims")]
 
     operations = [
         migrations.RunSQL(

@@ -29,3 +29,28 @@
     }
   });
 })();
+
+// The live bar (templates/console/_live_bar.html) says when the run changed since this page
+// was rendered: the page's action buttons are then disabled until it is reloaded (the server's
+// version check stays the final guard).
+(function () {
+  "use strict";
+  document.addEventListener("htmx:afterSettle", function () {
+    var main = document.getElementById("run-main");
+    if (!main) return;
+    var stale = document.querySelector("#live [data-live-stale]") !== null;
+    main.classList.toggle("is-stale", stale);
+    var buttons = main.querySelectorAll(".actions .action-form button[type=submit]");
+    for (var i = 0; i < buttons.length; i++) {
+      var button = buttons[i];
+      if (stale && !button.disabled) {
+        button.disabled = true;
+        button.setAttribute("data-live-disabled", "");
+      } else if (!stale && button.hasAttribute("data-live-disabled")) {
+        // A poll that crossed this page's own action: the fresh page is not stale after all.
+        button.disabled = false;
+        button.removeAttribute("data-live-disabled");
+      }
+    }
+  });
+})();

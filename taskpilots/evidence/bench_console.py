@@ -208,9 +208,9 @@ def _wait_until_up(port: int, process: subprocess.Popen, timeout: float = 60) ->
 # The client
 
 
-def _request(port: int, method: str, path: str, cookies: dict, body: str = ""):
+def _request(port: int, method: str, path: str, cookies: dict, body: str = "", headers=None):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    headers = {"Host": "127.0.0.1"}
+    headers = {"Host": "127.0.0.1", **(headers or {})}
     if cookies:
         headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
     if body:

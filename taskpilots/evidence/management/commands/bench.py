@@ -12,12 +12,18 @@ class Command(BaseCommand):
         "Benchmarks (docs/benchmarks.md): engine (throughput vs plain PostgreSQL commits and vs "
         "DBOS), snapshot (a side-effect step vs the bare call), recovery (kill/approval/event to "
         "next step), io (waiting runs in flight on make run's workers vs DBOS), console (every "
-        "console page through gunicorn at --runs fake runs: p50, p95, queries). Runs in a scratch "
-        "database next to the configured one; ends with a JSON line."
+        "console page through gunicorn at --runs fake runs: p50, p95, queries), inbox "
+        "(--consoles open inboxes polling for --seconds: requests/s, p95, PostgreSQL work against "
+        "idle). Runs in a scratch database next to the configured one; ends with a JSON line."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("which", choices=["engine", "snapshot", "recovery", "io", "console"])
+        parser.add_argument(
+            "which", choices=["engine", "snapshot", "recovery", "io", "console", "inbox"]
+        )
+        # inbox: how many open inboxes poll, and for how long (and as long again idle).
+        parser.add_argument("--consoles", type=int, default=50)
+        parser.add_argument("--seconds", type=float, default=20.0)
         parser.add_argument("--runs", type=int, default=500)
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--samples", type=int, default=200)
@@ -52,8 +58,11 @@ class Command(BaseCommand):
             for name, value in io.items():
                 if value is not None:
                     argv += [f"--{name.replace('_', '-')}", str(value)]
+            argv += ["--consoles", str(options["consoles"]), "--seconds", str(options["seconds"])]
             if which == "console":
                 from taskpilots.evidence.bench_console import run_in_scratch_database
+            elif which == "inbox":
+                from taskpilots.evidence.bench_live import run_in_scratch_database
             else:
                 run_in_scratch_database = bench.run_in_scratch_database
             raise SystemExit(run_in_scratch_database(argv, bench.to_stderr))
@@ -75,6 +84,13 @@ class Command(BaseCommand):
             from taskpilots.evidence.bench_console import bench_console
 
             result = bench_console(runs, say, workers=workers)
+        elif which == "inbox":
+            from taskpilots.evidence.bench_live import bench_inbox
+
+            if options["consoles"] < 1 or options["seconds"] < 5:
+                raise CommandError("--consoles must be at least 1 and --seconds at least 5")
+            consoles, seconds = options["consoles"], options["seconds"]
+            result = bench_inbox(runs, consoles, seconds, say, workers=workers)
         elif which == "snapshot":
             result = bench.bench_snapshot(samples, say)
         else:
