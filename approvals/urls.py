@@ -30,3 +30,8 @@ urlpatterns = [
 from approvals.rules_views import urlpatterns as rules_urlpatterns  # noqa: E402
 
 urlpatterns += rules_urlpatterns
+
+# Bulk actions on the filtered runs (approvals/bulk_views.py).
+from approvals.bulk_views import urlpatterns as bulk_urlpatterns  # noqa: E402
+
+urlpatterns += bulk_urlpatterns
