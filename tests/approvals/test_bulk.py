@@ -180,12 +180,15 @@ def test_console_refuses_cancel_to_support(client, support_user):
     assert response.status_code == 403 and not BulkAction.objects.exists()
 
 
+def preview_body(**fields) -> dict:
+    return {"user": "sam-support", "action": "retry", **fields}
+
+
 def test_api_preview_execute_and_read(sandbox, support_user):
     outage_parked_runs(sandbox, 2)
     agent, credentials = ApiClient.issue("ops", ApiScope.values)
     api = Api(bearer(credentials.token))
-    status, body = api.post("/bulk-actions/preview", {"user": "sam-support", "action": "retry",
-                                                      "filters": {"reason": "outage"}})  # fmt: skip
+    status, body = api.post("/bulk-actions/preview", preview_body(filters={"reason": "outage"}))
     assert status == 200, body
     assert body["counts"]["pending"] == 2 and body["status"] == "previewed"
     status, body = api.post(f"/bulk-actions/{body['id']}/execute", {"user": "sam-support"})
@@ -200,14 +203,11 @@ def test_api_preview_execute_and_read(sandbox, support_user):
 def test_api_bad_input_is_422_and_writes_nothing(support_user):
     agent, credentials = ApiClient.issue("ops", ApiScope.values)
     api = Api(bearer(credentials.token))
-    status, body = api.post("/bulk-actions/preview", {"user": "sam-support", "action": "retry",
-                                                      "filters": {"reason": "gremlins"}})  # fmt: skip
+    status, body = api.post("/bulk-actions/preview", preview_body(filters={"reason": "gremlins"}))
     assert status == 422 and "gremlins" in str(body)
-    status, body = api.post("/bulk-actions/preview", {"user": "sam-support", "action": "retry",
-                                                      "filters": {"colour": "red"}})  # fmt: skip
+    status, body = api.post("/bulk-actions/preview", preview_body(filters={"colour": "red"}))
     assert status == 422
-    status, body = api.post("/bulk-actions/preview", {"user": "sam-support", "action": "cancel",
-                                                      "comment": "x"})  # fmt: skip
+    status, body = api.post("/bulk-actions/preview", preview_body(action="cancel", comment="x"))
     assert status == 403
     assert not BulkAction.objects.exists()
     assert api.get("/bulk-actions/99")[0] == 404
