@@ -33,6 +33,7 @@ from approvals.permissions import ActionForbidden, can_act, check_may_act, is_ad
 from runs import tools as tool_registry
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
 from runs.tools import CallContext, ToolError
+from runs.verbs import Verb
 
 FILTERS = ("workflow", "step", "tool", "reason", "queue", "status", "owner", "date_from", "date_to")
 # A running job whose worker has not moved it for this long is enqueued again by the sweep.
@@ -421,7 +422,7 @@ def execute_item(bulk: BulkAction, item_id: int) -> bool:
         item.decision = decision
         TimelineEvent.append(
             item.run_id,
-            "bulk_action.applied",
+            Verb.BULK_ACTION_APPLIED,
             {
                 "bulk_action": bulk.pk,
                 "action": bulk.action,
