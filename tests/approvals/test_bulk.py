@@ -229,3 +229,27 @@ def test_a_stale_running_job_is_enqueued_again(sandbox, support_user):
     assert bulk.resume_stale(now=timezone.now() + timedelta(seconds=bulk.STALE_SECONDS + 1)) == [
         job.pk
     ]
+
+
+def test_preview_and_pages_cost_the_same_queries_for_more_runs(
+    client, sandbox, support_user, query_count
+):
+    def costs(n):
+        filters = {"status": "needs_human", "reason": "outage"}
+        with query_count() as preview_queries:
+            job = bulk.preview(support_user, "retry", filters, {})
+        assert job.items.count() == n
+        with query_count() as page_queries:
+            assert client.get(reverse("console:bulk-detail", args=[job.pk])).status_code == 200
+        bulk.start(job, support_user)
+        bulk.execute(job.pk)
+        with query_count() as result_queries:
+            assert client.get(reverse("console:bulk-detail", args=[job.pk])).status_code == 200
+        return len(preview_queries), len(page_queries), len(result_queries)
+
+    client.force_login(support_user)
+    bulk.can_act(support_user)  # the user's roles, read once and kept on the user object
+    outage_parked_runs(sandbox, 1)
+    one = costs(1)
+    outage_parked_runs(sandbox, 3)  # the first one now runs: not matched again
+    assert costs(3) == one
