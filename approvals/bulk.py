@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
@@ -34,6 +35,8 @@ from runs import tools as tool_registry
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
 from runs.tools import CallContext, ToolError
 from runs.verbs import Verb
+
+logger = logging.getLogger("taskpilots.console")
 
 FILTERS = ("workflow", "step", "tool", "reason", "queue", "status", "owner", "date_from", "date_to")
 # A running job whose worker has not moved it for this long is enqueued again by the sweep.
@@ -356,8 +359,12 @@ def enqueue(bulk_id: int) -> None:
 
     from approvals.tasks import run_bulk_action
 
-    if settings.TASKPILOTS["DISPATCH"] == "celery":
+    if settings.TASKPILOTS["DISPATCH"] != "celery":
+        return
+    try:
         run_bulk_action.delay(bulk_id)
+    except Exception:  # the broker being down only delays the job: the sweep enqueues it again
+        logger.warning("could not enqueue bulk action %s; the sweep will pick it up", bulk_id)
 
 
 def execute(bulk_id: int) -> int:
@@ -411,6 +418,10 @@ def execute_item(bulk: BulkAction, item_id: int) -> bool:
             _finish(
                 item, BulkItemStatus.SKIPPED, _("Not available any more: %(why)s") % {"why": exc}
             )
+            return True
+        except Exception as exc:  # the action's savepoint is rolled back: nothing was done
+            logger.exception("bulk action %s: run %s failed", bulk.pk, item.run_id)
+            _finish(item, BulkItemStatus.FAILED, f"{type(exc).__name__}: {exc}")
             return True
         finally:
             actions.BULK_ACTION.reset(token)

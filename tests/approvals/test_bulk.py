@@ -253,3 +253,23 @@ def test_preview_and_pages_cost_the_same_queries_for_more_runs(
     one = costs(1)
     outage_parked_runs(sandbox, 3)  # the first one now runs: not matched again
     assert costs(3) == one
+
+
+def test_an_action_that_breaks_fails_its_run_only(sandbox, support_user, monkeypatch):
+    first, second = outage_parked_runs(sandbox, 2)
+    job = bulk.start(bulk.preview(support_user, "retry", {}, {}), support_user)
+    real = actions.retry_step
+
+    def breaks_on_first(run_id, *args, **kwargs):
+        if run_id == first.pk:
+            raise RuntimeError("the mail adapter broke")
+        return real(run_id, *args, **kwargs)
+
+    monkeypatch.setattr(actions, "retry_step", breaks_on_first)
+    bulk.execute(job.pk)
+    failed = job.items.get(run=first)
+    assert failed.status == "failed" and "the mail adapter broke" in failed.reason
+    assert fresh(first).lock_version == failed.expected_version  # untouched
+    assert not HumanDecision.objects.filter(run=first).exists() and applied(first) == 0
+    assert job.items.get(run=second).status == "done"
+    assert BulkAction.objects.get(pk=job.pk).status == "done"
