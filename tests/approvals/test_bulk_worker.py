@@ -19,7 +19,12 @@ from taskpilots.celery import app as celery_app
 from tests.approvals.bulk_helpers import outage_parked_runs
 from tests.worker import Workers, wait_for
 
-pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.worker,
+    pytest.mark.django_db(transaction=True),
+    # Parking the runs with the engine in-process is most of it (~0.1 s a run).
+    pytest.mark.timeout(240),
+]
 
 RUNS = 60
 

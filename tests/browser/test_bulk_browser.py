@@ -21,7 +21,13 @@ from tests.approvals.bulk_helpers import outage_parked_runs
 from tests.browser.conftest import log_in
 from tests.worker import Workers, wait_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.worker,
+    pytest.mark.django_db(transaction=True),
+    # Parking the runs with the engine in-process is most of it (~0.1 s a run).
+    pytest.mark.timeout(300),
+]
 
 RUNS = 200
 
