@@ -169,6 +169,7 @@ def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) 
     runs = runs[:MAX_RUNS]
     steps = Step.objects.in_bulk([r.current_step_id for r in runs if r.current_step_id])
     effects = _open_effects(steps.values()) if action.startswith("confirm") else {}
+    unreachable: dict[str, str] = {}  # systems whose lookup failed: not asked again
     with transaction.atomic():
         bulk = BulkAction.objects.create(
             action=action, user=user, filters=filters, params=params, matched=matched
@@ -176,7 +177,8 @@ def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) 
         items = []
         for position, run in enumerate(runs):
             step = steps.get(run.current_step_id)
-            plan = Plan(bulk, user, run, step, effects.get(step.pk) if step else None)
+            effect = effects.get(step.pk) if step else None
+            plan = Plan(bulk, user, run, step, effect, unreachable)
             items.append(plan.item(position))
         BulkActionItem.objects.bulk_create(items, batch_size=500)
     return bulk
@@ -197,6 +199,9 @@ class Plan:
     run: Run
     step: Step | None
     effect: SideEffect | None
+    # Systems that did not answer a lookup in this preview, and what they said: a system that
+    # is down is asked once, not once per run.
+    unreachable: dict[str, str]
 
     def item(self, position: int) -> BulkActionItem:
         evidence: dict = {}
@@ -268,9 +273,12 @@ class Plan:
                 "why": _("%(tool)s cannot be asked by key.") % {"tool": step.tool},
             }
         ctx = CallContext(self.effect.idempotency_key, str(self.run.pk), step.name, 0, 5.0)
+        if system in self.unreachable:
+            return {**evidence, "found": None, "why": self.unreachable[system]}
         try:
             answer = tool.lookup(self.effect.idempotency_key, ctx)
         except ToolError as exc:
+            self.unreachable[system] = exc.message[:300]
             return {**evidence, "found": None, "why": exc.message[:300]}
         return {**evidence, "found": answer.found, "id": answer.external_id, "source": "lookup"}
 

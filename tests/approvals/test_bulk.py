@@ -273,3 +273,14 @@ def test_an_action_that_breaks_fails_its_run_only(sandbox, support_user, monkeyp
     assert not HumanDecision.objects.filter(run=first).exists() and applied(first) == 0
     assert job.items.get(run=second).status == "done"
     assert BulkAction.objects.get(pk=job.pk).status == "done"
+
+
+def test_a_system_that_does_not_answer_gives_no_evidence(sandbox, support_user):
+    from tests.runs.test_changed_result import parked_on_a_changed_result
+
+    parked_on_a_changed_result(sandbox)
+    sandbox.inject("payments", "503", action="by-key", count=-1)
+    job = bulk.preview(support_user, "confirm_happened", {}, {"comment": "checked"})
+    item = job.items.get()
+    assert item.status == "skipped" and "No evidence" in item.reason and "503" in item.reason
+    assert item.evidence["found"] is None
