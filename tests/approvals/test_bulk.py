@@ -174,7 +174,8 @@ def test_console_preview_then_execute(client, sandbox, support_user, settings):
     assert "2 of 2 runs handled: 2 done" in text and "bulk-item--done" in text
     # The run's own pages name the bulk action: its events and its decisions.
     run_id = job.items.first().run_id
-    for tab, marker in (("events", "bulk_action.applied"), ("decisions", "retried")):
+    decisions = ("decisions", f"as part of bulk action #{job.pk}")
+    for tab, marker in (("events", "bulk_action.applied"), decisions):
         url = reverse("console:run-detail", args=[run_id]) + f"?tab={tab}"
         assert marker in client.get(url).content.decode(), tab
 
