@@ -27,6 +27,11 @@ from runs.api.base import (
 from runs.api.errors import ApiError
 from runs.api.models import ApiScope
 from runs.api.schema import free_text
+from runs.models import FailureClass, Run
+
+DAY = r"^(\d{4}-\d{2}-\d{2})?$"
+Reason = Literal[("", "approval", *FailureClass.values)]
+Status = Literal[("", "inbox", *(s for s in Run.Status.values if s not in Run.TERMINAL))]
 
 router = Router()
 
@@ -35,12 +40,12 @@ class BulkFiltersIn(StrictIn):
     workflow: str = Field("", max_length=100)
     step: str = Field("", max_length=100)
     tool: str = Field("", max_length=200)
-    reason: str = Field("", max_length=50, description="a failure class, or `approval`")
+    reason: Reason = Field("", description="a failure class, or `approval`")
     queue: str = Field("", max_length=100)
-    status: str = Field("", max_length=20, description="a run status, or `inbox`")
+    status: Status = Field("", description="an unfinished run status, or `inbox`")
     owner: Literal["", "mine", "unassigned"] = ""
-    date_from: str = Field("", max_length=10, description="YYYY-MM-DD (started on or after)")
-    date_to: str = Field("", max_length=10, description="YYYY-MM-DD (started on or before)")
+    date_from: str = Field("", pattern=DAY, description="YYYY-MM-DD: started on or after")
+    date_to: str = Field("", pattern=DAY, description="YYYY-MM-DD: started on or before")
 
 
 class BulkPreviewIn(StrictIn):
@@ -134,7 +139,8 @@ def preview(request, body: BulkPreviewIn):
     try:
         job = bulk.preview(user, body.action, body.filters.model_dump(), params)
     except bulk.BulkError as exc:
-        raise ApiError(422, "invalid", str(exc), field=exc.field) from None
+        field = f"filters.{exc.field}" if exc.field in bulk.FILTERS else exc.field
+        raise ApiError(422, "invalid", str(exc), field=field) from None
     except actions.ActionForbidden as exc:
         raise ApiError(403, exc.code, str(exc), field="user") from None
     client.touch()
