@@ -190,6 +190,17 @@ def _open_effects(steps) -> dict[int, SideEffect]:
     return {e.step_id: e for e in found if keys.get(e.step_id) == e.idempotency_key}
 
 
+# How check_may_act names each action ("only they or an admin can <phrase> it").
+ACTION_PHRASES = {
+    BulkVerb.RETRY: "retry a step of",
+    BulkVerb.CONFIRM_HAPPENED: "settle an outcome of",
+    BulkVerb.CONFIRM_NOT_HAPPENED: "settle an outcome of",
+    BulkVerb.RELEASE: "release",
+    BulkVerb.REASSIGN: "reassign",
+    BulkVerb.CANCEL: "cancel",
+}
+
+
 @dataclass
 class Plan:
     """What the bulk action will do to one run as it stands now, or why it will not."""
@@ -206,7 +217,7 @@ class Plan:
     def item(self, position: int) -> BulkActionItem:
         evidence: dict = {}
         try:
-            check_may_act(self.run, self.user, self.bulk.get_action_display().lower())
+            check_may_act(self.run, self.user, ACTION_PHRASES[self.bulk.action])
             plan, evidence = getattr(self, f"_{self.bulk.action}")()
             status, reason = BulkItemStatus.PENDING, ""
         except (ActionForbidden, Skip) as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
+from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -14,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from approvals import actions, bulk
 from approvals.bulk_models import MAX_RUNS, BulkAction, BulkItemStatus, BulkVerb
 from approvals.permissions import ACT, ActionForbidden, forbidden, is_admin, require_role
+from runs.models import FailureClass, Run
 
 FILTER_LABELS = {
     "workflow": gettext_lazy("Workflow"),
@@ -22,12 +24,23 @@ FILTER_LABELS = {
     "reason": gettext_lazy("Failure class"),
     "queue": gettext_lazy("Queue"),
     "status": gettext_lazy("Status"),
-    "owner": gettext_lazy("Owner (mine, unassigned)"),
+    "owner": gettext_lazy("Owner"),
     "date_from": gettext_lazy("Started from"),
     "date_to": gettext_lazy("Started to"),
 }
 SAMPLE = 20
 RESULT_PAGE = 200
+
+
+def _options() -> dict[str, list[tuple[str, str]]]:
+    """The filters with a fixed set of values, as (value, label) for a select ("" = any)."""
+    anything = [("", "—")]
+    unfinished = [(v, t) for v, t in Run.Status.choices if v not in Run.TERMINAL]
+    return {
+        "reason": anything + [("approval", _("Approval"))] + list(FailureClass.choices),
+        "status": anything + [("inbox", _("Waiting for a person (the inbox)"))] + unfinished,
+        "owner": anything + [("mine", _("Taken over by me")), ("unassigned", _("Unassigned"))],
+    }
 
 
 def _form_context(request, values: dict, error: str = "", field: str | None = None) -> dict:
@@ -38,7 +51,9 @@ def _form_context(request, values: dict, error: str = "", field: str | None = No
     ]
     return {
         "values": values,
-        "filters": [(n, FILTER_LABELS[n], values.get(n, "")) for n in bulk.FILTERS],
+        "filters": [
+            (n, FILTER_LABELS[n], values.get(n, ""), _options().get(n)) for n in bulk.FILTERS
+        ],
         "actions": actions_offered,
         "error": error,
         "error_field": field,
@@ -82,7 +97,8 @@ def _job(request, bulk_id) -> BulkAction:
 def bulk_detail(request: HttpRequest, bulk_id: int) -> HttpResponse:
     job = _job(request, bulk_id)
     items = job.items.select_related("run", "run__owner").order_by("position")
-    context = {"job": job, "counts": job.counts(), "max_runs": MAX_RUNS}
+    evidence = job.action.startswith("confirm")
+    context = {"job": job, "counts": job.counts(), "max_runs": MAX_RUNS, "evidence": evidence}
     if job.status == BulkAction.Status.PREVIEWED:
         context["sample"] = list(items.filter(status=BulkItemStatus.PENDING)[:SAMPLE])
         context["skipped"] = list(items.filter(status=BulkItemStatus.SKIPPED)[:RESULT_PAGE])
