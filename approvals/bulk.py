@@ -361,10 +361,7 @@ def start(bulk: BulkAction, user) -> BulkAction:
             "not_yours", _("Only the person who previewed it or an admin may run it.")
         )
     with transaction.atomic():
-        updated = BulkAction.objects.filter(pk=bulk.pk, status=BulkAction.Status.PREVIEWED).update(
-            status=BulkAction.Status.RUNNING, started_at=timezone.now(), heartbeat_at=timezone.now()
-        )
-        if not updated:
+        if not bulk.begin():
             raise actions.DecisionConflict(_("This bulk action has already been started."))
         transaction.on_commit(lambda: enqueue(bulk.pk))
     bulk.refresh_from_db()
@@ -387,47 +384,35 @@ def enqueue(bulk_id: int) -> None:
 
 
 def execute(bulk_id: int) -> int:
-    """Carry out every pending item (the task's body; safe to run twice, or two at once)."""
+    """Carry out every pending item (the task's body; safe to run twice, or two at once: each
+    takes the next item nobody holds, and the last one out marks the job done)."""
     bulk = BulkAction.objects.select_related("user").get(pk=bulk_id)
     if bulk.status != BulkAction.Status.RUNNING:
         return 0
-    done = 0
-    while True:
-        item_id = (
-            BulkActionItem.objects.filter(bulk_action=bulk, status=BulkItemStatus.PENDING)
-            .order_by("position")
-            .values_list("pk", flat=True)
-            .first()
-        )
-        if item_id is None:
-            break
-        if execute_item(bulk, item_id):
-            done += 1
-        BulkAction.objects.filter(pk=bulk.pk).update(heartbeat_at=timezone.now())
-    with transaction.atomic():
-        if not BulkActionItem.objects.filter(
-            bulk_action=bulk, status=BulkItemStatus.PENDING
-        ).exists():
-            BulkAction.objects.filter(pk=bulk.pk, status=BulkAction.Status.RUNNING).update(
-                status=BulkAction.Status.DONE, finished_at=timezone.now()
-            )
-    return done
+    handled = 0
+    while execute_next(bulk):
+        handled += 1
+        bulk.beat()
+    bulk.finish_if_done()
+    return handled
 
 
-def execute_item(bulk: BulkAction, item_id: int) -> bool:
-    """One item, in one transaction: act, record, mark. False when someone else holds it or
-    it is no longer pending."""
+def execute_next(bulk: BulkAction) -> bool:
+    """The next pending item nobody holds, in one transaction: act, record, mark. False when
+    there is none."""
     with transaction.atomic():
         item = (
             BulkActionItem.objects.select_for_update(skip_locked=True)
-            .filter(pk=item_id, status=BulkItemStatus.PENDING)
+            .filter(bulk_action=bulk, status=BulkItemStatus.PENDING)
+            .order_by("position")
             .first()
         )
         if item is None:
             return False
         token = actions.BULK_ACTION.set(bulk.pk)
         try:
-            _act(bulk, item)
+            with transaction.atomic():  # a savepoint: whatever fails leaves the item markable
+                _act(bulk, item)
         except actions.DecisionConflict as exc:
             _finish(
                 item, BulkItemStatus.SKIPPED, _("Changed since the preview: %(why)s") % {"why": exc}
@@ -449,7 +434,6 @@ def execute_item(bulk: BulkAction, item_id: int) -> bool:
             .order_by("-id")
             .first()
         )
-        item.decision = decision
         TimelineEvent.append(
             item.run_id,
             Verb.BULK_ACTION_APPLIED,
@@ -460,13 +444,12 @@ def execute_item(bulk: BulkAction, item_id: int) -> bool:
             },
             actor=f"user:{bulk.user.get_username()}",
         )
-        _finish(item, BulkItemStatus.DONE, "")
+        _finish(item, BulkItemStatus.DONE, "", decision)
     return True
 
 
-def _finish(item: BulkActionItem, status: str, reason: str) -> None:
-    item.status, item.reason, item.finished_at = status, reason[:2000], timezone.now()
-    item.save(update_fields=["status", "reason", "finished_at", "decision"])
+def _finish(item: BulkActionItem, status: str, reason: str, decision=None) -> None:
+    item.finish(status, reason, decision)
 
 
 def _act(bulk: BulkAction, item: BulkActionItem) -> None:
@@ -512,6 +495,6 @@ def resume_stale(now=None) -> list[int]:
         ).values_list("pk", flat=True)
     )
     for pk in stale:
-        BulkAction.objects.filter(pk=pk).update(heartbeat_at=now)
+        BulkAction(pk=pk).beat(now)
         enqueue(pk)
     return stale

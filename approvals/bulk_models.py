@@ -71,6 +71,29 @@ class BulkAction(models.Model):
     def __str__(self) -> str:
         return f"bulk action #{self.pk} ({self.action})"
 
+    def begin(self) -> bool:
+        """previewed → running, once (False: it was started already)."""
+        now = timezone.now()
+        fields = {"status": BulkStatus.RUNNING, "started_at": now, "heartbeat_at": now}
+        if not BulkAction.objects.filter(pk=self.pk, status=BulkStatus.PREVIEWED).update(**fields):
+            return False
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return True
+
+    def beat(self, now=None) -> None:
+        """The job moves: the sweep leaves it to its worker (approvals/bulk.py resume_stale)."""
+        BulkAction.objects.filter(pk=self.pk).update(heartbeat_at=now or timezone.now())
+
+    def finish_if_done(self) -> bool:
+        """running → done once no item is pending (one statement, so two workers agree)."""
+        pending = BulkActionItem.objects.filter(bulk_action=self, status=BulkItemStatus.PENDING)
+        return bool(
+            BulkAction.objects.filter(pk=self.pk, status=BulkStatus.RUNNING)
+            .exclude(models.Exists(pending))
+            .update(status=BulkStatus.DONE, finished_at=timezone.now())
+        )
+
     @property
     def capped(self) -> bool:
         return self.matched > MAX_RUNS
@@ -114,3 +137,11 @@ class BulkActionItem(models.Model):
         ]
         indexes = [models.Index(fields=["bulk_action", "status", "position"], name="bulk_item_idx")]
         ordering = ["bulk_action", "position"]
+
+    def finish(self, status: str, reason: str = "", decision=None) -> None:
+        """Mark the item handled (inside the transaction that acted on its run, so the two
+        commit together)."""
+        fields = {"status": status, "reason": reason[:2000], "finished_at": timezone.now()}
+        BulkActionItem.objects.filter(pk=self.pk).update(decision=decision, **fields)
+        for name, value in {**fields, "decision": decision}.items():
+            setattr(self, name, value)
