@@ -289,3 +289,30 @@ def test_a_system_that_does_not_answer_gives_no_evidence(sandbox, support_user):
     item = job.items.get()
     assert item.status == "skipped" and "No evidence" in item.reason and "503" in item.reason
     assert item.evidence["found"] is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_on_the_same_job_act_on_each_run_once(sandbox, support_user):
+    import threading
+
+    from django.db import connection
+
+    runs = outage_parked_runs(sandbox, 12)
+    job = bulk.start(bulk.preview(support_user, "retry", {}, {}), support_user)
+    handled = []
+
+    def work():
+        try:
+            handled.append(bulk.execute(job.pk))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sum(handled) == 12 and len(handled) == 2
+    assert BulkAction.objects.get(pk=job.pk).status == "done"
+    for run in runs:
+        assert HumanDecision.objects.filter(run=run).count() == 1 and applied(run) == 1
