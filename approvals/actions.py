@@ -13,13 +13,14 @@ the other gets DecisionConflict saying who did what, and when.
 from __future__ import annotations
 
 import contextlib
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, HumanDecision, Takeover, params_diff, shown
-from approvals.permissions import ActionForbidden, check_may_act
+from approvals.permissions import ActionForbidden, can_act, check_may_act
 from runs import tools as tool_registry
 from runs.conditions import ConditionError, parse_text
 from runs.conditions import validate as validate_conditions
@@ -51,6 +52,11 @@ __all__ = [
     "check_may_act",
     "validate_params",
 ]
+
+
+# Set by approvals/bulk.py while it carries out one item of a bulk action: the decision the
+# action records names the bulk action (HumanDecision.bulk_action).
+BULK_ACTION: ContextVar[int | None] = ContextVar("bulk_action", default=None)
 
 
 def _actor(user) -> str:
@@ -121,6 +127,7 @@ def _decision(
         proof=proof[:2000],
         comment=comment[:4000],
         conditions=list(conditions),
+        bulk_action_id=BULK_ACTION.get(),
     )
 
 
@@ -794,4 +801,24 @@ def cancel_run(
             begin_compensation(run, f"cancelled: {reason}", actor=actor)
         else:
             run.cancel(reason, actor=actor)
+    return run
+
+
+def reassign(run_id, user, *, to, comment: str = "", expected_version=None) -> Run:
+    """Hand a taken-over run to another person: the owner's takeover ends and `to`'s begins
+    (both on the timeline), so automation still keeps its hands off the run."""
+    if not can_act(to):
+        raise ActionRefused(f"{to.get_username()} is not in the support or admin group.")
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version, user, action="reassign")
+        if run.status != Run.Status.TAKEN_OVER:
+            raise DecisionConflict("The run is not taken over.")
+        if run.owner_id == to.pk:
+            raise DecisionConflict(f"{to.get_username()} already has this run.")
+        before = run.owner.get_username()
+        Takeover.end(run, user, f"reassigned to {to.get_username()}")
+        run.release(user)
+        Takeover.begin(run, to)
+        after = {"owner": to.get_username()}
+        _decision(run, user, "reassign", before={"owner": before}, after=after, comment=comment)
     return run

@@ -126,6 +126,7 @@ VERB_LABELS = {
     DecisionVerb.SKIP: gettext_lazy("skipped the step"),
     DecisionVerb.COMPLETE_BY_HAND: gettext_lazy("marked the step done by hand"),
     DecisionVerb.CANCEL: gettext_lazy("cancelled the run"),
+    DecisionVerb.REASSIGN: gettext_lazy("reassigned the run"),
 }
 # An approval request's decision.
 DECISION_LABELS = {

@@ -371,6 +371,7 @@ class DecisionVerb(models.TextChoices):
     SKIP = "skip", "Skip step"
     COMPLETE_BY_HAND = "complete_by_hand", "Done by hand"
     CANCEL = "cancel", "Cancel run"
+    REASSIGN = "reassign", "Reassign"
 
 
 class HumanDecision(models.Model):
@@ -400,6 +401,10 @@ class HumanDecision(models.Model):
     # The conditions an approval was granted under (as on its ApprovalRequest).
     conditions = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
+    # Taken as one item of a bulk action (approvals/bulk.py), when it was.
+    bulk_action = models.ForeignKey(
+        "approvals.BulkAction", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
 
     class Meta:
         constraints = [_choices_check("verb", DecisionVerb, "decision_verb_valid")]
@@ -1231,3 +1236,6 @@ class SoftClaim(models.Model):
             expires_at=now, changed_at=now
         )
         return bool(ended)
+
+
+from approvals.bulk_models import BulkAction, BulkActionItem  # noqa: E402, F401

@@ -19,3 +19,27 @@ def rollup_metrics() -> int:
     # Safe to overlap: rollups take turns on an advisory lock and only ever replace a row by one
     # computed at a later timeline head.
     return metrics.rollup()
+
+
+@shared_task(
+    name="approvals.tasks.run_bulk_action",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+)
+def run_bulk_action(bulk_id: int) -> int:
+    # A worker killed midway hands the message on (acks_late + reject_on_worker_lost); items
+    # are marked in the transaction of their action, so a second run only does what is left.
+    from django.db import close_old_connections
+
+    from approvals import bulk
+
+    close_old_connections()
+    return bulk.execute(bulk_id)
+
+
+@shared_task(name="approvals.tasks.resume_bulk_actions", acks_late=True, ignore_result=True)
+def resume_bulk_actions() -> list[int]:
+    from approvals import bulk
+
+    return bulk.resume_stale()

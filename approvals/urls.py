@@ -45,3 +45,8 @@ urlpatterns += [
     path("runs/<uuid:run_id>/live/main/", live_views.run_main_live, name="run-main-live"),
     path("runs/<uuid:run_id>/claim/<slug:verb>/", live_views.run_claim, name="run-claim"),
 ]
+
+# Bulk actions on the filtered runs (approvals/bulk_views.py).
+from approvals.bulk_views import urlpatterns as bulk_urlpatterns  # noqa: E402
+
+urlpatterns += bulk_urlpatterns

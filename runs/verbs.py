@@ -80,6 +80,8 @@ class Verb(StrEnum):
     APPROVAL_CANCELLED = "approval.cancelled"
     TAKEOVER_STARTED = "takeover.started"
     TAKEOVER_ENDED = "takeover.ended"
+    # One run's part of a bulk action (approvals/bulk.py), after the action's own events.
+    BULK_ACTION_APPLIED = "bulk_action.applied"
     TOOL_RESUMED = "tool.resumed"
     # The engine paused a tool whose API drifted (runs.engine.routing); written on the run whose
     # call found it, and it notifies the admins.

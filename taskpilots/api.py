@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 from approvals.api import router as people
+from approvals.bulk_api import router as bulk_actions
 from runs.api.base import make_api
 from runs.api.runs import router as runs
 
 api = make_api()
 api.add_router("", runs)
 api.add_router("", people)
+api.add_router("", bulk_actions)

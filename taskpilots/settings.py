@@ -321,6 +321,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env_float("TASKPILOTS_METRICS_ROLLUP_INTERVAL", 30.0, minimum=5),
         "options": {"expires": 60},
     },
+    # Bulk actions whose worker died and whose task the broker did not hand on (approvals.bulk).
+    "bulk-actions": {
+        "task": "approvals.tasks.resume_bulk_actions",
+        "schedule": 10.0,
+        "options": {"expires": 10},
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 

@@ -44,6 +44,11 @@ def can_audit(user) -> bool:
 
 
 @register.filter
+def can_act(user) -> bool:
+    return permissions.can_act(user)
+
+
+@register.filter
 def is_console_admin(user) -> bool:
     return permissions.is_admin(user)
 

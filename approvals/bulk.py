@@ -1,0 +1,500 @@
+"""Bulk actions: retry, settle, release, reassign or cancel many runs at once, previewed first.
+
+1. `select_runs` turns the console's filters into a queryset of unfinished runs (bad filters
+   raise BulkError, nothing is written).
+2. `preview` freezes the set: one BulkActionItem per matched run (at most MAX_RUNS) with the
+   run's lock_version as shown and what the action will do to it, or why it is skipped (taken
+   over by someone else, action not available, no evidence). For unknown outcomes it asks the
+   system by key (where the tool can be asked) and keeps what it said as the item's evidence.
+3. `execute` (a Celery task, approvals/tasks.py) carries out the pending items in order, each
+   in ONE transaction: the item row locked, the single action from approvals/actions.py called
+   with the previewed version (a run that changed since is skipped, never overwritten), its
+   HumanDecision naming the bulk action, a `bulk_action.applied` timeline event, and the item
+   marked. A worker killed midway leaves no run acted on without its item marked, so the task
+   can simply run again (acks_late + reject_on_worker_lost, and `resume_stale` from the sweep).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import date, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from approvals import actions, viewer_time
+from approvals.bulk_models import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
+from approvals.models import HumanDecision
+from approvals.permissions import ActionForbidden, can_act, check_may_act, is_admin
+from runs import tools as tool_registry
+from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
+from runs.tools import CallContext, ToolError
+from runs.verbs import Verb
+
+logger = logging.getLogger("taskpilots.console")
+
+FILTERS = ("workflow", "step", "tool", "reason", "queue", "status", "owner", "date_from", "date_to")
+# A running job whose worker has not moved it for this long is enqueued again by the sweep.
+STALE_SECONDS = 30
+
+
+class BulkError(ValueError):
+    """The filters or the action's parameters are not valid (the message says why)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+# --------------------------------------------------------------------------------------------
+# Selecting
+
+
+def clean_filters(raw: dict[str, Any]) -> dict[str, str]:
+    """The filters as strings, checked: unknown names, statuses, reasons and dates refused."""
+    unknown = sorted(set(raw) - set(FILTERS))
+    if unknown:
+        raise BulkError(_("Unknown filter: %(name)s.") % {"name": unknown[0]}, unknown[0])
+    cleaned = {k: str(v).strip() for k, v in raw.items() if v not in (None, "")}
+    status = cleaned.get("status")
+    if status and status != "inbox" and (status not in Run.Status.values or status in Run.TERMINAL):
+        raise BulkError(
+            _("A bulk action acts on unfinished runs only, not on %(s)s.") % {"s": status}, "status"
+        )
+    reason = cleaned.get("reason")
+    if reason and reason != "approval" and reason not in FailureClass.values:
+        raise BulkError(_("Unknown failure class: %(r)s.") % {"r": reason}, "reason")
+    if cleaned.get("owner") not in (None, "mine", "unassigned"):
+        raise BulkError(_("owner is mine or unassigned."), "owner")
+    for name in ("date_from", "date_to"):
+        if name in cleaned:
+            try:
+                date.fromisoformat(cleaned[name])
+            except ValueError:
+                raise BulkError(
+                    _("%(name)s is not a date (YYYY-MM-DD).") % {"name": name}, name
+                ) from None
+    return cleaned
+
+
+def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
+    """Unfinished runs matching the filters, oldest first, each with its current step's id.
+    Every filter is on the run or its current (first unfinished) step."""
+    runs = Run.objects.exclude(status__in=Run.TERMINAL)
+    if filters.get("status") == "inbox":  # what the inbox lists: runs waiting for a person
+        runs = runs.filter(status__in=Run.HUMAN)
+    elif filters.get("status"):
+        runs = runs.filter(status=filters["status"])
+    for name in ("workflow", "queue"):
+        if filters.get(name):
+            runs = runs.filter(**{name: filters[name]})
+    if filters.get("owner") == "mine":
+        runs = runs.filter(owner=user)
+    elif filters.get("owner") == "unassigned":
+        runs = runs.filter(owner__isnull=True)
+    if filters.get("date_from"):
+        runs = runs.filter(
+            created_at__gte=viewer_time.start_of_day(date.fromisoformat(filters["date_from"]))
+        )
+    if filters.get("date_to"):
+        end = date.fromisoformat(filters["date_to"]) + timedelta(days=1)
+        runs = runs.filter(created_at__lt=viewer_time.start_of_day(end))
+    current = Step.objects.filter(run=OuterRef("pk"), status__in=Step.UNFINISHED).order_by(
+        "position"
+    )
+    runs = runs.annotate(current_step_id=Subquery(current.values("pk")[:1]))
+    steps = Step.objects.filter(pk=OuterRef("current_step_id"))
+    if filters.get("step"):
+        steps = steps.filter(name=filters["step"])
+    if filters.get("tool"):
+        steps = steps.filter(tool=filters["tool"])
+    reason = filters.get("reason")
+    if reason == "approval":
+        steps = steps.filter(kind="approval", status=Step.Status.NEEDS_HUMAN)
+    elif reason:
+        steps = steps.filter(error_class=reason).exclude(kind="approval")
+    if any(filters.get(n) for n in ("step", "tool", "reason")):
+        runs = runs.filter(current_step_id__in=Subquery(steps.values("pk")))
+    return runs.select_related("owner").order_by("created_at", "id")
+
+
+# --------------------------------------------------------------------------------------------
+# Previewing
+
+
+def clean_params(user, action: str, params: dict[str, Any]) -> dict[str, Any]:
+    """What the action needs, checked before anything is written."""
+    if action not in BulkVerb.values:
+        raise BulkError(_("Unknown bulk action: %(a)s.") % {"a": action}, "action")
+    if not can_act(user):
+        raise ActionForbidden("user_not_allowed", _("Your role may not act on runs."))
+    if action == BulkVerb.CANCEL and not is_admin(user):
+        raise ActionForbidden("admin_only", _("Only admins may cancel runs in bulk."))
+    comment = str(params.get("comment") or "").strip()
+    cleaned: dict[str, Any] = {"comment": comment}
+    if (
+        action in (BulkVerb.CONFIRM_HAPPENED, BulkVerb.CONFIRM_NOT_HAPPENED, BulkVerb.CANCEL)
+        and not comment
+    ):
+        raise BulkError(_("Say why (a comment is required for this action)."), "comment")
+    if action == BulkVerb.RELEASE:
+        needed = params.get("needed_engineer")
+        if isinstance(needed, str) and needed in ("yes", "no", "true", "false"):
+            needed = needed in ("yes", "true")
+        if not isinstance(needed, bool):
+            raise BulkError(
+                _("Say whether these runs needed an engineer (yes or no)."), "needed_engineer"
+            )
+        cleaned["needed_engineer"] = needed
+    if action == BulkVerb.REASSIGN:
+        target = get_user_model().objects.filter(username=str(params.get("to") or "")).first()
+        if target is None or not can_act(target):
+            raise BulkError(_("Reassign to a person in the support or admin group."), "to")
+        cleaned["to"] = target.get_username()
+    return cleaned
+
+
+def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) -> BulkAction:
+    """Freeze the set and what will happen to each run. Raises BulkError / ActionForbidden
+    before writing anything."""
+    filters = clean_filters(filters)
+    params = clean_params(user, action, params)
+    runs = list(select_runs(user, filters)[: MAX_RUNS + 1])
+    matched = len(runs) if len(runs) <= MAX_RUNS else select_runs(user, filters).count()
+    runs = runs[:MAX_RUNS]
+    steps = Step.objects.in_bulk([r.current_step_id for r in runs if r.current_step_id])
+    effects = _open_effects(steps.values()) if action.startswith("confirm") else {}
+    unreachable: dict[str, str] = {}  # systems whose lookup failed: not asked again
+    with transaction.atomic():
+        bulk = BulkAction.objects.create(
+            action=action, user=user, filters=filters, params=params, matched=matched
+        )
+        items = []
+        for position, run in enumerate(runs):
+            step = steps.get(run.current_step_id)
+            effect = effects.get(step.pk) if step else None
+            plan = Plan(bulk, user, run, step, effect, unreachable)
+            items.append(plan.item(position))
+        BulkActionItem.objects.bulk_create(items, batch_size=500)
+    return bulk
+
+
+def _open_effects(steps) -> dict[int, SideEffect]:
+    keys = {s.pk: s.idempotency_key for s in steps if s.status == Step.Status.UNKNOWN_OUTCOME}
+    found = SideEffect.objects.filter(step_id__in=keys, idempotency_key__in=keys.values())
+    return {e.step_id: e for e in found if keys.get(e.step_id) == e.idempotency_key}
+
+
+# How check_may_act names each action ("only they or an admin can <phrase> it").
+ACTION_PHRASES = {
+    BulkVerb.RETRY: "retry a step of",
+    BulkVerb.CONFIRM_HAPPENED: "settle an outcome of",
+    BulkVerb.CONFIRM_NOT_HAPPENED: "settle an outcome of",
+    BulkVerb.RELEASE: "release",
+    BulkVerb.REASSIGN: "reassign",
+    BulkVerb.CANCEL: "cancel",
+}
+
+
+@dataclass
+class Plan:
+    """What the bulk action will do to one run as it stands now, or why it will not."""
+
+    bulk: BulkAction
+    user: Any
+    run: Run
+    step: Step | None
+    effect: SideEffect | None
+    # Systems that did not answer a lookup in this preview, and what they said: a system that
+    # is down is asked once, not once per run.
+    unreachable: dict[str, str]
+
+    def item(self, position: int) -> BulkActionItem:
+        evidence: dict = {}
+        try:
+            check_may_act(self.run, self.user, ACTION_PHRASES[self.bulk.action])
+            plan, evidence = getattr(self, f"_{self.bulk.action}")()
+            status, reason = BulkItemStatus.PENDING, ""
+        except (ActionForbidden, Skip) as exc:
+            plan, status, reason = "", BulkItemStatus.SKIPPED, str(exc)
+            evidence = getattr(exc, "evidence", {})
+        return BulkActionItem(
+            bulk_action=self.bulk,
+            position=position,
+            run=self.run,
+            step=self.step,
+            expected_version=self.run.lock_version,
+            status=status,
+            plan=plan,
+            reason=reason,
+            evidence=evidence,
+        )
+
+    def _step_name(self) -> str:
+        step = self.step
+        return f"{step.name} ({step.tool})" if step and step.tool else (step.name if step else "")
+
+    def _unfinished(self) -> Step:
+        if self.run.status == Run.Status.COMPENSATING:
+            raise Skip(_("Action not available: the run is being compensated."))
+        if self.step is None:
+            raise Skip(_("Action not available: the run has no unfinished step."))
+        return self.step
+
+    def _retry(self):
+        step, S = self._unfinished(), Step.Status
+        if step.status == S.UNKNOWN_OUTCOME:
+            raise Skip(_("Action not available: the outcome is unknown; confirm it first."))
+        if step.kind == "approval":
+            raise Skip(_("Action not available: the step is an approval."))
+        retryable = step.status == S.NEEDS_HUMAN or (
+            step.status in (S.RETRY_SCHEDULED, S.WAITING)
+            and step.kind not in ("wait_event", "wait_timer")
+        )
+        if not retryable:
+            raise Skip(
+                _("Action not available: step %(s)s is %(st)s.")
+                % {"s": step.name, "st": step.get_status_display().lower()}
+            )
+        return _("Retry %(step)s now (same idempotency key).") % {"step": self._step_name()}, {}
+
+    def _evidence(self) -> dict:
+        """What the system says for the call's key: found (with its id), not found, or that it
+        cannot be asked."""
+        step = self._unfinished()
+        if step.status != Step.Status.UNKNOWN_OUTCOME or self.effect is None:
+            raise Skip(_("Action not available: the step's outcome is not unknown."))
+        try:
+            tool = tool_registry.get(step.tool)
+        except tool_registry.UnknownTool:
+            tool = None
+        system = step.tool.split(".")[0]
+        evidence = {"system": system, "key": self.effect.idempotency_key, "tool": step.tool}
+        if self.effect.status == SideEffect.Status.COMMITTED:
+            return {**evidence, "found": True, "id": self.effect.external_id, "source": "receipt"}
+        if tool is None or not tool.lookup_by_key:
+            return {
+                **evidence,
+                "found": None,
+                "why": _("%(tool)s cannot be asked by key.") % {"tool": step.tool},
+            }
+        ctx = CallContext(self.effect.idempotency_key, str(self.run.pk), step.name, 0, 5.0)
+        if system in self.unreachable:
+            return {**evidence, "found": None, "why": self.unreachable[system]}
+        try:
+            answer = tool.lookup(self.effect.idempotency_key, ctx)
+        except ToolError as exc:
+            self.unreachable[system] = exc.message[:300]
+            return {**evidence, "found": None, "why": exc.message[:300]}
+        return {**evidence, "found": answer.found, "id": answer.external_id, "source": "lookup"}
+
+    def _confirm_happened(self):
+        evidence = self._evidence()
+        if not evidence.get("found") or not evidence.get("id"):
+            raise Skip(_no_record(evidence), evidence)
+        return _("Confirm it happened: %(system)s has %(id)s for key %(key)s.") % evidence, evidence
+
+    def _confirm_not_happened(self):
+        evidence = self._evidence()
+        if evidence.get("found") is None:
+            raise Skip(_no_record(evidence), evidence)
+        if evidence["found"]:
+            raise Skip(
+                _("%(system)s has %(id)s for key %(key)s: it happened.") % evidence, evidence
+            )
+        return _(
+            "Confirm it did not happen (%(system)s has nothing for key %(key)s) and retry with "
+            "the same key."
+        ) % evidence, evidence
+
+    def _taken_over(self) -> str:
+        if self.run.status != Run.Status.TAKEN_OVER:
+            raise Skip(_("Action not available: the run is not taken over."))
+        return self.run.owner.get_username()
+
+    def _release(self):
+        return _("Release it (taken over by %(who)s) back to the engine or the inbox.") % {
+            "who": self._taken_over()
+        }, {}
+
+    def _reassign(self):
+        owner, to = self._taken_over(), self.bulk.params["to"]
+        if owner == to:
+            raise Skip(_("%(who)s already has it.") % {"who": to})
+        return _("Hand it from %(who)s to %(to)s.") % {"who": owner, "to": to}, {}
+
+    def _cancel(self):
+        if self.run.status == Run.Status.COMPENSATING:
+            raise Skip(_("Action not available: the run is being compensated."))
+        if self.step is not None and self.step.status == Step.Status.UNKNOWN_OUTCOME:
+            raise Skip(_("Action not available: the outcome is unknown; confirm it first."))
+        return _("Cancel it (committed side effects are compensated)."), {}
+
+
+class Skip(Exception):
+    def __init__(self, message: str, evidence: dict | None = None):
+        super().__init__(message)
+        self.evidence = evidence or {}
+
+
+def _no_record(evidence: dict) -> str:
+    if evidence.get("found") is None:
+        return _("No evidence: %(why)s Settle it on the run's page.") % {
+            "why": evidence.get("why", "")
+        }
+    return _("%(system)s has no record for key %(key)s.") % evidence
+
+
+# --------------------------------------------------------------------------------------------
+# Executing
+
+
+def start(bulk: BulkAction, user) -> BulkAction:
+    """Begin the job (only its owner or an admin; once): the task does the work."""
+    if bulk.user_id != user.pk and not is_admin(user):
+        raise ActionForbidden(
+            "not_yours", _("Only the person who previewed it or an admin may run it.")
+        )
+    with transaction.atomic():
+        if not bulk.begin():
+            raise actions.DecisionConflict(_("This bulk action has already been started."))
+        transaction.on_commit(lambda: enqueue(bulk.pk))
+    bulk.refresh_from_db()
+    return bulk
+
+
+def enqueue(bulk_id: int) -> None:
+    """Ask a worker to carry the job out (as the engine dispatches: not at all with
+    DISPATCH=none, where tests and drills call `execute` themselves)."""
+    from django.conf import settings
+
+    from approvals.tasks import run_bulk_action
+
+    if settings.TASKPILOTS["DISPATCH"] != "celery":
+        return
+    try:
+        run_bulk_action.delay(bulk_id)
+    except Exception:  # the broker being down only delays the job: the sweep enqueues it again
+        logger.warning("could not enqueue bulk action %s; the sweep will pick it up", bulk_id)
+
+
+def execute(bulk_id: int) -> int:
+    """Carry out every pending item (the task's body; safe to run twice, or two at once: each
+    takes the next item nobody holds, and the last one out marks the job done)."""
+    bulk = BulkAction.objects.select_related("user").get(pk=bulk_id)
+    if bulk.status != BulkAction.Status.RUNNING:
+        return 0
+    handled = 0
+    while execute_next(bulk):
+        handled += 1
+        bulk.beat()
+    bulk.finish_if_done()
+    return handled
+
+
+def execute_next(bulk: BulkAction) -> bool:
+    """The next pending item nobody holds, in one transaction: act, record, mark. False when
+    there is none."""
+    with transaction.atomic():
+        item = (
+            BulkActionItem.objects.select_for_update(skip_locked=True)
+            .filter(bulk_action=bulk, status=BulkItemStatus.PENDING)
+            .order_by("position")
+            .first()
+        )
+        if item is None:
+            return False
+        token = actions.BULK_ACTION.set(bulk.pk)
+        try:
+            with transaction.atomic():  # a savepoint: whatever fails leaves the item markable
+                _act(bulk, item)
+        except actions.DecisionConflict as exc:
+            _finish(
+                item, BulkItemStatus.SKIPPED, _("Changed since the preview: %(why)s") % {"why": exc}
+            )
+            return True
+        except (actions.ActionRefused, ActionForbidden) as exc:
+            _finish(
+                item, BulkItemStatus.SKIPPED, _("Not available any more: %(why)s") % {"why": exc}
+            )
+            return True
+        except Exception as exc:  # the action's savepoint is rolled back: nothing was done
+            logger.exception("bulk action %s: run %s failed", bulk.pk, item.run_id)
+            _finish(item, BulkItemStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            return True
+        finally:
+            actions.BULK_ACTION.reset(token)
+        decision = (
+            HumanDecision.objects.filter(run_id=item.run_id, bulk_action=bulk)
+            .order_by("-id")
+            .first()
+        )
+        TimelineEvent.append(
+            item.run_id,
+            Verb.BULK_ACTION_APPLIED,
+            {
+                "bulk_action": bulk.pk,
+                "action": bulk.action,
+                "decision": decision.pk if decision else None,
+            },
+            actor=f"user:{bulk.user.get_username()}",
+        )
+        _finish(item, BulkItemStatus.DONE, "", decision)
+    return True
+
+
+def _finish(item: BulkActionItem, status: str, reason: str, decision=None) -> None:
+    item.finish(status, reason, decision)
+
+
+def _act(bulk: BulkAction, item: BulkActionItem) -> None:
+    user, params, version = bulk.user, bulk.params, item.expected_version
+    comment = params.get("comment") or _("bulk action #%(n)s") % {"n": bulk.pk}
+    V = BulkVerb
+    if bulk.action == V.RETRY:
+        actions.retry_step(item.run_id, user, comment=comment, expected_version=version)
+    elif bulk.action in (V.CONFIRM_HAPPENED, V.CONFIRM_NOT_HAPPENED):
+        happened = bulk.action == V.CONFIRM_HAPPENED
+        proof = item.evidence.get("id", "") if happened else ""
+        actions.confirm_outcome(
+            item.step_id,
+            user,
+            happened=happened,
+            proof=proof,
+            comment=comment,
+            expected_version=version,
+        )
+    elif bulk.action == V.RELEASE:
+        actions.release(
+            item.run_id,
+            user,
+            needed_engineer=params["needed_engineer"],
+            comment=comment,
+            expected_version=version,
+        )
+    elif bulk.action == V.REASSIGN:
+        to = get_user_model().objects.get(username=params["to"])
+        actions.reassign(item.run_id, user, to=to, comment=comment, expected_version=version)
+    elif bulk.action == V.CANCEL:
+        actions.cancel_run(item.run_id, user, reason=comment, expected_version=version)
+
+
+def resume_stale(now=None) -> list[int]:
+    """Running jobs nobody has moved for STALE_SECONDS (their worker died and the broker did
+    not hand the task on): enqueue them again. Running one twice is harmless."""
+    now = now or timezone.now()
+    stale = list(
+        BulkAction.objects.filter(
+            status=BulkAction.Status.RUNNING,
+            heartbeat_at__lt=now - timedelta(seconds=STALE_SECONDS),
+        ).values_list("pk", flat=True)
+    )
+    for pk in stale:
+        BulkAction(pk=pk).beat(now)
+        enqueue(pk)
+    return stale

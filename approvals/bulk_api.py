@@ -1,0 +1,180 @@
+"""The API's bulk actions (approvals/bulk.py): preview the action on the filtered runs as a
+named support/admin user, execute the preview, read where it stands. The console's rules apply
+(cancel is admin-only; per run, the single action's rules)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+from uuid import UUID
+
+from ninja import Field, Path, Router, Schema
+from ninja.decorators import decorate_view
+
+from approvals import actions, bulk
+from approvals.api import _acting_user
+from approvals.bulk_models import BulkAction
+from runs.api.auth import BearerAuth
+from runs.api.base import (
+    BODY_ERRORS,
+    MAX_BIGINT,
+    Identifier,
+    StrictIn,
+    api_client,
+    errors,
+    json_body,
+)
+from runs.api.errors import ApiError
+from runs.api.models import ApiScope
+from runs.api.schema import free_text
+from runs.models import FailureClass, Run
+
+DAY = r"^(\d{4}-\d{2}-\d{2})?$"
+Reason = Literal[("", "approval", *FailureClass.values)]
+Status = Literal[("", "inbox", *(s for s in Run.Status.values if s not in Run.TERMINAL))]
+
+router = Router()
+
+
+class BulkFiltersIn(StrictIn):
+    workflow: str = Field("", max_length=100)
+    step: str = Field("", max_length=100)
+    tool: str = Field("", max_length=200)
+    reason: Reason = Field("", description="a failure class, or `approval`")
+    queue: str = Field("", max_length=100)
+    status: Status = Field("", description="an unfinished run status, or `inbox`")
+    owner: Literal["", "mine", "unassigned"] = ""
+    date_from: str = Field("", pattern=DAY, description="YYYY-MM-DD: started on or after")
+    date_to: str = Field("", pattern=DAY, description="YYYY-MM-DD: started on or before")
+
+
+class BulkPreviewIn(StrictIn):
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    action: Literal[
+        "retry", "confirm_happened", "confirm_not_happened", "release", "reassign", "cancel"
+    ]
+    filters: BulkFiltersIn = Field(default_factory=BulkFiltersIn)
+    comment: str = free_text("", max_length=4000)
+    needed_engineer: bool | None = None
+    to: Identifier | None = Field(None, max_length=150, description="reassign: the new owner")
+
+
+class BulkExecuteIn(StrictIn):
+    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+
+
+class BulkItemOut(Schema):
+    run_id: UUID
+    status: str
+    plan: str
+    reason: str
+    expected_version: int
+    evidence: dict
+
+
+class BulkOut(Schema):
+    id: int
+    action: str
+    status: str
+    user: str
+    matched: int
+    capped: bool
+    counts: dict[str, int]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    items: list[BulkItemOut] = Field(..., description="the first 100 runs, in order")
+
+
+def bulk_out(job: BulkAction) -> dict:
+    items = job.items.order_by("position")[:100]
+    return {
+        "id": job.pk,
+        "action": job.action,
+        "status": job.status,
+        "user": job.user.get_username(),
+        "matched": job.matched,
+        "capped": job.capped,
+        "counts": job.counts(),
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "items": [
+            {
+                "run_id": i.run_id,
+                "status": i.status,
+                "plan": i.plan,
+                "reason": i.reason,
+                "expected_version": i.expected_version,
+                "evidence": i.evidence,
+            }
+            for i in items
+        ],
+    }
+
+
+def _job(bulk_id: int) -> BulkAction:
+    job = BulkAction.objects.select_related("user").filter(pk=bulk_id).first()
+    if job is None:
+        raise ApiError(404, "not_found", f"No bulk action {bulk_id}.", field="bulk_id")
+    return job
+
+
+@router.post(
+    "/bulk-actions/preview",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: BulkOut, **errors(403, *BODY_ERRORS)},
+    summary="Preview a bulk action on the runs the filters match",
+    description=(
+        "Freezes the set (at most 1000 runs, oldest first): per run its version, what the "
+        "action will do, or why it is skipped. Nothing is done to any run until it is executed."
+    ),
+    tags=["bulk actions"],
+)
+@decorate_view(json_body)
+def preview(request, body: BulkPreviewIn):
+    client = api_client(request)
+    user = _acting_user(body.user)
+    params = {"comment": body.comment, "needed_engineer": body.needed_engineer, "to": body.to}
+    try:
+        job = bulk.preview(user, body.action, body.filters.model_dump(), params)
+    except bulk.BulkError as exc:
+        field = f"filters.{exc.field}" if exc.field in bulk.FILTERS else exc.field
+        raise ApiError(422, "invalid", str(exc), field=field) from None
+    except actions.ActionForbidden as exc:
+        raise ApiError(403, exc.code, str(exc), field="user") from None
+    client.touch()
+    return bulk_out(job)
+
+
+@router.post(
+    "/bulk-actions/{bulk_id}/execute",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: BulkOut, **errors(403, 404, 409, *BODY_ERRORS)},
+    summary="Execute a previewed bulk action (in the background)",
+    tags=["bulk actions"],
+)
+@decorate_view(json_body)
+def execute(request, body: BulkExecuteIn, bulk_id: int = Path(..., ge=1, le=MAX_BIGINT)):
+    client = api_client(request)
+    user = _acting_user(body.user)
+    job = _job(bulk_id)
+    try:
+        job = bulk.start(job, user)
+    except actions.ActionForbidden as exc:
+        raise ApiError(403, exc.code, str(exc), field="user") from None
+    except actions.DecisionConflict as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    client.touch()
+    return bulk_out(job)
+
+
+@router.get(
+    "/bulk-actions/{bulk_id}",
+    auth=BearerAuth(ApiScope.RUNS_READ),
+    response={200: BulkOut, **errors(404)},
+    summary="A bulk action: its status, counts and first runs",
+    tags=["bulk actions"],
+)
+def get_bulk(request, bulk_id: int = Path(..., ge=1, le=MAX_BIGINT)):
+    return bulk_out(_job(bulk_id))

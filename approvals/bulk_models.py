@@ -1,0 +1,147 @@
+"""Bulk actions: one action applied to many runs at once (approvals/bulk.py).
+
+A preview freezes the set: one BulkActionItem per matched run, with the run's `lock_version`
+as it was shown and what will happen to it (or why it is skipped). Executing carries the
+pending items out one transaction each; an item is marked in the same transaction as the action
+on its run, so a worker killed midway leaves every run either acted on and marked, or neither.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from runs.models import Run, Step
+
+# How many runs one bulk action may cover (the preview says so when more match).
+MAX_RUNS = 1000
+
+
+class BulkVerb(models.TextChoices):
+    RETRY = "retry", "Retry now"
+    CONFIRM_HAPPENED = "confirm_happened", "Confirm it happened"
+    CONFIRM_NOT_HAPPENED = "confirm_not_happened", "Confirm it did not happen"
+    RELEASE = "release", "Release"
+    REASSIGN = "reassign", "Reassign"
+    CANCEL = "cancel", "Cancel run"
+
+
+class BulkStatus(models.TextChoices):
+    PREVIEWED = "previewed", "Previewed"
+    RUNNING = "running", "Running"
+    DONE = "done", "Done"
+
+
+class BulkItemStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    DONE = "done", "Done"
+    SKIPPED = "skipped", "Skipped"
+    FAILED = "failed", "Failed"
+
+
+class BulkAction(models.Model):
+    Verb = BulkVerb
+    Status = BulkStatus
+
+    action = models.CharField(max_length=30, choices=BulkVerb.choices)
+    status = models.CharField(max_length=20, choices=BulkStatus.choices, default="previewed")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    # The filters the set was selected with, as given (shown on the result page).
+    filters = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    # What the action needs: comment, reason, needed_engineer, to (a username).
+    params = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    matched = models.PositiveIntegerField(default=0)  # before the cap
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Moved by the worker after every item: a running job whose heartbeat is old is re-enqueued
+    # by the sweep (approvals/bulk.py `resume_stale`).
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(
+                fields=["heartbeat_at"], name="bulk_running_idx", condition=Q(status="running")
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"bulk action #{self.pk} ({self.action})"
+
+    def begin(self) -> bool:
+        """previewed → running, once (False: it was started already)."""
+        now = timezone.now()
+        fields = {"status": BulkStatus.RUNNING, "started_at": now, "heartbeat_at": now}
+        if not BulkAction.objects.filter(pk=self.pk, status=BulkStatus.PREVIEWED).update(**fields):
+            return False
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return True
+
+    def beat(self, now=None) -> None:
+        """The job moves: the sweep leaves it to its worker (approvals/bulk.py resume_stale)."""
+        BulkAction.objects.filter(pk=self.pk).update(heartbeat_at=now or timezone.now())
+
+    def finish_if_done(self) -> bool:
+        """running → done once no item is pending (one statement, so two workers agree)."""
+        pending = BulkActionItem.objects.filter(bulk_action=self, status=BulkItemStatus.PENDING)
+        return bool(
+            BulkAction.objects.filter(pk=self.pk, status=BulkStatus.RUNNING)
+            .exclude(models.Exists(pending))
+            .update(status=BulkStatus.DONE, finished_at=timezone.now())
+        )
+
+    @property
+    def capped(self) -> bool:
+        return self.matched > MAX_RUNS
+
+    def counts(self) -> dict[str, int]:
+        """Items by status (one query), plus `total`."""
+        found = dict(
+            self.items.values_list("status").annotate(n=Count("id")).values_list("status", "n")
+        )
+        counts = {s: found.get(s, 0) for s in BulkItemStatus.values}
+        counts["total"] = sum(found.values())
+        counts["finished"] = counts["total"] - counts["pending"]
+        return counts
+
+
+class BulkActionItem(models.Model):
+    Status = BulkItemStatus
+
+    bulk_action = models.ForeignKey(BulkAction, on_delete=models.CASCADE, related_name="items")
+    position = models.PositiveIntegerField()
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="+")
+    step = models.ForeignKey(
+        Step, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # The run's version when previewed: acting finds it changed → skipped, never overwritten.
+    expected_version = models.PositiveIntegerField()
+    status = models.CharField(max_length=20, choices=BulkItemStatus.choices, default="pending")
+    plan = models.TextField(blank=True, default="")  # what the action will do to this run
+    reason = models.TextField(blank=True, default="")  # why it was skipped or failed
+    # What the external system says for the call's key (confirm actions): {system, found, id}.
+    evidence = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    decision = models.ForeignKey(
+        "approvals.HumanDecision", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["bulk_action", "run"], name="bulk_item_run_once"),
+            models.UniqueConstraint(fields=["bulk_action", "position"], name="bulk_item_position"),
+        ]
+        indexes = [models.Index(fields=["bulk_action", "status", "position"], name="bulk_item_idx")]
+        ordering = ["bulk_action", "position"]
+
+    def finish(self, status: str, reason: str = "", decision=None) -> None:
+        """Mark the item handled (inside the transaction that acted on its run, so the two
+        commit together)."""
+        fields = {"status": status, "reason": reason[:2000], "finished_at": timezone.now()}
+        BulkActionItem.objects.filter(pk=self.pk).update(decision=decision, **fields)
+        for name, value in {**fields, "decision": decision}.items():
+            setattr(self, name, value)

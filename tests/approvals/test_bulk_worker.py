@@ -1,0 +1,86 @@
+"""A bulk action is itself recoverable: its worker SIGKILLed midway, another worker finishes the
+job (the broker hands the unacknowledged task on), and no run is acted on twice — each run has
+one decision and one `bulk_action.applied` event, and the sandbox's ledger one mail."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from django.conf import settings
+
+from approvals import bulk
+from approvals.bulk_models import BulkAction, BulkActionItem
+from approvals.models import HumanDecision
+from runs import engine
+from runs.models import Run, TimelineEvent
+from taskpilots.celery import app as celery_app
+from tests.approvals.bulk_helpers import outage_parked_runs
+from tests.worker import Workers, wait_for
+
+pytestmark = [
+    pytest.mark.worker,
+    pytest.mark.django_db(transaction=True),
+    # Parking the runs with the engine in-process is most of it (~0.1 s a run).
+    pytest.mark.timeout(240),
+]
+
+RUNS = 60
+
+
+@pytest.fixture
+def workers(transactional_db, sandbox):
+    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
+    previous_queue = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = queue
+    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "taskpilots.demo.tools,tests.runs.flows"})
+    yield pool
+    for worker in pool.started:
+        print(f"--- worker {worker.name} ---\n" + "".join(worker.output[-60:]))
+    pool.close()
+    settings.TASKPILOTS["DISPATCH"] = "none"
+    celery_app.conf.task_default_queue = previous_queue
+    pool.delete_queue()
+
+
+def finished(job) -> int:
+    return BulkActionItem.objects.filter(bulk_action=job).exclude(status="pending").count()
+
+
+def all_succeeded(run_ids):
+    def check():
+        engine.sweep()  # what beat does: leases of the dead worker taken back, hints re-sent
+        done = Run.objects.filter(pk__in=run_ids, status="succeeded").count()
+        return done == len(run_ids) or time.sleep(0.3)
+
+    return check
+
+
+def test_a_worker_killed_midway_through_a_bulk_retry(workers, sandbox, support_user):
+    runs = outage_parked_runs(sandbox, RUNS)  # the engine in-process, before any worker
+    settings.TASKPILOTS["DISPATCH"] = "celery"
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {"comment": "mail is back"})
+    assert job.counts()["pending"] == RUNS
+
+    first = workers.start(concurrency=4)
+    bulk.start(job, support_user)
+    wait_for(lambda: finished(job) >= 5, what="the job to be under way", interval=0.005)
+    first.kill()
+    left = RUNS - finished(job)
+    assert left > 0, "the job finished before the kill: nothing was tested"
+    assert BulkAction.objects.get(pk=job.pk).status == "running"
+
+    workers.start(concurrency=4)
+    wait_for(lambda: BulkAction.objects.get(pk=job.pk).status == "done", timeout=90,
+             what="a second worker to finish the job")  # fmt: skip
+    ids = [r.pk for r in runs]
+    wait_for(all_succeeded(ids), timeout=120, what="every retried run to finish")
+
+    assert job.counts() == {**job.counts(), "done": RUNS, "pending": 0, "skipped": 0}
+    for run in runs:
+        assert HumanDecision.objects.filter(run=run, bulk_action=job).count() == 1
+        assert HumanDecision.objects.filter(run=run).count() == 1
+        events = TimelineEvent.objects.filter(run=run, verb="bulk_action.applied")
+        assert events.count() == 1
+        assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
