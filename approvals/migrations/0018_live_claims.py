@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("approvals", "0016_history_timeline_failure_idx"),
+        ("approvals", "0017_bulk_actions"),
         ("runs", "0017_notify_on_tool_paused"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
