@@ -1,7 +1,8 @@
 # The history preview (approvals/rules_history.py) reads `step.tool_paused` too: a step whose own
 # call drifted and paused its tool. The failure index's verb list must name it, or the scan
-# cannot use the index (tests/approvals/test_rules_history.py checks the plan). Built
-# concurrently: the timeline is the busiest table.
+# cannot use the index (tests/approvals/test_rules_history.py checks the plan). The new index is
+# built next to the old one, then takes its name, in one transaction (as 0016, not concurrently:
+# migrations are tested inside transactions).
 from django.db import migrations
 
 _OLD_VERBS = (
@@ -22,19 +23,18 @@ def _listed(verbs) -> str:
 
 def _create(verbs: str) -> str:
     return (
-        "CREATE INDEX CONCURRENTLY IF NOT EXISTS runs_timeline_failure_idx_new "
+        "CREATE INDEX IF NOT EXISTS runs_timeline_failure_idx_new "
         f"ON runs_timelineevent (at) WHERE verb IN ({verbs});"
     )
 
 
 _SWAP = (
-    "DROP INDEX CONCURRENTLY IF EXISTS runs_timeline_failure_idx;",
+    "DROP INDEX IF EXISTS runs_timeline_failure_idx;",
     "ALTER INDEX runs_timeline_failure_idx_new RENAME TO runs_timeline_failure_idx;",
 )
 
 
 class Migration(migrations.Migration):
-    atomic = False
     dependencies = [("approvals", "0018_live_claims")]
 
     operations = [
