@@ -152,3 +152,55 @@ def test_take_incident_screenshots(page, admin_user):
     page.get_by_role("button", name="last 7 days").click()
     page.locator("#history-preview .preview-changed").wait_for()
     page.screenshot(path=OUT / "rule-history-preview.png", full_page=True)
+
+
+def test_take_operations_screenshots(page, chromium, live_server, sandbox):
+    """A bulk retry previewed, under way (its progress bar) and done; two people on one run,
+    one of them handling it (the live bar)."""
+    from approvals import bulk
+    from approvals.bulk_models import BulkAction
+    from tests.approvals.bulk_helpers import outage_parked_runs
+    from tests.approvals.console_helpers import approval_run
+    from tests.runs import flows  # noqa: F401  (registers test.reply)
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    ann = UserFactory(username="ann.support", groups=["support"])
+    UserFactory(username="bob.support", groups=["support"])
+    outage_parked_runs(sandbox, 12)
+    log_in(page, ann.username)
+    page.goto("/console/?reason=outage")
+    page.get_by_role("link", name="Bulk action…").click()
+    page.select_option("#bulk-action", "retry")
+    page.fill("#bulk-comment", "Mail provider is back (incident 4711)")
+    page.get_by_role("button", name="Preview").click()
+    page.locator(".bulk-summary").wait_for()
+    page.screenshot(path=OUT / "bulk-preview.png", full_page=True)
+
+    # No worker here (DISPATCH=none): the job is carried out step by step in-process, so the
+    # progress bar can be caught half way.
+    page.get_by_role("button", name="Do it for 12 runs").click()
+    page.locator("#bulk-progress progress").wait_for()
+    job = BulkAction.objects.get()
+    for _ in range(5):
+        bulk.execute_next(job)
+    page.reload()
+    page.locator(".bulk-counts").filter(has_text="5 of 12").wait_for()
+    page.screenshot(path=OUT / "bulk-progress.png", full_page=True)
+    bulk.execute(job.pk)
+    page.reload()
+    page.locator(".bulk-counts").filter(has_text="12 done").wait_for()
+    page.screenshot(path=OUT / "bulk-result.png", full_page=True)
+
+    run = approval_run()
+    other = chromium.new_context(
+        base_url=live_server.url, locale="en-US", viewport={"width": 1440, "height": 1000}
+    ).new_page()
+    log_in(other, "bob.support")
+    other.goto(f"/console/runs/{run.pk}/")
+    other.get_by_role("button", name="I'll handle it").click()
+    other.locator("#live .claim").filter(has_text="You are handling this").wait_for()
+    page.goto(f"/console/runs/{run.pk}/")
+    page.locator("#live .presence").filter(has_text="Also viewing: bob.support").wait_for()
+    page.locator("#live .claim").filter(has_text="bob.support is handling this").wait_for()
+    page.screenshot(path=OUT / "run-detail-live.png", full_page=False)
+    other.context.close()
