@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
 
+from celery import current_app
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.db.models import OuterRef, QuerySet, Subquery
@@ -28,8 +30,8 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from approvals import actions, viewer_time
-from approvals.bulk_models import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
 from approvals.models import HumanDecision
+from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
 from approvals.permissions import ActionForbidden, can_act, check_may_act, is_admin
 from runs import tools as tool_registry
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
@@ -368,17 +370,17 @@ def start(bulk: BulkAction, user) -> BulkAction:
     return bulk
 
 
+# By name, as the engine and the notifications send theirs: approvals.tasks imports this module.
+RUN_TASK = "approvals.tasks.run_bulk_action"
+
+
 def enqueue(bulk_id: int) -> None:
     """Ask a worker to carry the job out (as the engine dispatches: not at all with
     DISPATCH=none, where tests and drills call `execute` themselves)."""
-    from django.conf import settings
-
-    from approvals.tasks import run_bulk_action
-
     if settings.TASKPILOTS["DISPATCH"] != "celery":
         return
     try:
-        run_bulk_action.delay(bulk_id)
+        current_app.send_task(RUN_TASK, (bulk_id,))
     except Exception:  # the broker being down only delays the job: the sweep enqueues it again
         logger.warning("could not enqueue bulk action %s; the sweep will pick it up", bulk_id)
 

@@ -13,7 +13,7 @@ from ninja.decorators import decorate_view
 
 from approvals import actions, bulk
 from approvals.api import _acting_user
-from approvals.bulk_models import BulkAction
+from approvals.models.bulk import BulkAction
 from runs.api.auth import BearerAuth
 from runs.api.base import (
     BODY_ERRORS,

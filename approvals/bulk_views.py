@@ -13,7 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import actions, bulk
-from approvals.bulk_models import MAX_RUNS, BulkAction, BulkItemStatus, BulkVerb
+from approvals.models.bulk import MAX_RUNS, BulkAction, BulkItemStatus, BulkVerb
 from approvals.permissions import ACT, ActionForbidden, forbidden, is_admin, require_role
 from runs.models import FailureClass, Run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from approvals import metrics, notifications
+from approvals import bulk, metrics, notifications
 
 
 @shared_task(name="approvals.tasks.deliver_notification", acks_late=True, ignore_result=True)
@@ -32,14 +32,10 @@ def run_bulk_action(bulk_id: int) -> int:
     # are marked in the transaction of their action, so a second run only does what is left.
     from django.db import close_old_connections
 
-    from approvals import bulk
-
     close_old_connections()
     return bulk.execute(bulk_id)
 
 
 @shared_task(name="approvals.tasks.resume_bulk_actions", acks_late=True, ignore_result=True)
 def resume_bulk_actions() -> list[int]:
-    from approvals import bulk
-
     return bulk.resume_stale()

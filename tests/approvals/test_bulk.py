@@ -9,8 +9,8 @@ import pytest
 from django.urls import reverse
 
 from approvals import actions, bulk
-from approvals.bulk_models import BulkAction, BulkActionItem
 from approvals.models import HumanDecision
+from approvals.models.bulk import BulkAction, BulkActionItem
 from runs import engine
 from runs.api.models import ApiClient, ApiScope
 from runs.models import Run, TimelineEvent

@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings
 
 from approvals import bulk
-from approvals.bulk_models import BulkAction, BulkActionItem
 from approvals.models import HumanDecision
+from approvals.models.bulk import BulkAction, BulkActionItem
 from runs import engine
 from runs.models import Run, TimelineEvent
 from taskpilots.celery import app as celery_app

@@ -158,7 +158,7 @@ def test_take_operations_screenshots(page, chromium, live_server, sandbox):
     """A bulk retry previewed, under way (its progress bar) and done; two people on one run,
     one of them handling it (the live bar)."""
     from approvals import bulk
-    from approvals.bulk_models import BulkAction
+    from approvals.models.bulk import BulkAction
     from tests.approvals.bulk_helpers import outage_parked_runs
     from tests.approvals.console_helpers import approval_run
     from tests.runs import flows  # noqa: F401  (registers test.reply)

@@ -12,8 +12,8 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import expect
 
-from approvals.bulk_models import BulkAction
 from approvals.models import HumanDecision
+from approvals.models.bulk import BulkAction
 from runs import engine
 from runs.models import Run, TimelineEvent
 from taskpilots.celery import app as celery_app

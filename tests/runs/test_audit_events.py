@@ -59,10 +59,13 @@ ALLOWED = {
     ("runs/models.py", "Step._move"): "the transition itself: event in the same atomic",
     ("runs/models.py", "SideEffect._move"): "the transition itself: event in the same atomic",
     ("runs/models.py", "Wait._move"): "the transition itself: event in the same atomic",
-    ("approvals/models.py", "ApprovalRequest._move"): (
+    ("approvals/models/__init__.py", "ApprovalRequest._move"): (
         "the transition itself: event in the same atomic"
     ),
-    ("approvals/models.py", "Takeover.end"): "ends the takeover with takeover.ended beside it",
+    (
+        "approvals/models/__init__.py",
+        "Takeover.end",
+    ): "ends the takeover with takeover.ended beside it",
     ("runs/models.py", "Run.count_failure"): (
         "UPDATE(**updates) holds only failure_count and escalation_level"
     ),

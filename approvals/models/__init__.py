@@ -1238,4 +1238,4 @@ class SoftClaim(models.Model):
         return bool(ended)
 
 
-from approvals.bulk_models import BulkAction, BulkActionItem  # noqa: E402, F401
+from approvals.models.bulk import BulkAction, BulkActionItem  # noqa: E402, F401
