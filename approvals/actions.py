@@ -19,7 +19,14 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.models import ApprovalRequest, HumanDecision, Takeover, params_diff, shown
+from approvals.models import (
+    ApprovalRequest,
+    HumanDecision,
+    Takeover,
+    known_queues,
+    params_diff,
+    shown,
+)
 from approvals.permissions import ActionForbidden, can_act, check_may_act
 from runs import tools as tool_registry
 from runs.conditions import ConditionError, parse_text
@@ -801,6 +808,29 @@ def cancel_run(
             begin_compensation(run, f"cancelled: {reason}", actor=actor)
         else:
             run.cancel(reason, actor=actor)
+    return run
+
+
+def move_to_queue(run_id, user, *, queue: str, comment: str = "", expected_version=None) -> Run:
+    """Hand a run that waits for a person to another queue (its inbox and channels hear of
+    it: approvals.notifications), recorded as a `reassign` decision and `run.requeued`."""
+    queue = (queue or "").strip()
+    known = known_queues()
+    if queue not in known:
+        raise ActionRefused(
+            f"Unknown queue {queue!r}: use one of {', '.join(known) or '(none configured)'}."
+        )
+    with transaction.atomic():
+        run = _lock_run(run_id, expected_version, user, action="reassign")
+        if run.status != Run.Status.NEEDS_HUMAN:
+            raise ActionRefused("Only a run that waits for a person can move to another queue.")
+        if run.queue == queue:
+            raise ActionRefused(f"The run is in {queue} already.")
+        before = run.queue
+        run.requeue(queue, actor=_actor(user), reason=comment)
+        _decision(
+            run, user, "reassign", before={"queue": before}, after={"queue": queue}, comment=comment
+        )
     return run
 
 

@@ -30,7 +30,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from approvals import actions, viewer_time
-from approvals.models import HumanDecision
+from approvals.models import HumanDecision, known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
 from approvals.permissions import ActionForbidden, can_act, check_may_act, is_admin
 from runs import tools as tool_registry
@@ -154,11 +154,29 @@ def clean_params(user, action: str, params: dict[str, Any]) -> dict[str, Any]:
             )
         cleaned["needed_engineer"] = needed
     if action == BulkVerb.REASSIGN:
-        target = get_user_model().objects.filter(username=str(params.get("to") or "")).first()
-        if target is None or not can_act(target):
-            raise BulkError(_("Reassign to a person in the support or admin group."), "to")
-        cleaned["to"] = target.get_username()
+        cleaned.update(_reassign_target(params))
     return cleaned
+
+
+def _reassign_target(params: dict[str, Any]) -> dict[str, str]:
+    """Reassign hands runs to a person (`to`: taken-over runs) or to a queue (`to_queue`: runs
+    waiting for a person), exactly one of the two."""
+    to, queue = str(params.get("to") or "").strip(), str(params.get("to_queue") or "").strip()
+    if bool(to) == bool(queue):
+        raise BulkError(_("Reassign to a person or to a queue (one of the two)."), "to")
+    if queue:
+        known = known_queues()
+        if queue not in known:
+            raise BulkError(
+                _("Unknown queue %(q)s: use one of %(known)s.")
+                % {"q": queue, "known": ", ".join(known) or "—"},
+                "to_queue",
+            )
+        return {"to_queue": queue}
+    target = get_user_model().objects.filter(username=to).first()
+    if target is None or not can_act(target):
+        raise BulkError(_("Reassign to a person in the support or admin group."), "to")
+    return {"to": target.get_username()}
 
 
 def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) -> BulkAction:
@@ -325,6 +343,16 @@ class Plan:
         }, {}
 
     def _reassign(self):
+        queue = self.bulk.params.get("to_queue")
+        if queue:
+            if self.run.status != Run.Status.NEEDS_HUMAN:
+                raise Skip(_("Action not available: the run does not wait for a person."))
+            if self.run.queue == queue:
+                raise Skip(_("It is in %(queue)s already.") % {"queue": queue})
+            return _("Move it from queue %(before)s to %(queue)s.") % {
+                "before": self.run.queue or "—",
+                "queue": queue,
+            }, {}
         owner, to = self._taken_over(), self.bulk.params["to"]
         if owner == to:
             raise Skip(_("%(who)s already has it.") % {"who": to})
@@ -478,6 +506,10 @@ def _act(bulk: BulkAction, item: BulkActionItem) -> None:
             needed_engineer=params["needed_engineer"],
             comment=comment,
             expected_version=version,
+        )
+    elif bulk.action == V.REASSIGN and params.get("to_queue"):
+        actions.move_to_queue(
+            item.run_id, user, queue=params["to_queue"], comment=comment, expected_version=version
         )
     elif bulk.action == V.REASSIGN:
         to = get_user_model().objects.get(username=params["to"])

@@ -56,7 +56,12 @@ class BulkPreviewIn(StrictIn):
     filters: BulkFiltersIn = Field(default_factory=BulkFiltersIn)
     comment: str = free_text("", max_length=4000)
     needed_engineer: bool | None = None
-    to: Identifier | None = Field(None, max_length=150, description="reassign: the new owner")
+    to: Identifier | None = Field(
+        None, max_length=150, description="reassign: the new owner (taken-over runs)"
+    )
+    to_queue: Identifier | None = Field(
+        None, max_length=100, description="reassign: the new queue (runs waiting for a person)"
+    )
 
 
 class BulkExecuteIn(StrictIn):
@@ -135,7 +140,12 @@ def _job(bulk_id: int) -> BulkAction:
 def preview(request, body: BulkPreviewIn):
     client = api_client(request)
     user = _acting_user(body.user)
-    params = {"comment": body.comment, "needed_engineer": body.needed_engineer, "to": body.to}
+    params = {
+        "comment": body.comment,
+        "needed_engineer": body.needed_engineer,
+        "to": body.to,
+        "to_queue": body.to_queue,
+    }
     try:
         job = bulk.preview(user, body.action, body.filters.model_dump(), params)
     except bulk.BulkError as exc:

@@ -13,6 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import actions, bulk
+from approvals.models import known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkItemStatus, BulkVerb
 from approvals.permissions import ACT, ActionForbidden, forbidden, is_admin, require_role
 from runs.models import FailureClass, Run
@@ -58,6 +59,7 @@ def _form_context(request, values: dict, error: str = "", field: str | None = No
         "error": error,
         "error_field": field,
         "max_runs": MAX_RUNS,
+        "queues": known_queues(),
     }
 
 
@@ -74,7 +76,7 @@ def bulk_new(request: HttpRequest) -> HttpResponse:
 def bulk_preview(request: HttpRequest) -> HttpResponse:
     data = request.POST
     filters = {k: data.get(k, "") for k in bulk.FILTERS}
-    params = {k: data.get(k, "") for k in ("comment", "needed_engineer", "to")}
+    params = {k: data.get(k, "") for k in ("comment", "needed_engineer", "to", "to_queue")}
     action = data.get("action", "")
     try:
         job = bulk.preview(request.user, action, filters, params)

@@ -26,9 +26,9 @@ from approvals import untrusted, viewer_time
 from approvals.models import (
     ApprovalRequest,
     DecisionVerb,
-    EscalationRule,
     HumanDecision,
     SoftClaim,
+    known_queues,
 )
 from approvals.permissions import (
     is_admin,  # noqa: F401  (approvals/metrics_views.py reads it here)
@@ -237,12 +237,8 @@ def inbox_counts(user, now=None) -> dict[str, int]:
 def filter_choices() -> dict[str, list[str]]:
     """Queues from the escalation rules (plus approval queues in use by workflows), workflows
     from the registry: no scan of the runs table."""
-    queues = set(EscalationRule.objects.values_list("queue", flat=True).distinct())
-    workflows = set()
-    for definition in workflow_registry.all_workflows():
-        workflows.add(definition.name)
-        queues.update(s.queue for s in definition.steps if s.kind == "approval")
-    return {"queues": sorted(q for q in queues if q), "workflows": sorted(workflows)}
+    workflows = {definition.name for definition in workflow_registry.all_workflows()}
+    return {"queues": known_queues(), "workflows": sorted(workflows)}
 
 
 def search_runs(*, q="", workflow="", status="", date_from=None, date_to=None) -> QuerySet[Run]:
@@ -629,9 +625,11 @@ def available_actions(run, current, approval, effects) -> set[str]:
     found: set[str] = set()
     S = Step.Status
     if run.status == Run.Status.TAKEN_OVER:
-        found.add("release")
+        found |= {"release", "reassign"}
     elif run.status != Run.Status.COMPENSATING:
         found.add("take_over")
+    if run.status == Run.Status.NEEDS_HUMAN:
+        found.add("reassign")
     if run.status != Run.Status.COMPENSATING and not (
         current is not None and current.status == S.UNKNOWN_OUTCOME
     ):

@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from approvals.actions import InvalidParams, validate_params
 from approvals.console import REASON_LABELS, RUN_STATUS_LABELS
+from approvals.models import known_queues
 from runs import tools as tool_registry
 from runs.invisible import neutralise
 
@@ -127,6 +128,24 @@ def _conditions_field() -> forms.CharField:
         ),
         widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
     )
+
+
+class ReassignForm(ActionForm):
+    """Hand the run on: a run waiting for a person to another queue, a taken-over run to
+    another person (approvals/actions.py move_to_queue / reassign)."""
+
+    to_queue = forms.ChoiceField(label=_("To the queue"), required=False)
+    to = forms.CharField(label=_("Or to the person (username)"), required=False, max_length=150)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["to_queue"].choices = [("", "—")] + [(q, neutralise(q)) for q in known_queues()]
+
+    def clean(self):
+        data = super().clean()
+        if bool(data.get("to_queue")) == bool((data.get("to") or "").strip()):
+            raise forms.ValidationError(_("Choose a queue or a person (one of the two)."))
+        return data
 
 
 class ApproveForm(ActionForm):

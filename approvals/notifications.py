@@ -67,6 +67,7 @@ NOTIFYING_VERBS = (
     Verb.RUN_SLA_BREACHED,
     Verb.SIDE_EFFECT_EXTERNAL_MISMATCH,
     Verb.TOOL_PAUSED,
+    Verb.RUN_REQUEUED,
 )
 
 
@@ -98,6 +99,10 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
         if data.get("to_queue") and data.get("to_queue") != data.get("from_queue"):
             ids += record(run_id, ESCALATED, data["to_queue"], seq, extra=data, channels=channels)
         return ids
+    if verb == Verb.RUN_REQUEUED:  # handed to another queue: that queue hears of it
+        return record(
+            run_id, ESCALATED, data.get("to_queue", ""), seq, extra=data, channels=channels
+        )
     if verb == Verb.SIDE_EFFECT_EXTERNAL_MISMATCH:
         queue = settings.TASKPILOTS["CONSISTENCY_ALERT_QUEUE"]
         return record(run_id, EXTERNAL_MISMATCH, queue, seq, extra=data, channels=channels)

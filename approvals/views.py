@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth import get_user_model
 from django.core.paginator import Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpRequest, HttpResponse
@@ -33,6 +34,7 @@ from approvals.forms import (
     EditParamsForm,
     InboxFilterForm,
     ReasonForm,
+    ReassignForm,
     RejectForm,
     ReleaseForm,
     RunSearchForm,
@@ -337,6 +339,20 @@ def _cancel(run, user, data, request):
     return "" if run.status == Run.Status.CANCELLED else _("Cancelled.")
 
 
+def _reassign(run, user, data, request):
+    version, comment = data["expected_version"], data["comment"]
+    if data.get("to_queue"):
+        actions.move_to_queue(
+            run.pk, user, queue=data["to_queue"], comment=comment, expected_version=version
+        )
+        return _("Moved to the queue %(queue)s.") % {"queue": data["to_queue"]}
+    to = get_user_model().objects.filter(username=data["to"].strip()).first()
+    if to is None:
+        raise actions.ActionRefused(_("There is nobody called %(name)s.") % {"name": data["to"]})
+    actions.reassign(run.pk, user, to=to, comment=comment, expected_version=version)
+    return _("Handed to %(name)s.") % {"name": to.get_username()}
+
+
 ACTIONS: dict[str, ActionSpec] = {
     "approve": ActionSpec(ApproveForm, _approve),
     "approve_edits": ActionSpec(EditParamsForm, _approve_edits),
@@ -350,6 +366,7 @@ ACTIONS: dict[str, ActionSpec] = {
     "take_over": ActionSpec(ActionForm, _take_over, says_what_next=False),
     "release": ActionSpec(ReleaseForm, _release),
     "cancel": ActionSpec(ReasonForm, _cancel),
+    "reassign": ActionSpec(ReassignForm, _reassign),
 }
 
 

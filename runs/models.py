@@ -506,6 +506,33 @@ class Run(models.Model):
         self.queue, self.attention_due_at = queue, due_at
         return self.record(Verb.RUN_SLA_BREACHED, data)
 
+    def requeue(self, queue: str, *, actor: str, reason: str = "", expected_version=None) -> None:
+        """A person hands a run that waits for a person to another queue (their inbox and
+        notification channels), with `run.requeued`. Not a status change, but a change people
+        act on: the version moves, so a page showing the old queue is stale."""
+        filters: dict[str, Any] = {"pk": self.pk, "status": self.Status.NEEDS_HUMAN}
+        if expected_version is not None:
+            filters["lock_version"] = expected_version
+        before, now = self.queue, timezone.now()
+        with transaction.atomic(savepoint=False):
+            count = Run.objects.filter(**filters).update(
+                queue=queue, lock_version=F("lock_version") + 1, updated_at=now
+            )
+            if count:
+                data = {"from_queue": before, "to_queue": queue, "reason": reason[:500]}
+                self.record(Verb.RUN_REQUEUED, data, actor=actor)
+        if count == 0:
+            row = Run.objects.filter(pk=self.pk).values_list("status", "lock_version").first()
+            if row is None:
+                raise Run.DoesNotExist(self.pk)
+            if row[0] == self.Status.NEEDS_HUMAN:
+                raise ConcurrentUpdate(f"run {self.pk} changed (version {row[1]})")
+            raise InvalidTransition("run", self.pk, row[0], f"{row[0]} (queue {queue})")
+        self.queue, self.updated_at = queue, now
+        self.lock_version = (
+            expected_version if expected_version is not None else self.lock_version
+        ) + 1
+
     def enter_stage(self, stage: str) -> None:
         """The run's current stage label (a step's `stage`); not a state change."""
         Run.objects.filter(pk=self.pk).update(stage=stage)
@@ -2103,6 +2130,7 @@ class TimelineEvent(ImmutableModel):
                         "run.sla_breached",
                         "side_effect.external_mismatch",
                         "tool.paused",
+                        "run.requeued",
                     ]
                 ),
             ),

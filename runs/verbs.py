@@ -25,6 +25,7 @@ class Verb(StrEnum):
     RUN_CANCELLED = "run.cancelled"
     RUN_COMPENSATED = "run.compensated"
     RUN_SLA_BREACHED = "run.sla_breached"
+    RUN_REQUEUED = "run.requeued"
     # Steps
     STEP_STARTED = "step.started"
     STEP_LEASE_RECLAIMED = "step.lease_reclaimed"

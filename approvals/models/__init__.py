@@ -1238,4 +1238,17 @@ class SoftClaim(models.Model):
         return bool(ended)
 
 
+def known_queues() -> list[str]:
+    """The queues people work from: the escalation rules', the approval steps' of registered
+    workflows and the notification channels' (no scan of the runs)."""
+    from runs import workflows as workflow_registry
+
+    channels = NotificationChannel.objects.order_by().values_list("queue", flat=True)
+    rules = EscalationRule.objects.order_by().values_list("queue", flat=True)
+    queues = set(rules.union(channels).order_by())  # one query
+    for definition in workflow_registry.all_workflows():
+        queues.update(s.queue for s in definition.steps if s.kind == "approval")
+    return sorted(q for q in queues if q)
+
+
 from approvals.models.bulk import BulkAction, BulkActionItem  # noqa: E402, F401
