@@ -69,3 +69,14 @@ def query_count():
     from django.test.utils import CaptureQueriesContext
 
     return lambda: CaptureQueriesContext(connection)
+
+
+@pytest.fixture(autouse=True)
+def _language_back_to_default():
+    """A test that activates a language (a request through the locale middleware in the test's
+    own thread, translation.activate) must not leave it active for the next: lazy labels and
+    the messages built outside requests would come out in it."""
+    yield
+    from django.utils import translation
+
+    translation.deactivate()
