@@ -415,17 +415,22 @@ class Run(models.Model):
             if count:
                 self.record(verb, self.event_data(target, data), actor=actor)
         if count == 0:
-            row = Run.objects.filter(pk=self.pk).values_list("status", "lock_version").first()
-            if row is None:
-                raise Run.DoesNotExist(self.pk)
-            if row[0] in filters["status__in"]:
-                raise ConcurrentUpdate(f"run {self.pk} changed (version {row[1]})")
-            raise InvalidTransition("run", self.pk, row[0], target)
+            raise self._refusal(filters["status__in"], target)
         for name, value in updates.items():
             setattr(self, name, value)
         self.lock_version = (
             expected_version if expected_version is not None else self.lock_version
         ) + 1
+
+    def _refusal(self, allowed, target: str) -> Exception:
+        """Why a conditional UPDATE touched no row: the run is gone, it moved on while in an
+        allowed state (its version changed), or its state does not allow `target`."""
+        row = Run.objects.filter(pk=self.pk).values_list("status", "lock_version").first()
+        if row is None:
+            return Run.DoesNotExist(self.pk)
+        if row[0] in allowed:
+            return ConcurrentUpdate(f"run {self.pk} changed (version {row[1]})")
+        return InvalidTransition("run", self.pk, row[0], target)
 
     def event_data(self, target: str, data: dict | None = None) -> dict:
         """What a transition's timeline event says (the one definition: the verbs and the
@@ -522,12 +527,7 @@ class Run(models.Model):
                 data = {"from_queue": before, "to_queue": queue, "reason": reason[:500]}
                 self.record(Verb.RUN_REQUEUED, data, actor=actor)
         if count == 0:
-            row = Run.objects.filter(pk=self.pk).values_list("status", "lock_version").first()
-            if row is None:
-                raise Run.DoesNotExist(self.pk)
-            if row[0] == self.Status.NEEDS_HUMAN:
-                raise ConcurrentUpdate(f"run {self.pk} changed (version {row[1]})")
-            raise InvalidTransition("run", self.pk, row[0], f"{row[0]} (queue {queue})")
+            raise self._refusal({self.Status.NEEDS_HUMAN}, f"queue {queue}")
         self.queue, self.updated_at = queue, now
         self.lock_version = (
             expected_version if expected_version is not None else self.lock_version
