@@ -81,7 +81,8 @@ def _stall_drill(
 
 
 def _assert_stalled_workers_did_nothing(drill: Drill, report: dict, sandbox, stalls: int) -> None:
-    verdicts = [(e["moment"], e["variant"], e["verdict"] or e["note"]) for e in report["episodes"]]
+    # Each episode's verdict with the drill's note beside it (how long it waited, and for what).
+    verdicts = [(e["moment"], e["variant"], e["verdict"], e["note"]) for e in report["episodes"]]
     assert report["stalls_injected"] == stalls, verdicts
     assert report["lost_runs"] == 0
     # The receiving side: one mail per run, whatever the stalled worker did when it came back.
