@@ -31,7 +31,8 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import DatabaseError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
+from django.utils import timezone
 
 from runs.models import SqlValue, TimelineEvent, chain_heads
 
@@ -46,9 +47,6 @@ _INSERT_EVENTS = (
     "json_to_recordset(%s::json) AS e(seq int, at timestamptz, actor text, verb text, "
     "data jsonb, digest text, prev text, hash text)"
 )
-
-
-_string = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class Refused(Exception):
@@ -109,16 +107,19 @@ class Batch:
         return len(self.values) - 1
 
     def event(self, verb: str, data: dict, *, actor: str = "system") -> None:
-        """A timeline event of this transaction, chained after the previous one."""
+        """A timeline event of this transaction, chained after the previous one. The
+        transaction's events share one time (as PostgreSQL's now() is the transaction's)."""
+        if self.last_at is None:
+            self.last_at = timezone.now()
+            self._at_iso = self.last_at.isoformat()
         self.seq += 1
-        at, actor, verb, text, data_digest, event_hash = TimelineEvent.chained(
-            self.seq, self.hash, verb, data, actor=actor
+        actor_json, verb_json, text, data_digest, event_hash = TimelineEvent.chained(
+            self.seq, self.hash, verb, data, actor=actor, at_iso=self._at_iso
         )
-        self.last_at = at
         # `text` is canonical JSON already: it goes in as the object it encodes.
         self.events.append(
-            f'{{"seq":{self.seq},"at":"{at.isoformat()}","actor":{_string(actor)},'
-            f'"verb":{_string(verb)},"data":{text},"digest":"{data_digest}",'
+            f'{{"seq":{self.seq},"at":"{self._at_iso}","actor":{actor_json},'
+            f'"verb":{verb_json},"data":{text},"digest":"{data_digest}",'
             f'"prev":"{self.hash}","hash":"{event_hash}"}}'
         )
         self.hash = event_hash
@@ -218,21 +219,33 @@ def execute_one(sql: str, params: list, *, writes: bool = True):
     (the engine's case) it is a transaction of its own; inside one (tests), a savepoint keeps a
     refused statement from aborting the caller's transaction."""
     sql = _native(sql)
-    connection.ensure_connection()
+    db = connections[DEFAULT_DB_ALIAS]  # this thread's: one lookup, not one per attribute
+    db.ensure_connection()
     try:
-        if writes and connection.in_atomic_block:
+        if writes and db.in_atomic_block:
             with transaction.atomic():
-                return _execute(sql, params)
-        return _execute(sql, params)
+                return _execute(db, sql, params)
+        return _execute(db, sql, params)
     finally:
-        if connection.queries_logged:  # what the tests' statement counts see
-            connection.queries_log.append({"sql": sql, "time": "0.000"})
+        if db.queries_logged:  # what the tests' statement counts see
+            db.queries_log.append({"sql": sql, "time": "0.000"})
 
 
-def _execute(sql: str, params: list):
-    with connection.wrap_database_errors, psycopg.RawCursor(connection.connection) as cursor:
+def _execute(db, sql: str, params: list):
+    with db.wrap_database_errors:
+        cursor = _cursor(db)
         cursor.execute(sql, params, prepare=True)
         return cursor.fetchone()
+
+
+def _cursor(db) -> psycopg.RawCursor:
+    """The thread's cursor on its current connection, kept across statements (a cursor caches
+    how each parameter type is sent). A pooled wrapper may hold another connection than the
+    last time: then a new one."""
+    cursor = getattr(db, "_taskpilots_cursor", None)
+    if cursor is None or cursor.connection is not db.connection or cursor.closed:
+        cursor = db._taskpilots_cursor = psycopg.RawCursor(db.connection)
+    return cursor
 
 
 class Ids:

@@ -7,6 +7,7 @@ transaction, so two concurrent callers can never both win and no state change go
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -66,16 +67,33 @@ def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, p
     every event): the time and the digests are ASCII without anything JSON escapes, actor and
     verb are encoded as canonical_json encodes strings (tests/runs/test_audit_verify.py)."""
     if _PLAIN.fullmatch(at_iso) and _PLAIN.fullmatch(data_digest) and _PLAIN.fullmatch(prev):
-        material = (
-            f'[{int(seq)},"{at_iso}",{_json_string(actor)},{_json_string(verb)},'
-            f'"{data_digest}","{prev}"]'
-        )
-    else:  # e.g. an export someone edited: whatever it holds is encoded, never spliced in
-        material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
+        actor_json, verb_json = json_string(actor), json_string(verb)
+        return plain_chain_hash(seq, at_iso, actor_json, verb_json, data_digest, prev)
+    # e.g. an export someone edited: whatever it holds is encoded, never spliced in
+    material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def plain_chain_hash(
+    seq: int, at_iso: str, actor_json: str, verb_json: str, data_digest: str, prev: str
+) -> str:
+    """`chain_hash` of parts that need no escaping, actor and verb already JSON-encoded
+    (json_string): what the engine hashes for the events it writes itself (its own times,
+    digests and hashes)."""
+    material = f'[{int(seq)},"{at_iso}",{actor_json},{verb_json},"{data_digest}","{prev}"]'
     return hashlib.sha256(material.encode()).hexdigest()
 
 
 _json_string = json.JSONEncoder(ensure_ascii=False).encode
+
+
+@functools.lru_cache(maxsize=4096)
+def json_string(text: str) -> str:
+    """A string as canonical_json encodes it. Actors and verbs repeat on every event: each is
+    encoded once."""
+    return _json_string(text)
+
+
 # What a time, a digest or a hash holds: nothing JSON would escape.
 _PLAIN = re.compile(r"[0-9A-Za-z:+.\-]*")
 
@@ -2202,22 +2220,16 @@ class TimelineEvent(ImmutableModel):
         )
 
     @staticmethod
-    def chained(seq: int, prev_hash: str, verb: str, data: dict, *, actor: str = "system"):
-        """The row of an event appended at `seq` after `prev_hash`, hashed here rather than in
-        PostgreSQL (the engine's one-round-trip transactions, runs.engine.batch, which hold the
-        chain head): (at, actor, verb, canonical data, digest, hash) — the same bytes and the
-        same hash `append` produces."""
-        at = timezone.now()
+    def chained(seq: int, prev_hash: str, verb: str, data: dict, *, actor: str, at_iso: str):
+        """An event appended at `seq` after `prev_hash` at the time `at_iso`, hashed here rather
+        than in PostgreSQL (the engine's one-round-trip transactions, runs.batch, which hold the
+        chain head): (actor as JSON, verb as JSON, canonical data, digest, hash) — the same
+        bytes and the same hash `append` produces."""
         text = canonical_json(data)
         data_digest = hashlib.sha256(text.encode()).hexdigest()
-        return (
-            at,
-            actor,
-            verb,
-            text,
-            data_digest,
-            chain_hash(seq, at.isoformat(), actor, verb, data_digest, prev_hash),
-        )
+        actor_json, verb_json = json_string(actor), json_string(verb)
+        event_hash = plain_chain_hash(seq, at_iso, actor_json, verb_json, data_digest, prev_hash)
+        return actor_json, verb_json, text, data_digest, event_hash
 
 
 class ChainHeads:
