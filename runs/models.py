@@ -1110,11 +1110,14 @@ class Step(models.Model):
         batch.insert(self)
         batch.event(Verb.STEP_STARTED, self.started_data())
 
-    def open_done_in(self, batch, result: Any, now) -> None:
-        """A pure compute step executed ahead of its claim (runs.engine.inline): created done,
-        with the events a claim and its success write (`step.started`, `step.succeeded`). Had
-        nothing committed, it would simply have run again."""
+    def open_done_in(self, batch, result: Any, now, *, read_record=None) -> None:
+        """A step that changes nothing executed ahead of its claim (runs.engine.inline: a pure
+        compute step, or a read with its read record): created done, with the events a claim
+        and its success write (`step.started`, `step.succeeded`). Had nothing committed, it
+        would simply have run again."""
         self.status, self.result, self.finished_at = self.Status.SUCCEEDED, result, now
+        if read_record:
+            self.read_record = read_record
         self.lease_owner, self.lease_expires_at = "", None
         batch.insert(self)
         batch.event(Verb.STEP_STARTED, self.started_data())
@@ -2119,8 +2122,17 @@ def _document(run, current, last, waits, event_wait, deadlines, effects, decisio
 
 
 class TimelineEvent(ImmutableModel):
-    # Indexed by timeline_run_seq (run, seq).
-    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="events", db_index=False)
+    # Indexed by timeline_run_seq (run, seq). No foreign key in the database: every event is
+    # written by the statement that moves its run's chain head (it locks the run row, and the
+    # statement fails without it), runs are never deleted (runs_run_never_deleted, and PROTECT
+    # here), and the key's check would cost a lookup per event at every commit.
+    run = models.ForeignKey(
+        Run,
+        on_delete=models.PROTECT,
+        related_name="events",
+        db_index=False,
+        db_constraint=False,
+    )
     seq = models.PositiveIntegerField()
     at = models.DateTimeField()
     actor = models.CharField(max_length=200)

@@ -220,6 +220,19 @@ class TestImmutability:
             ):
                 cursor.execute(sql, [pk])
 
+    def test_the_database_refuses_to_delete_a_run(self):
+        # The timeline has no foreign key to its run (the hot path writes an event per state
+        # change): a trigger keeps what the key kept, every run's timeline with its run.
+        run = RunFactory()
+        run.record("test.step", {})
+        with (
+            pytest.raises(IntegrityError, match="never deleted"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute("DELETE FROM runs_run WHERE id = %s", [run.pk])
+        assert Run.objects.filter(pk=run.pk).exists()
+
     def test_timeline_event_cannot_be_changed_through_the_orm(self):
         event = TimelineEventFactory()
         event.verb = "rewritten"
