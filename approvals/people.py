@@ -25,8 +25,8 @@ class People:
         pause = ToolPause.active_for(tool)
         return people.Pause(pause.pk, pause.reason) if pause is not None else None
 
-    def pause_statement(self, tool: str) -> tuple[str, list]:
-        return ToolPause.open_statement(tool)
+    def pauses_statement(self) -> str:
+        return ToolPause.open_statement()
 
     def pause_for_drift(self, tool: str, reason: str) -> tuple[people.Pause, bool]:
         pause, created = ToolPause.open_by_engine(tool, reason)

@@ -96,13 +96,14 @@ class Batch:
 
     def read(self, sql: str, params: list) -> int:
         """A read in the same round trip: its first row as a dict of its columns (or None)."""
-        return self._value(f"(SELECT row_to_json(r) FROM ({sql}) r LIMIT 1)", params)
+        return self.value(f"(SELECT row_to_json(r) FROM ({sql}) r LIMIT 1)", params)
 
     def check(self, condition: str, params: list, what: str) -> None:
         """A condition that must hold when the statement runs, or nothing is written."""
         self.checks.append((condition, params, what))
 
-    def _value(self, sql: str, params: list) -> int:
+    def value(self, sql: str, params: list) -> int:
+        """A scalar subquery in the same round trip: its value, by the index returned."""
         self.values.append((sql, params))
         return len(self.values) - 1
 
@@ -141,7 +142,7 @@ class Batch:
         for condition, check_params, what in self.checks:
             checks.append(f"tp_assert({condition}, '{what}')")
             params += check_params
-        selected = checks + [sql for sql, _ in self.values]
+        selected = checks + [f"({sql})" for sql, _ in self.values]
         for _, value_params in self.values:
             params += value_params
         return f"WITH {', '.join(ctes)} SELECT {', '.join(selected)}", params

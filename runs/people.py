@@ -78,9 +78,9 @@ class People(Protocol):
     def pause_of(self, tool: str) -> Pause | None:
         """The admin's open pause of `tool`, if any (checked before every call)."""
 
-    def pause_statement(self, tool: str) -> tuple[str, list] | None:
-        """`pause_of` as one SQL statement returning (id, reason) or no row, for the engine's
-        one-round-trip claims (runs.engine.inline); None when no tool can be paused."""
+    def pauses_statement(self) -> str | None:
+        """Every open pause as one SQL value, a JSON object {tool: [id, reason]}, for the
+        engine's one-round-trip claims (runs.engine.inline); None when no tool can be paused."""
 
     def pause_for_drift(self, tool: str, reason: str) -> tuple[Pause, bool] | None:
         """Open a pause of `tool` on the engine's behalf (its API drifted), in the engine's
@@ -104,7 +104,7 @@ class NoPeople:
     def pause_of(self, tool: str) -> None:
         return None
 
-    def pause_statement(self, tool: str) -> None:
+    def pauses_statement(self) -> None:
         return None
 
     def pause_for_drift(self, tool: str, reason: str) -> None:

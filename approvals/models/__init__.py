@@ -677,10 +677,13 @@ class ToolPause(models.Model):
             return cls.objects.get(tool=tool, resumed_at__isnull=True), False
 
     @classmethod
-    def open_statement(cls, tool: str) -> tuple[str, list]:
-        """`active_for` as one statement returning (id, reason), for batched round trips."""
-        sql = f"SELECT id, reason FROM {cls._meta.db_table} WHERE tool = %s AND resumed_at IS NULL"
-        return sql + " LIMIT 1", [tool]
+    def open_statement(cls) -> str:
+        """Every open pause as one JSON value, {tool: [id, reason]} ({} when none), for the
+        engine's batched round trips (the partial index tool_pause_one_open holds them)."""
+        return (
+            "SELECT coalesce(json_object_agg(tool, json_build_array(id, reason)), '{}'::json) "
+            f"FROM {cls._meta.db_table} WHERE resumed_at IS NULL"
+        )
 
 
 # --------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -61,6 +62,12 @@ class Claim:
     # intent are among the batch's parts.
     pause_index: int | None = None
     intent_parts: tuple | None = None
+    # Every open pause as of the claim's round trip ({tool: Pause}), when it read them: what a
+    # read executed ahead of its own claim goes by (runs.engine.inline).
+    paused: dict | None = None
+    # The outcome of the step when it was executed before the claim committed (a read that
+    # failed ahead of its claim, runs.engine.inline): recorded as this attempt's.
+    ahead: Any = None
     # When this worker made the claim (monotonic): runs.engine.liveness.fence checks the lease
     # itself only once the claim is no longer young.
     claimed_at: float = field(default_factory=time.monotonic)

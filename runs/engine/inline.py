@@ -27,7 +27,7 @@ from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.batch import STEP_IDS, Batch, Refused, execute_one
 from runs.engine.calls import build_params, check_scope
-from runs.engine.claim import UNCHECKED, Claim, claim_of, new_step
+from runs.engine.claim import Claim, claim_of, new_step
 from runs.engine.context import build_context
 from runs.engine.dispatch import conf
 from runs.engine.ledger import (
@@ -38,7 +38,9 @@ from runs.engine.ledger import (
     prepare_intent,
     snapshot_fields,
 )
-from runs.engine.outcomes import Outcome, Succeeded
+from runs.engine.liveness import ClaimLost
+from runs.engine.outcomes import Failed, Outcome, Succeeded
+from runs.engine.steps import execute
 from runs.models import Run, SideEffect, Step, StepKind, chain_heads, digest, to_json_value
 from runs.people import Pause, people
 from runs.tools import ToolError
@@ -54,7 +56,8 @@ ORDINARY = "ordinary"
 _RUN_FIELDS = Run._meta.concrete_fields
 _SELECT_RUN = (
     f"SELECT {', '.join(f'r.{f.column}' for f in _RUN_FIELDS)}, "
-    "EXISTS (SELECT 1 FROM runs_step s WHERE s.run_id = r.id) FROM runs_run r WHERE r.id = %s"
+    "EXISTS (SELECT 1 FROM runs_step s WHERE s.run_id = r.id){pauses} "
+    "FROM runs_run r WHERE r.id = %s"
 )
 
 
@@ -72,14 +75,19 @@ def _run_from_row(row) -> Run:
 
 def claim_fresh(run_id, worker: str) -> Claim | str | None:
     """Start a run that was just created and claim its first step, in one round trip after one
-    read. Returns the Claim, None when the run has nothing to do (gone or not runnable), or
-    ORDINARY when it is not a fresh run (the ordinary claim decides)."""
+    read (of the run and of the open pauses). Returns the Claim, None when the run has nothing
+    to do (gone or not runnable), or ORDINARY when it is not a fresh run (the ordinary claim
+    decides)."""
     if not conf("HOT_PATH"):
         return ORDINARY
-    row = execute_one(_SELECT_RUN, [run_id], writes=False)
+    pauses = _pauses_sql()
+    select = _SELECT_RUN.format(pauses=f", ({pauses})" if pauses else "")
+    row = execute_one(select, [run_id], writes=False)
     if row is None:
         return None
-    run, has_steps = _run_from_row(row[:-1]), row[-1]
+    fields = len(_RUN_FIELDS)
+    run, has_steps = _run_from_row(row[:fields]), row[fields]
+    paused = _paused_from(row[fields + 1]) if pauses else {}
     if run.status not in Run.RUNNABLE:
         return None
     if run.status != Run.Status.PENDING or has_steps:
@@ -90,7 +98,9 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
         return ORDINARY  # the ordinary claim hands it to a person
     batch = Batch(run.pk, (run.event_seq, run.event_hash), expect_status=Run.Status.PENDING)
     run.start_in(batch)
-    following = _next_in(batch, run, workflow, [], workflow.steps[0], worker, timezone.now())
+    following = _next_in(
+        batch, run, workflow, [], workflow.steps[0], worker, timezone.now(), paused=paused
+    )
     if following is None:
         return ORDINARY
     try:
@@ -105,17 +115,21 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
     return _claimed(following, values)
 
 
-# How many pure compute steps in a row one statement may record, executed ahead of their claim.
+# How many steps in a row one statement may record, executed ahead of their claim.
 AHEAD = 8
 
 
-def _next_in(batch, run, workflow, steps, choice, worker, now, result=None):
+def _next_in(batch, run, workflow, steps, choice, worker, now, result=None, *, paused, reads=True):
     """The run's next move after `steps`, as parts of `batch`.
 
-    1. A pure compute step (no tool, not a model turn) is executed here, ahead of any claim,
-       and recorded done with its start: had nothing committed, it would simply run again.
-       Then the step after it is chosen, up to AHEAD of them.
-    2. The first step that calls out (or waits, or needs a person) is claimed (_claim_in).
+    1. A step that changes nothing is executed here, ahead of any claim, and recorded done with
+       its start: a pure compute step (no tool, not a model turn) and, when `reads` (nothing in
+       this batch needs committing before a call may wait: no receipt), a read whose tool was
+       not paused when this worker last looked (`paused`, as of its previous statement; the
+       batch checks again). Had nothing committed, it would simply run again. Then the step
+       after it is chosen, up to AHEAD of them.
+    2. The first step that calls out (or waits, or needs a person) is claimed (_claim_in); so
+       is a read that failed ahead, its claim carrying the outcome (recorded as its attempt's).
     3. When nothing is left, the run succeeds with the last result.
     Returns the next step's Claim (complete once the batch commits), DONE, or None when the
     ordinary path must decide (a next() that fails: it asks a person, with the error).
@@ -126,12 +140,23 @@ def _next_in(batch, run, workflow, steps, choice, worker, now, result=None):
             return DONE
         step, definition = new_step(run, workflow, steps, choice, worker, now)
         ctx = build_context(run, steps)
-        done = _ahead(step, definition, ctx)
+        done = _ahead(run, step, workflow, definition, ctx, steps, worker, paused, reads)
+        if isinstance(done, Failed):  # a read that failed ahead: claimed with its outcome
+            claim = _claim_in(batch, run, workflow, step, definition, ctx, steps, worker)
+            claim.ahead = done
+            return claim
         if done is _NOT_AHEAD:
             return _claim_in(batch, run, workflow, step, definition, ctx, steps, worker)
         step.id = STEP_IDS.next()
         run.enter_stage_in(batch, definition.stage)
-        step.open_done_in(batch, done, now)
+        if isinstance(done, Succeeded):  # a read
+            step.open_done_in(batch, done.result, now, read_record=done.read)
+            pauses = _pauses_sql()
+            if pauses is not None:  # a pause that came meanwhile: the ordinary path decides
+                batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
+            done = done.result
+        else:
+            step.open_done_in(batch, done, now)
         steps, result = [*steps, step], done
         try:
             choice = workflow.following(build_context(run, steps), step.name, step.spec)
@@ -146,9 +171,23 @@ def _next_in(batch, run, workflow, steps, choice, worker, now, result=None):
 _NOT_AHEAD = object()
 
 
-def _ahead(step, definition: StepDef, ctx):
-    """The result of a pure compute step executed ahead of its claim, or _NOT_AHEAD (not pure,
-    or it failed: the ordinary execution records the failure, with its class)."""
+def _ahead(run, step, workflow, definition: StepDef, ctx, steps, worker, paused, reads):
+    """What executing the step ahead of its claim gave: a pure compute step's result; a read's
+    Succeeded (with its read record), or its other Outcome when it failed or degraded; or
+    _NOT_AHEAD (a step that is neither, a read that may not go ahead, a compute step that
+    failed: the ordinary execution records the failure, with its class)."""
+    if definition.kind == StepKind.READ:
+        if not reads or not _reads_ahead(definition, paused):
+            return _NOT_AHEAD
+        claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
+        claim.pause = None  # not paused as of the worker's last statement (checked again)
+        try:
+            outcome = execute(claim)
+        except ClaimLost:
+            return _NOT_AHEAD
+        if isinstance(outcome, Succeeded) and outcome.degraded is None and not outcome.events:
+            return outcome
+        return outcome if isinstance(outcome, Failed) else _NOT_AHEAD
     if definition.kind != StepKind.COMPUTE or definition.fn is None or definition.waits:
         return _NOT_AHEAD
     ctx.iteration, ctx.spec = step.iteration, step.spec
@@ -156,6 +195,17 @@ def _ahead(step, definition: StepDef, ctx):
         return to_json_value(definition.fn(ctx))
     except Exception:
         return _NOT_AHEAD
+
+
+def _reads_ahead(definition: StepDef, paused: dict | None) -> bool:
+    """A read may go ahead of its claim when the worker knows its tool's pauses (`paused`, as of
+    its last statement) and its tool is a registered read that is not paused."""
+    if paused is None or not definition.tool or definition.tool in paused:
+        return False
+    try:
+        return not tool_registry.get(definition.tool).side_effect
+    except tool_registry.UnknownTool:
+        return False
 
 
 def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Claim:
@@ -166,16 +216,16 @@ def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Cla
     step.id = STEP_IDS.next()
     claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
     run.enter_stage_in(batch, definition.stage)
-    pause = _pause_statement(definition)
-    claim.pause_index = None if pause is None else batch.read(*pause)
+    pauses = _pauses_sql()
+    claim.pause_index = None if pauses is None else batch.value(pauses, [])
     call = _prepare_call(claim) if definition.kind == StepKind.SIDE_EFFECT else None
     if call is not None:
         step.idempotency_key = call[1].idempotency_key
     step.open_in(batch)
     if call is not None:
         intent_in(batch, claim, call[0], call[1], new_step=True)
-        if pause is not None:  # never an intent for a paused tool
-            batch.check(f"NOT EXISTS ({pause[0]})", pause[1], "tool paused")
+        if pauses is not None:  # never an intent for a paused tool
+            batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
         claim.intent_parts = (call[1], call[2])
     return claim
 
@@ -204,25 +254,24 @@ def _claimed(claim: Claim, values: list) -> Claim:
         if isinstance(step, Step):
             step._state.adding = False
     claim.run.stage = claim.step.stage or claim.run.stage
-    claim.pause = _pause_from(values, claim.pause_index)
+    if claim.pause_index is not None:
+        claim.paused = _paused_from(values[claim.pause_index])
+        if claim.step.kind in (StepKind.READ, StepKind.SIDE_EFFECT) and claim.step.tool:
+            claim.pause = claim.paused.get(claim.step.tool)
     if claim.intent_parts is not None:
         effect, params = claim.intent_parts
         claim.intent = (intent_written(effect), params)
     return claim
 
 
-def _pause_statement(definition: StepDef) -> tuple[str, list] | None:
-    """The read of the open pause of the step's tool (steps.held_by_pause), for its claim."""
-    if definition.kind not in (StepKind.READ, StepKind.SIDE_EFFECT) or not definition.tool:
-        return None
-    return people().pause_statement(definition.tool)
+def _pauses_sql() -> str | None:
+    """The read of every open pause (runs.people), None when no tool can be paused."""
+    return people().pauses_statement()
 
 
-def _pause_from(values: list, index: int | None):
-    if index is None:
-        return UNCHECKED
-    row = values[index]
-    return Pause(row["id"], row["reason"]) if row else None
+def _paused_from(value) -> dict[str, Pause]:
+    """{tool: Pause} from the pauses read (a JSON object {tool: [id, reason]})."""
+    return {tool: Pause(pk, reason) for tool, (pk, reason) in (value or {}).items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -249,7 +298,7 @@ def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim
         effect, receipt = outcome.committed
         effect.commit_in(batch, receipt, confirmed_by="tool", now=now, data={"step": step.name})
     step.succeed_in(batch, result, held_by=claim.lease, now=now, read_record=outcome.read)
-    following = _plan_next(batch, claim, result, now) if go_on else None
+    following = _plan_next(batch, claim, outcome, now) if go_on else None
     if following is None and go_on:
         return None
     try:
@@ -282,10 +331,11 @@ def _inline(claim: Claim, outcome: Outcome) -> bool:
     )
 
 
-def _plan_next(batch: Batch, claim: Claim, result, now):
+def _plan_next(batch: Batch, claim: Claim, outcome: Succeeded, now):
     """Add the next step's claim (or the run's success) to the batch; None when choosing it
     needs the ordinary path (an unfinished step after this one, or a next() that fails).
     Returns DONE, or the next step's Claim (complete once the batch has committed)."""
+    result = outcome.result
     run, step, workflow = claim.run, claim.step, claim.workflow
     if any(s.status in Step.UNFINISHED for s in claim.steps if s.pk != step.pk):
         return None
@@ -307,7 +357,12 @@ def _plan_next(batch: Batch, claim: Claim, result, now):
         choice: StepDef | DynamicStep | None = workflow.following(ctx, step.name, step.spec)
     except Exception:
         return None  # the ordinary claim asks a person, with the error
-    return _next_in(batch, run, workflow, steps, choice, claim.worker, now, result)
+    # A receipt is committed before any call that may wait: no read goes ahead of it.
+    reads = outcome.committed is None
+    worker, paused = claim.worker, claim.paused
+    return _next_in(
+        batch, run, workflow, steps, choice, worker, now, result, paused=paused, reads=reads
+    )
 
 
 def _remember_success(claim: Claim, outcome: Succeeded, result, now) -> None:

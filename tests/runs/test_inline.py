@@ -142,10 +142,10 @@ def _verifies(run) -> bool:
 
 def test_the_hot_path_takes_one_statement_per_protocol_step(sandbox):
     # bench.five: the fresh claim (a read, then one statement that also records `prepare`, a
-    # pure compute step executed ahead of its claim, and claims `fetch`), then one statement
-    # for each outcome together with the next step's claim — a side effect's snapshot and
-    # intent included, and the final compute step done ahead with the run's success. (Ids are
-    # taken from the sequences 64 at a time; the tests' own savepoints aside.)
+    # pure compute step, and `fetch`, a read, both executed ahead of their claim, and claims
+    # `write_a` with its snapshot and intent), then one statement for each outcome together
+    # with the next step's claim — the final compute step done ahead with the run's success.
+    # (Ids are taken from the sequences 64 at a time; the tests' own savepoints aside.)
     from django.test.utils import CaptureQueriesContext
 
     from taskpilots.evidence import bench_flows  # noqa: F401
@@ -158,7 +158,7 @@ def test_the_hot_path_takes_one_statement_per_protocol_step(sandbox):
         for q in queries.captured_queries
         if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "SELECT nextval("))
     ]
-    assert len(statements) == 5, statements
+    assert len(statements) == 4, statements
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED
 

@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from runs import engine, tools, workflows
 from runs.engine import inline
+from runs.engine.outcomes import Succeeded
 from runs.models import READ_PREVIEW_CHARS, Run, Step, digest
 from runs.tools import python_tool
 from runs.workflows import Workflow, compute, read
@@ -52,7 +53,8 @@ def hot(request):
 
 @pytest.fixture
 def inline_records(monkeypatch):
-    """Which steps the hot path recorded (record_and_continue answered something)."""
+    """Which steps the hot path recorded (record_and_continue answered something, or a read
+    went ahead of its claim)."""
     recorded = []
     original = inline.record_and_continue
 
@@ -62,7 +64,15 @@ def inline_records(monkeypatch):
             recorded.append(claim.step.name)
         return answer
 
+    def ahead_spy(run, step, *args):
+        answer = original_ahead(run, step, *args)
+        if isinstance(answer, Succeeded):  # a read recorded ahead of its claim
+            recorded.append(step.name)
+        return answer
+
+    original_ahead = inline._ahead
     monkeypatch.setattr(inline, "record_and_continue", spy)
+    monkeypatch.setattr(inline, "_ahead", ahead_spy)
     return recorded
 
 
