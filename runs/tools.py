@@ -402,7 +402,10 @@ class _Callers:
         self._idle = 0
 
     def call(self, fn, params, ctx, timeout: float):
-        done = threading.Event()
+        # The helper releases `done` when the call returns: a bare lock is the cheapest signal
+        # between two threads (an Event is a condition variable around one).
+        done = threading.Lock()
+        done.acquire()
         box: dict[str, Any] = {}
         with self._lock:
             if self._idle:
@@ -410,9 +413,9 @@ class _Callers:
             else:
                 threading.Thread(target=self._serve, daemon=True, name="tool-call").start()
         self._jobs.put((fn, params, ctx, box, done))
-        if not done.wait(min(_QUICK_SECONDS, timeout)):
+        if not done.acquire(timeout=min(_QUICK_SECONDS, timeout)):
             about_to_wait()
-            if not done.wait(max(timeout - _QUICK_SECONDS, 0)):
+            if not done.acquire(timeout=max(timeout - _QUICK_SECONDS, 0)):
                 raise TimeoutError
         if "error" in box:
             raise box["error"]
@@ -427,7 +430,7 @@ class _Callers:
                 box["error"] = exc
             with self._lock:
                 self._idle += 1
-            done.set()
+            done.release()
 
 
 _CALLERS = _Callers()

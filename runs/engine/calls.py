@@ -10,7 +10,7 @@ from django.db import connection
 from runs.engine.claim import Claim
 from runs.engine.dispatch import conf
 from runs.engine.liveness import fence
-from runs.models import FailureClass, canonical_json, to_json_value
+from runs.models import FailureClass, canonical_json, from_canonical_json
 from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult, when_waiting
 
 MAX_PARAMS_BYTES = 256 * 1024
@@ -31,20 +31,20 @@ def build_params(claim: Claim, tool: Tool | None) -> dict:
         params = tool.validate(params)
     try:
         text = canonical_json(params)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise ToolError(FailureClass.INVALID_INPUT, f"parameters are not JSON: {exc}") from None
     if len(text.encode()) > MAX_PARAMS_BYTES:
         raise ToolError(FailureClass.INVALID_INPUT, "parameters exceed 256 KiB")
     if "\x00" in text:
         raise ToolError(FailureClass.INVALID_INPUT, "parameters contain a NUL character")
-    return to_json_value(params)
+    return from_canonical_json(text)  # to_json_value, from the text already encoded
 
 
 def call_context(claim: Claim, tool: Tool, key: str = "") -> CallContext:
     step = claim.step
     return CallContext(
         idempotency_key=key,
-        run_id=str(claim.run.pk),
+        run_id=str(claim.run.id),
         step=step.name if not step.iteration else f"{step.name}#{step.iteration}",
         attempt=step.attempts,
         timeout=tool.timeout if tool.timeout is not None else conf("TOOL_TIMEOUT_SECONDS"),

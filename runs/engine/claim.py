@@ -170,7 +170,7 @@ def new_step(run, workflow, steps, choice, worker, now) -> tuple[Step, StepDef]:
     step = new_row(
         Step,
         cache={"run": run},
-        run_id=run.pk,
+        run_id=run.id,
         name=name,
         iteration=sum(1 for s in steps if s.name == name),
         position=(steps[-1].position + 1) if steps else 0,

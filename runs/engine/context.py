@@ -35,7 +35,7 @@ def build_context(run: Run, steps: list[Step] | None = None) -> Context:
             }
         )
     return Context(
-        run_id=str(run.pk),
+        run_id=str(run.id),
         workflow=run.workflow,
         version=run.workflow_version,
         input=run.input,

@@ -96,7 +96,7 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
         workflow = workflow_registry.get(run.workflow, run.workflow_version)
     except workflow_registry.UnknownWorkflow:
         return ORDINARY  # the ordinary claim hands it to a person
-    batch = Batch(run.pk, (run.event_seq, run.event_hash), expect_status=Run.Status.PENDING)
+    batch = Batch(run.id, (run.event_seq, run.event_hash), expect_status=Run.Status.PENDING)
     run.start_in(batch)
     following = _next_in(
         batch, run, workflow, [], workflow.steps[0], worker, timezone.now(), paused=paused
@@ -110,7 +110,7 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
     run.status, run.lock_version = Run.Status.RUNNING, run.lock_version + 1
     if following is DONE:
         run.status = Run.Status.SUCCEEDED
-        chain_heads.forget(run.pk)
+        chain_heads.forget(run.id)
         return None
     return _claimed(following, values)
 
@@ -288,10 +288,10 @@ def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim
     if not _inline(claim, outcome):
         return None
     run, step = claim.run, claim.step
-    head = chain_heads.get(run.pk)
+    head = chain_heads.get(run.id)
     if head is None:
         return None
-    batch = Batch(run.pk, head, expect_status=Run.Status.RUNNING)
+    batch = Batch(run.id, head, expect_status=Run.Status.RUNNING)
     now = timezone.now()
     result = outcome.result
     if outcome.committed is not None:
@@ -311,10 +311,10 @@ def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim
     if following is DONE:
         run.status = Run.Status.SUCCEEDED
         run.lock_version += 1
-        chain_heads.forget(run.pk)
+        chain_heads.forget(run.id)
         return DONE
     # The claim's steps, with this worker's own row (now done) instead of its stand-in.
-    following.steps = [step if s.pk == step.pk else s for s in following.steps]
+    following.steps = [step if s.id == step.id else s for s in following.steps]
     return _claimed(following, values)
 
 
@@ -337,7 +337,7 @@ def _plan_next(batch: Batch, claim: Claim, outcome: Succeeded, now):
     Returns DONE, or the next step's Claim (complete once the batch has committed)."""
     result = outcome.result
     run, step, workflow = claim.run, claim.step, claim.workflow
-    if any(s.status in Step.UNFINISHED for s in claim.steps if s.pk != step.pk):
+    if any(s.status in Step.UNFINISHED for s in claim.steps if s.id != step.id):
         return None
     # The claim's own step changes only once the batch has committed: the context sees it done.
     done = SimpleNamespace(
@@ -349,9 +349,10 @@ def _plan_next(batch: Batch, claim: Claim, outcome: Succeeded, now):
         tool=step.tool,
         position=step.position,
         spec=step.spec,
-        pk=step.pk,
+        pk=step.id,
+        id=step.id,
     )
-    steps = [done if s.pk == step.pk else s for s in claim.steps]
+    steps = [done if s.id == step.id else s for s in claim.steps]
     ctx = build_context(run, steps)
     try:
         choice: StepDef | DynamicStep | None = workflow.following(ctx, step.name, step.spec)

@@ -206,7 +206,7 @@ def bench_engine(
         started_at = timezone.now()
         for run_id in ids:
             advance_run.delay(str(run_id))
-        polls = _wait_for_runs(ids, say)
+        polls = _wait_for_runs(ids, say, prefix=f"bench-{tag}-")
         commits = _commits() - before - polls - 1
         cpu = _cpu_per_step_ms(cpu_before, _cpu_s(groups), runs * 5)
     finished = Run.objects.filter(pk__in=ids).aggregate(last=Max("finished_at"))["last"]
@@ -245,14 +245,21 @@ def bench_engine(
     }
 
 
-def _wait_for_runs(ids: list, say: Say, timeout: float = 600) -> int:
-    """Until every run succeeded, saying how many have; the number of polls."""
+def _wait_for_runs(ids: list, say: Say, timeout: float = 600, *, prefix: str = "") -> int:
+    """Until every run succeeded, saying how many have; the number of polls. The clock is the
+    database's (the runs' own times), so the poll only has to notice the end: a few times a
+    second, one index range on the business keys (`prefix`) rather than a list of every id,
+    so the benchmark takes as little as it can of the CPU it measures."""
+    if prefix:
+        runs = Run.objects.filter(business_key__startswith=prefix)
+    else:
+        runs = Run.objects.filter(pk__in=ids)
     polls, done, started = 0, 0, time.monotonic()
     while done < len(ids):
-        time.sleep(0.1)
+        time.sleep(0.25)
         polls += 1
-        done = Run.objects.filter(pk__in=ids, status="succeeded").count()
-        if polls % 10 == 0:
+        done = runs.filter(status="succeeded").count()
+        if polls % 4 == 0:
             say(f"  {done}/{len(ids)} runs done")
         if time.monotonic() - started > timeout:
             raise RuntimeError(f"only {done}/{len(ids)} runs finished in {timeout:.0f} s")
