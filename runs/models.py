@@ -186,6 +186,30 @@ def _choices_check(field: str, choices: type[models.TextChoices], name: str):
     return models.CheckConstraint(condition=Q(**{f"{field}__in": choices.values}), name=name)
 
 
+class ChoicesField(models.CharField):
+    """A CharField whose allowed values PostgreSQL checks through a domain of that name.
+
+    For the columns every statement of the engine's hot path writes (a run's, a step's and a
+    ledger row's status, a step's kind): PostgreSQL compiles a domain's CHECK once per
+    connection, where it reads a table's CHECK constraint again, from its text, in every
+    statement that writes the table. A migration creates the domain before the column takes
+    it (runs/migrations/0021_status_domains.py); a new choice needs a migration that changes
+    the domain's CHECK (tests/runs/test_models.py compares each domain with its choices).
+    """
+
+    def __init__(self, *args, domain: str = "", **kwargs):
+        self.domain = domain
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        kwargs["domain"] = self.domain
+        return name, path, args, kwargs
+
+    def db_type(self, connection) -> str:
+        return self.domain
+
+
 def _sources(table: dict[str, set[str]], target: str) -> list[str]:
     return [source for source, targets in table.items() if target in targets]
 
@@ -341,7 +365,9 @@ class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.CharField(max_length=100)
     workflow_version = models.PositiveIntegerField()
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    status = ChoicesField(
+        max_length=20, choices=Status.choices, default=Status.PENDING, domain="runs_run_status"
+    )
     stage = models.CharField(max_length=100, blank=True, default="")
     input = models.JSONField(default=dict, encoder=DjangoJSONEncoder)
     # sha256 of the canonical input: the "input snapshot ref" rehydration points at.
@@ -373,7 +399,7 @@ class Run(models.Model):
     event_hash = models.CharField(max_length=64, default="")
 
     class Meta:
-        constraints = [_choices_check("status", RunStatus, "run_status_valid")]
+        # The status's allowed values: its domain (ChoicesField).
         indexes = [
             models.Index(
                 fields=["attention_due_at", "created_at"],
@@ -726,13 +752,15 @@ class Step(models.Model):
     name = models.CharField(max_length=150)
     iteration = models.PositiveIntegerField(default=0)
     position = models.PositiveIntegerField()
-    kind = models.CharField(max_length=20, choices=StepKind.choices)
+    kind = ChoicesField(max_length=20, choices=StepKind.choices, domain="runs_step_kind")
     stage = models.CharField(max_length=100, blank=True, default="")
     tool = models.CharField(max_length=150, blank=True, default="")
     # For steps decided at run time (agent loops, compensations): everything needed to execute
     # them again without recomputing the decision. Empty for steps declared in the workflow.
     spec = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    status = ChoicesField(
+        max_length=20, choices=Status.choices, default=Status.PENDING, domain="runs_step_status"
+    )
     attempts = models.PositiveIntegerField(default=0)
     error_class = models.CharField(max_length=20, blank=True, default="")
     last_error = models.TextField(blank=True, default="")
@@ -752,8 +780,7 @@ class Step(models.Model):
 
     class Meta:
         constraints = [
-            _choices_check("status", StepStatus, "step_status_valid"),
-            _choices_check("kind", StepKind, "step_kind_valid"),
+            # The status's and the kind's allowed values: their domains (ChoicesField).
             models.UniqueConstraint(
                 fields=["run", "name", "iteration"], name="step_unique_name_iteration"
             ),
@@ -1363,7 +1390,12 @@ class SideEffect(models.Model):
     # Checksum of the parameters the key was first used with: the same key with other
     # parameters is an error, never a second call.
     params_checksum = models.CharField(max_length=64)
-    status = models.CharField(max_length=20, choices=Status.choices, default=Status.INTENDED)
+    status = ChoicesField(
+        max_length=20,
+        choices=Status.choices,
+        default=Status.INTENDED,
+        domain="runs_side_effect_status",
+    )
     external_id = models.CharField(max_length=255, blank=True, default="")
     receipt = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
     # "tool", "reconcile" (lookup by key) or "user:<name>".
@@ -1378,7 +1410,7 @@ class SideEffect(models.Model):
 
     class Meta:
         constraints = [
-            _choices_check("status", SideEffectStatus, "side_effect_status_valid"),
+            # The status's allowed values: its domain (ChoicesField).
             models.UniqueConstraint(fields=["idempotency_key"], name="side_effect_unique_key"),
         ]
         indexes = [

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -72,6 +73,42 @@ class TestConstraints:
             }[table]().pk
         with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(f"UPDATE {table} SET status = 'bogus' WHERE id = %s", [pk])
+
+    def test_each_status_domain_allows_exactly_its_fields_choices(self):
+        # A choice added in code needs a migration that changes the domain's CHECK
+        # (runs.models.ChoicesField): until then the database refuses it.
+        from django.apps import apps
+
+        from runs.models import ChoicesField
+
+        fields = [
+            field
+            for model in apps.get_models()
+            for field in model._meta.concrete_fields
+            if isinstance(field, ChoicesField)
+        ]
+        assert {f.domain for f in fields} == {
+            "runs_run_status",
+            "runs_step_status",
+            "runs_step_kind",
+            "runs_side_effect_status",
+        }
+        with connection.cursor() as cursor:
+            for field in fields:
+                cursor.execute(
+                    "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c "
+                    "JOIN pg_type t ON t.oid = c.contypid WHERE t.typname = %s",
+                    [field.domain],
+                )
+                (definition,) = cursor.fetchone()
+                allowed = set(re.findall(r"'([a-z_]+)'", definition))
+                assert allowed == {value for value, _ in field.choices}, field
+                cursor.execute(
+                    "SELECT data_type, domain_name FROM information_schema.columns "
+                    "WHERE table_name = %s AND column_name = %s",
+                    [field.model._meta.db_table, field.column],
+                )
+                assert cursor.fetchone()[1] == field.domain, field
 
     def test_step_name_and_iteration_are_unique_per_run(self):
         step = StepFactory(name="send", iteration=0)
