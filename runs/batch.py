@@ -28,6 +28,7 @@ import os
 import re
 import uuid
 from datetime import datetime
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 import psycopg
@@ -90,7 +91,7 @@ class Batch:
         row = {column: values[attname] for column, attname in _columns(instance)}
         self.must(
             f"INSERT INTO {table} SELECT * FROM json_populate_record(NULL::{table}, %s::json)",
-            [_ROW_JSON.encode(row)],
+            [_row_json(row)],
             f"{table} row not written",
         )
 
@@ -211,8 +212,20 @@ def _json_default(value):
 
 
 # Rows for json_populate_record: datetimes to the microsecond (DjangoJSONEncoder keeps
-# milliseconds only), JSONField values as they are (already plain JSON: to_json_value).
+# milliseconds only), JSONField values as they are (already plain JSON: to_json_value). The C
+# encoder is built once (JSONEncoder.encode builds one per call).
 _ROW_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default)
+_row_chunks = (
+    c_make_encoder(None, _json_default, encode_basestring, None, ":", ",", False, False, True)
+    if c_make_encoder is not None
+    else None
+)
+
+
+def _row_json(row: dict) -> str:
+    if _row_chunks is None:
+        return _ROW_JSON.encode(row)
+    return "".join(_row_chunks(row, 0))
 
 
 def execute_one(sql: str, params: list, *, writes: bool = True):
