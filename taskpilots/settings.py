@@ -263,6 +263,9 @@ _broker_url = env_str("CELERY_BROKER_URL")
 CELERY_BROKER_URL = _broker_url or devenv.FILESYSTEM_BROKER
 CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 if devenv.uses_filesystem_broker(_broker_url):
+    # kombu's transport, with writes renamed into place and undecodable files dropped
+    # (taskpilots/fsbroker.py: a producer killed mid-write once stopped every worker).
+    CELERY_BROKER_TRANSPORT = "taskpilots.fsbroker:Transport"
     _folders = devenv.broker_folders(VAR_DIR)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_folders["queue"]),
