@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from kombu import Connection
 
+from taskpilots import devenv
 from taskpilots.fsbroker import PARTIAL_PREFIX
 
 TRANSPORT = "taskpilots.fsbroker:Transport"
@@ -22,7 +23,7 @@ BASE_DIR = Path(__file__).resolve().parents[2]
 
 
 def _options(root: Path) -> dict:
-    folders = {name: root / name for name in ("queue", "processed", "control")}
+    folders = devenv.broker_folders(root)
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     return {
@@ -49,7 +50,7 @@ def touch(path):
 
 @pytest.mark.timeout(60)
 def test_a_worker_reads_past_a_message_that_does_not_decode(tmp_path):
-    options = _options(tmp_path / "broker")
+    options = _options(tmp_path)
     (tmp_path / "probe_app.py").write_text(APP.format(transport=TRANSPORT, options=options))
     queue = Path(options["data_folder_in"])
     # What a producer killed mid-write leaves: a file under a message's name, cut short.
@@ -86,7 +87,7 @@ def test_a_worker_reads_past_a_message_that_does_not_decode(tmp_path):
 
 
 def test_a_message_being_written_is_never_seen_by_a_reader(tmp_path):
-    options = _options(tmp_path / "broker")
+    options = _options(tmp_path)
     queue = Path(options["data_folder_in"])
     body = "x" * 4_000_000  # a write long enough for the reader to look in the middle of it
     seen, bad, writing = [], [], threading.Event()
