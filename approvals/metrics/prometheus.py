@@ -18,11 +18,11 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from approvals.metrics.facts import COHORT_SQL, NO_CURRENT_ROW, fact_params, facts_sql
+from approvals.metrics.facts import COHORT_SQL, fact_params, facts_sql
 from approvals.metrics.figures import INCONSISTENCIES, MISSING_METADATA_COLUMNS
 from approvals.metrics.queries import NO_LIVE, STALE_MINUTES, current_state
 from approvals.metrics.sql import T, no_jit
-from approvals.metrics.store import EPOCH, RECOVERY_TALLIES, recovery_tallies_of
+from approvals.metrics.store import EPOCH, RECOVERY_TALLIES, recovery_sums
 from runs.models import Run
 
 # The text format generate_latest() writes.
@@ -33,21 +33,37 @@ _STORED_SQL = f"""
 SELECT family, name, detail, value FROM {T["counter"]}
 UNION ALL SELECT 'mark', '', '', extract(epoch FROM through)::float8 FROM {T["mark"]}
 WHERE name = 'counters'"""
-# What the counters do not hold yet: the runs that ended at or after the mark, and the open
-# runs (their status index), with whether their stored row is current.
+# What the counters do not hold yet: the open runs (their status index) and the runs that ended
+# at or after the mark (run_finished_idx).
 _RECENT = f"""recent AS MATERIALIZED (
-  SELECT r.id, r.workflow, r.status, r.event_seq FROM {T["run"]} r
-  WHERE r.finished_at >= %(through)s AND r.status = ANY(%(terminal)s)
+  SELECT r.id, r.workflow, r.status, r.event_seq, true AS open FROM {T["run"]} r
+  WHERE r.status = ANY(%(open)s)
   UNION ALL
-  SELECT r.id, r.workflow, r.status, r.event_seq FROM {T["run"]} r WHERE r.status = ANY(%(open)s)
+  SELECT r.id, r.workflow, r.status, r.event_seq, false FROM {T["run"]} r
+  WHERE r.finished_at >= %(through)s AND r.status = ANY(%(terminal)s)
+),
+-- Their stored rows that are current (computed at the run's timeline head). An open run's
+-- current row is an open one (finished = 0, runmetrics_open_idx): the open runs and the open
+-- rows meet in one hash join, where a lookup per open run cost a few thousand index descents.
+-- The few runs that ended since the mark are looked up by key (OFFSET 0: one lookup each).
+current AS MATERIALIZED (
+  SELECT m.* FROM recent r
+  JOIN {T["metrics"]} m ON m.run_id = r.id AND m.event_seq = r.event_seq AND m.finished = 0
+  WHERE r.open
+  UNION ALL
+  SELECT m.* FROM recent r CROSS JOIN LATERAL (
+    SELECT * FROM {T["metrics"]} m WHERE m.run_id = r.id AND m.event_seq = r.event_seq OFFSET 0
+  ) m WHERE NOT r.open
 )"""
+# The recent runs without a current row: computed live.
 _RECENT_LIVE_IDS_SQL = f"""WITH {_RECENT}
-SELECT r.id FROM recent r WHERE {NO_CURRENT_ROW}"""
+SELECT r.id FROM recent r WHERE NOT EXISTS (SELECT 1 FROM current c WHERE c.run_id = r.id)"""
 
 
 # Those runs by workflow and status; their side effects committed and compensated by tool;
-# their failed tool attempts, from their current stored rows and computed live for %(ids)s, the
-# ones without; and the side effects whose outcome is open (side_effect_open_idx).
+# their failed tool attempts and recovery tallies, from their current stored rows and computed
+# live for %(ids)s, the ones without; and the side effects whose outcome is open
+# (side_effect_open_idx).
 def _recent_sql(live: str) -> str:
     return f"""WITH {_RECENT},
 live AS MATERIALIZED ({live}),
@@ -58,15 +74,9 @@ effects AS MATERIALIZED (
     SELECT e.tool, e.status, e.committed_at FROM {T["effect"]} e WHERE e.run_id = r.id OFFSET 0
   ) e
 ),
-stored AS (
-  SELECT m.* FROM recent r CROSS JOIN LATERAL (
-    SELECT m.tool_names, m.tool_classes, m.tool_counts, {_TALLY_COLUMNS} FROM {T["metrics"]} m
-    WHERE m.run_id = r.id AND m.event_seq = r.event_seq OFFSET 0
-  ) m
-),
-rows AS (
-  SELECT * FROM stored
-  UNION ALL SELECT l.tool_names, l.tool_classes, l.tool_counts, {_TALLY_COLUMNS_OF_LIVE} FROM live l
+rows AS MATERIALIZED (
+  SELECT tool_names, tool_classes, tool_counts, {_TALLY_COLUMNS} FROM current
+  UNION ALL SELECT tool_names, tool_classes, tool_counts, {_TALLY_COLUMNS} FROM live
 )
 SELECT 'runs', workflow, status, count(*) FROM recent GROUP BY 2, 3
 UNION ALL
@@ -82,12 +92,10 @@ FROM rows f
 CROSS JOIN LATERAL unnest(f.tool_names, f.tool_classes, f.tool_counts) AS t(tool, cls, n)
 WHERE t.cls <> '' GROUP BY 2, 3
 UNION ALL
-SELECT 'recovery', tally.name, '', sum(tally.n) FROM rows f CROSS JOIN {recovery_tallies_of("f")}
-GROUP BY 2"""
+{recovery_sums("rows f", "f")}"""
 
 
-_TALLY_COLUMNS = ", ".join(f"m.{name}" for name in [*RECOVERY_TALLIES, "takeover_s"])
-_TALLY_COLUMNS_OF_LIVE = ", ".join(f"l.{name}" for name in [*RECOVERY_TALLIES, "takeover_s"])
+_TALLY_COLUMNS = ", ".join([*RECOVERY_TALLIES, "takeover_s"])
 
 
 # With the runs %(ids)s computed live; and without planning FACTS when there are none.

@@ -148,21 +148,27 @@ RECOVERY_TALLIES = [
 ]
 
 
-def recovery_tallies_of(row: str) -> str:
-    """A LATERAL VALUES list of (name, n): RECOVERY_TALLIES and `takeover_ms` of row `row`."""
-    pairs = [f"('{name}', {row}.{name}::bigint)" for name in RECOVERY_TALLIES]
-    pairs.append(
-        f"('takeover_ms', (SELECT COALESCE(round(sum(x) * 1000), 0)::bigint"
-        f" FROM unnest({row}.takeover_s) AS x))"
+def recovery_sums(rows: str, row: str) -> str:
+    """A SELECT of ('recovery', name, '', n) rows: RECOVERY_TALLIES and `takeover_ms` summed
+    over `rows` (a FROM clause; `row` names its stored row), in one pass over them; no rows
+    when `rows` has none. Takeover durations are rounded to the millisecond per run."""
+    names = [*RECOVERY_TALLIES, "takeover_ms"]
+    sums = [f"sum({row}.{name})::bigint" for name in RECOVERY_TALLIES]
+    sums.append(
+        f"sum((SELECT COALESCE(round(sum(x) * 1000), 0) FROM unnest({row}.takeover_s) AS x))"
+        "::bigint"
     )
-    return f"LATERAL (VALUES {', '.join(pairs)}) AS tally(name, n)"
+    columns = ", ".join(f"{expr} AS n{i}" for i, expr in enumerate(sums))
+    pairs = ", ".join(f"('{name}', s.n{i})" for i, name in enumerate(names))
+    return (
+        f"SELECT 'recovery', t.name, '', t.n FROM (SELECT {columns} FROM {rows} "
+        f"HAVING count(*) > 0) s CROSS JOIN LATERAL (VALUES {pairs}) AS t(name, n)"
+    )
 
 
 ENDED_COUNTS_SQL += f"""
 UNION ALL
-SELECT 'recovery', tally.name, '', sum(tally.n)
-FROM ended JOIN {T["metrics"]} m ON m.run_id = ended.id CROSS JOIN {recovery_tallies_of("m")}
-GROUP BY 2"""
+{recovery_sums(f"ended JOIN {T['metrics']} m ON m.run_id = ended.id", "m")}"""
 ADVANCE_COUNTERS_SQL = f"""
 WITH counts(family, name, detail, n) AS ({ENDED_COUNTS_SQL}),
 added AS (

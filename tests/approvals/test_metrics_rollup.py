@@ -272,3 +272,23 @@ def test_hour_rows_give_the_same_figures_as_their_runs_late_in_the_day():
     assert MetricsHour.objects.filter(hour__gte=now - timedelta(hours=21)).count() >= 15
     for key in WINDOWS:
         same(board(now, key), live[key], key)
+
+
+def _resumes(text: str) -> float:
+    (line,) = [line for line in text.splitlines() if line.startswith("taskpilots_resumes_total ")]
+    return float(line.split()[1])
+
+
+def test_prometheus_reads_the_same_from_stored_rows_as_live(db):
+    # /metrics adds the counters stored for ended runs to the open runs' current rows (the
+    # open runs and the open rows in one hash join) and to the runs computed live.
+    now = timezone.now()
+    load_fake_runs(300, days=3, batch_size=300, seed=5, now=now)
+    live = metrics.prometheus_text(now)
+    assert metrics.rollup(now=now, full=True) > 250
+    assert RunMetrics.objects.filter(finished=0).count() > 5  # open runs' rows are stored too
+    assert metrics.prometheus_text(now) == live
+    # An open run resumes: its stored row is no longer current, and it is computed live (once).
+    run = Run.objects.filter(status="needs_human").first()
+    run.record("run.resumed", {})
+    assert _resumes(metrics.prometheus_text(now)) == _resumes(live) + 1
