@@ -624,7 +624,7 @@ class Drill:
         self._wait(
             lambda: all(self.sandbox.ledger(system="mail", run=str(r)) for r in batch.run_ids),
             what="every mail to land",
-            timeout=30,
+            timeout=self._batch_timeout(batch),
         )
         # Back to ordinary workers: they must reconcile what the chaos ones left behind.
         self._restart_workers()
@@ -640,8 +640,12 @@ class Drill:
         def landed():
             return [self.sandbox.ledger(system="payments", run=str(r)) for r in batch.run_ids]
 
-        self._wait(lambda: all(landed()), what="every refund to land", timeout=30)
-        for [record, *_] in landed():
+        # Under the chaos soak a refund may still be on its way when the wait gives up: only
+        # the ones that landed get their record changed (the run's end is checked either way).
+        self._wait(
+            lambda: all(landed()), what="every refund to land", timeout=self._batch_timeout(batch)
+        )
+        for [record, *_] in filter(None, landed()):
             changed = {**record["response"], "amount": record["response"]["amount"] + 1}
             self.sandbox.alter("payments", record["idempotency_key"], response=changed)
 
@@ -650,7 +654,11 @@ class Drill:
 
         for n in range(count):
             self._start(batch, "support.reply", self._reply_input(900 + n))
-        self._wait(lambda: self._settled(batch), what="the replies to finish", timeout=60)
+        self._wait(
+            lambda: self._settled(batch),
+            what="the replies to finish",
+            timeout=self._batch_timeout(batch),
+        )
         mail = SideEffect.objects.filter(run_id=batch.run_ids[0], tool="mail.send").first()
         if mail is not None and mail.status == SideEffect.Status.COMMITTED:
             # Planted: the provider now says the mail bounced (same id, so the drill's own
