@@ -33,6 +33,12 @@ _STORED_SQL = f"""
 SELECT family, name, detail, value FROM {T["counter"]}
 UNION ALL SELECT 'mark', '', '', extract(epoch FROM through)::float8 FROM {T["mark"]}
 WHERE name = 'counters'"""
+# The columns of a stored row the scrape reads.
+_ROW_COLUMNS = ", ".join(
+    f"m.{name}"
+    for name in ["run_id", "tool_names", "tool_classes", "tool_counts"]
+    + [*RECOVERY_TALLIES, "takeover_s"]
+)
 # What the counters do not hold yet: the open runs (their status index) and the runs that ended
 # at or after the mark (run_finished_idx).
 _RECENT = f"""recent AS MATERIALIZED (
@@ -47,36 +53,35 @@ _RECENT = f"""recent AS MATERIALIZED (
 -- rows meet in one hash join, where a lookup per open run cost a few thousand index descents.
 -- The few runs that ended since the mark are looked up by key (OFFSET 0: one lookup each).
 current AS MATERIALIZED (
-  SELECT m.* FROM recent r
+  SELECT {_ROW_COLUMNS} FROM recent r
   JOIN {T["metrics"]} m ON m.run_id = r.id AND m.event_seq = r.event_seq AND m.finished = 0
   WHERE r.open
   UNION ALL
-  SELECT m.* FROM recent r CROSS JOIN LATERAL (
+  SELECT {_ROW_COLUMNS} FROM recent r CROSS JOIN LATERAL (
     SELECT * FROM {T["metrics"]} m WHERE m.run_id = r.id AND m.event_seq = r.event_seq OFFSET 0
   ) m WHERE NOT r.open
 )"""
-# The recent runs without a current row: computed live.
-_RECENT_LIVE_IDS_SQL = f"""WITH {_RECENT}
-SELECT r.id FROM recent r WHERE NOT EXISTS (SELECT 1 FROM current c WHERE c.run_id = r.id)"""
 
 
-# Those runs by workflow and status; their side effects committed and compensated by tool;
-# their failed tool attempts and recovery tallies, from their current stored rows and computed
-# live for %(ids)s, the ones without; and the side effects whose outcome is open
-# (side_effect_open_idx).
-def _recent_sql(live: str) -> str:
-    return f"""WITH {_RECENT},
-live AS MATERIALIZED ({live}),
+def _tallies(rows: str) -> str:
+    """The failed tool attempts (by tool and class) and the recovery tallies of `rows`."""
+    return f"""SELECT 'failures', t.tool, t.cls, sum(t.n) FROM {rows} f
+CROSS JOIN LATERAL unnest(f.tool_names, f.tool_classes, f.tool_counts) AS t(tool, cls, n)
+WHERE t.cls <> '' GROUP BY 2, 3
+UNION ALL
+{recovery_sums(f"{rows} f", "f")}"""
+
+
+# In one query: those runs by workflow and status; their side effects committed and compensated
+# by tool; the side effects whose outcome is open (side_effect_open_idx); the failures and
+# tallies of their current rows; and ('live', id) for each run without one.
+RECENT_SQL = f"""WITH {_RECENT},
 -- Each recent run's rows through its index, never a hash of the whole ledger (OFFSET 0 keeps
 -- the planner from flattening the subqueries into a join it would rather hash).
 effects AS MATERIALIZED (
   SELECT e.tool, e.status, e.committed_at FROM recent r CROSS JOIN LATERAL (
     SELECT e.tool, e.status, e.committed_at FROM {T["effect"]} e WHERE e.run_id = r.id OFFSET 0
   ) e
-),
-rows AS MATERIALIZED (
-  SELECT tool_names, tool_classes, tool_counts, {_TALLY_COLUMNS} FROM current
-  UNION ALL SELECT tool_names, tool_classes, tool_counts, {_TALLY_COLUMNS} FROM live
 )
 SELECT 'runs', workflow, status, count(*) FROM recent GROUP BY 2, 3
 UNION ALL
@@ -87,20 +92,14 @@ UNION ALL
 SELECT 'open', e.tool, e.status, count(*) FROM {T["effect"]} e
 WHERE e.status IN ('intended', 'unknown') GROUP BY 2, 3
 UNION ALL
-SELECT 'failures', t.tool, t.cls, sum(t.n)
-FROM rows f
-CROSS JOIN LATERAL unnest(f.tool_names, f.tool_classes, f.tool_counts) AS t(tool, cls, n)
-WHERE t.cls <> '' GROUP BY 2, 3
+{_tallies("current")}
 UNION ALL
-{recovery_sums("rows f", "f")}"""
-
-
-_TALLY_COLUMNS = ", ".join([*RECOVERY_TALLIES, "takeover_s"])
-
-
-# With the runs %(ids)s computed live; and without planning FACTS when there are none.
-RECENT_SQL = _recent_sql(facts_sql(COHORT_SQL))
-RECENT_NO_LIVE_SQL = _recent_sql(NO_LIVE)
+SELECT 'live', r.id::text, '', 0 FROM recent r
+WHERE NOT EXISTS (SELECT 1 FROM current c WHERE c.run_id = r.id)"""
+# The failures and tallies of the runs without a current row (%(ids)s), computed live; and
+# without planning FACTS when there are none.
+LIVE_SQL = f"WITH live AS MATERIALIZED ({facts_sql(COHORT_SQL)})\n{_tallies('live')}"
+NO_LIVE_SQL = f"WITH live AS MATERIALIZED ({NO_LIVE})\n{_tallies('live')}"
 
 
 @dataclass
@@ -118,21 +117,23 @@ class _Scrape:
 
 
 def _read(now: datetime) -> _Scrape:
-    """Four queries whatever the history (plus the SET): the stored counters, which recent
-    runs have no current row, the recent runs' counts, and the state of things now."""
+    """Four queries whatever the history (plus the SET): the stored counters, the recent runs'
+    counts (with which of them have no current row), those runs' counts computed live, and
+    the state of things now."""
     with no_jit(), connection.cursor() as cursor:
         cursor.execute(_STORED_SQL)
         stored = cursor.fetchall()
         marks = [value for family, _n, _d, value in stored if family == "mark"]
         params = {**fact_params(), "through": _at(marks[0]) if marks else EPOCH}
-        cursor.execute(_RECENT_LIVE_IDS_SQL, params)
-        params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
-        cursor.execute(RECENT_SQL if params["ids"] else RECENT_NO_LIVE_SQL, params)
+        cursor.execute(RECENT_SQL, params)
         recent = cursor.fetchall()
+        params["ids"] = [run_id for family, run_id, _d, _n in recent if family == "live"]
+        cursor.execute(LIVE_SQL if params["ids"] else NO_LIVE_SQL, params)
+        live = cursor.fetchall()
         state = current_state(now)
     totals: dict[str, dict[tuple, int]] = {}
-    for family, name, detail, value in [*stored, *recent]:
-        if family != "mark":
+    for family, name, detail, value in [*stored, *recent, *live]:
+        if family not in ("mark", "live"):
             key = (name, detail)
             totals.setdefault(family, {})[key] = totals.get(family, {}).get(key, 0) + int(value)
 
