@@ -36,7 +36,7 @@ WHERE name = 'counters'"""
 # The columns of a stored row the scrape reads.
 _ROW_COLUMNS = ", ".join(
     f"m.{name}"
-    for name in ["run_id", "tool_names", "tool_classes", "tool_counts"]
+    for name in ["run_id", "committed", "tool_names", "tool_classes", "tool_counts"]
     + [*RECOVERY_TALLIES, "takeover_s"]
 )
 # What the counters do not hold yet: the open runs (their status index) and the runs that ended
@@ -77,9 +77,15 @@ UNION ALL
 # tallies of their current rows; and ('live', id) for each run without one.
 RECENT_SQL = f"""WITH {_RECENT},
 -- Each recent run's rows through its index, never a hash of the whole ledger (OFFSET 0 keeps
--- the planner from flattening the subqueries into a join it would rather hash).
+-- the planner from flattening the subqueries into a join it would rather hash). A run whose
+-- current row counts no committed side effect has none to read: a side effect's commit (and
+-- its compensation) appends an event, which would have made the row stale.
+read AS MATERIALIZED (
+  SELECT r.id FROM recent r
+  WHERE NOT EXISTS (SELECT 1 FROM current c WHERE c.run_id = r.id AND c.committed = 0)
+),
 effects AS MATERIALIZED (
-  SELECT e.tool, e.status, e.committed_at FROM recent r CROSS JOIN LATERAL (
+  SELECT e.tool, e.status, e.committed_at FROM read r CROSS JOIN LATERAL (
     SELECT e.tool, e.status, e.committed_at FROM {T["effect"]} e WHERE e.run_id = r.id OFFSET 0
   ) e
 )
