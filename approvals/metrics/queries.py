@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time as time_module
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
@@ -150,10 +151,18 @@ SELECT 'counts' AS part, bucket, to_jsonb(counts) - 'bucket' AS data,
   NULL::smallint[] AS kinds, NULL::int[] AS bins, NULL::int[] AS counts FROM counts
 UNION ALL SELECT 'sketch', bucket, NULL, kinds, bins, counts FROM sketches
 UNION ALL SELECT 'tools', NULL::timestamp, to_jsonb(tools), NULL, NULL, NULL FROM tools"""
+# How many runs the window has, to check the rows above stand for every one of them: counted
+# outside the day rows' days, and per day for the days whose count this process has not kept
+# (Coverage.expected: a past day's runs stay as they are, so its count is kept with its row).
 _EXPECTED = f"""
 UNION ALL SELECT 'expected', NULL::timestamp, to_jsonb(count(*)), NULL, NULL, NULL
-  FROM {T["run"]} r
-  WHERE r.created_at >= %(start)s AND r.created_at < %(end)s
+  FROM unnest(%(count_lo)s::timestamptz[], %(count_hi)s::timestamptz[]) AS s(lo, hi)
+  JOIN {T["run"]} r ON r.created_at >= s.lo AND r.created_at < s.hi
+UNION ALL SELECT 'expected_day', c.day::timestamp, to_jsonb(count(r.id)), NULL, NULL, NULL
+  FROM unnest(%(count_days)s::date[], %(count_days_lo)s::timestamptz[],
+              %(count_days_hi)s::timestamptz[]) AS c(day, lo, hi)
+  LEFT JOIN {T["run"]} r ON r.created_at >= c.lo AND r.created_at < c.hi
+  GROUP BY c.day
 UNION ALL SELECT 'day', NULL, to_jsonb(d.day), d.sketch_kinds, d.sketch_bins, d.sketch_counts
   FROM {T["day"]} d WHERE d.tz = %(tz)s AND d.day = ANY(%(sketch_days)s::date[])
 UNION ALL SELECT 'hour', NULL, to_jsonb(h.hour), h.sketch_kinds, h.sketch_bins, h.sketch_counts
@@ -246,13 +255,18 @@ class Coverage:
     covered: list[tuple[datetime, datetime]] = field(default_factory=list)
     spans: list[tuple[datetime, datetime]] = field(default_factory=list)
     high_water: datetime = EPOCH
+    start: datetime = EPOCH
+    end: datetime = EPOCH
+    day_spans: dict[date, tuple[datetime, datetime]] = field(default_factory=dict)
+    # The day counts params() found kept (expected() adds them up).
+    kept_runs: dict[date, int] = field(default_factory=dict)
 
     @classmethod
     def read(cls, cursor, params: dict) -> Coverage:
         cursor.execute(COVERAGE_SQL, params)
         rows = cursor.fetchall()
         tz = timezone.get_current_timezone()
-        coverage = cls(params["bucket"])
+        coverage = cls(params["bucket"], start=params["start"], end=params["end"])
         for kind, day, hour, *version in rows:
             if kind == "high" and hour is not None:
                 coverage.high_water = hour - HIGH_WATER_MARGIN
@@ -262,6 +276,7 @@ class Coverage:
                 coverage.days.append(day)
                 coverage.computed[("day", day)] = tuple(version)
                 coverage.covered.append((start, end))
+                coverage.day_spans[day] = (start, end)
         days = set(coverage.days)
         for kind, _day, hour, *version in rows:
             local = timezone.localtime(hour, tz) if kind == "hour" else None
@@ -276,7 +291,21 @@ class Coverage:
 
     def params(self) -> dict:
         unknown = [key for key in self.computed if _SKETCHES.get(self._cache_key(key)) is None]
+        self.kept_runs = {}
+        for day in self.day_spans:
+            kept = _DAY_RUNS.get(self._cache_key(("day", day)))
+            if kept is not None and time_module.monotonic() - kept[1] < DAY_RUNS_MAX_AGE:
+                self.kept_runs[day] = kept[0]
+        uncounted = [
+            (day, lo, hi) for day, (lo, hi) in self.day_spans.items() if day not in self.kept_runs
+        ]
+        outside_days = _gaps(self.start, self.end, sorted(self.day_spans.values()))
         return {
+            "count_lo": [lo for lo, _hi in outside_days],
+            "count_hi": [hi for _lo, hi in outside_days],
+            "count_days": [day for day, _lo, _hi in uncounted],
+            "count_days_lo": [lo for _day, lo, _hi in uncounted],
+            "count_days_hi": [hi for _day, _lo, hi in uncounted],
             "days": self.days,
             "hours": self.hours,
             "sketch_days": [day for kind, day in unknown if kind == "day"],
@@ -287,6 +316,18 @@ class Coverage:
             "spans_hi": [hi for _lo, hi in self.spans],
             "recent": self.high_water,
         }
+
+    def expected(self, outside_days: int, counted: dict[date, int]) -> int:
+        """The window's runs: those outside the day rows' days, and each day's (`counted` by
+        the query, the others kept from an earlier request). Runs are never deleted and start
+        when they are created, so a past day's count only changes when runs are written into
+        the past (an import); it is kept with its day row's version (a row the rollup rebuilt
+        is counted again) for DAY_RUNS_MAX_AGE, so such runs are still found missing from the
+        stored rows within minutes, while the other requests skip counting every run."""
+        now = time_module.monotonic()
+        for day, runs in counted.items():
+            _DAY_RUNS.put(self._cache_key(("day", day)), (runs, now))
+        return outside_days + sum(counted.values()) + sum(self.kept_runs.values())
 
     def _cache_key(self, key: tuple) -> tuple:
         return (timezone.get_current_timezone_name(), *key, *self.computed[key])
@@ -327,8 +368,9 @@ class Coverage:
 
 
 class _Sketches:
-    """The sketches of day and hour rows by (zone, kind, key, computed_at, xmin), the last
-    `limit` used: a rebuilt row is a new row version, so a kept sketch is never out of date."""
+    """What was read of day and hour rows (their sketches, a day's count of runs) by (zone,
+    kind, key, computed_at, xmin), the last `limit` used: a rebuilt row is a new row version,
+    so what is kept is never out of date."""
 
     def __init__(self, limit: int):
         self.limit = limit
@@ -352,6 +394,9 @@ class _Sketches:
 
 # A year of days and a few days of hours (a day's sketch holds ~1,500 buckets, an hour's ~300).
 _SKETCHES = _Sketches(limit=500)
+_DAY_RUNS = _Sketches(limit=500)
+# How long a past day's count of runs is kept (Coverage.expected).
+DAY_RUNS_MAX_AGE = 300.0
 
 
 def _gaps(start: datetime, end: datetime, covered: list[tuple[datetime, datetime]]) -> list:
@@ -394,7 +439,7 @@ def over_rows(cursor, params: dict) -> tuple[list, bool, int, Coverage]:
     params["ids"] = [run_id for (run_id,) in cursor.fetchall()]
     cursor.execute(WINDOW_SQL if params["ids"] else WINDOW_NO_LIVE_SQL, params)
     result = cursor.fetchall()
-    if window_covered(result):
+    if window_covered(result, coverage):
         return result, False, len(params["ids"]), coverage
     logger.warning("metrics: the rollup missed runs; run rollup_metrics --full")
     cursor.execute(LIVE_IDS_ALL_SQL, params)
@@ -403,14 +448,17 @@ def over_rows(cursor, params: dict) -> tuple[list, bool, int, Coverage]:
     return cursor.fetchall(), True, len(params["ids"]), coverage
 
 
-def window_covered(result: list) -> bool:
-    runs = expected = 0
+def window_covered(result: list, coverage: Coverage) -> bool:
+    runs = outside_days = 0
+    counted: dict[date, int] = {}
     for part, bucket, text, *_sketch in result:
         if part == "expected":
-            expected = json.loads(text)
+            outside_days = json.loads(text)
+        elif part == "expected_day":
+            counted[bucket.date()] = json.loads(text)
         elif part == "counts" and bucket is None:
             runs = json.loads(text).get("runs") or 0  # an empty window sums to NULL
-    return runs == expected
+    return runs == coverage.expected(outside_days, counted)
 
 
 # Each kind of duration by its index in VALUE_FIELDS: the prefix of its statistics in a row

@@ -170,6 +170,38 @@ def test_runs_the_rollup_passed_by_are_still_counted(db, caplog):
     assert RunMetrics.objects.filter(run=late).exists()
 
 
+def test_a_past_days_count_of_runs_is_kept_for_minutes(db, caplog, monkeypatch):
+    """The check that the stored rows stand for every run counts a past day's runs once and
+    keeps the count with the day row's version for DAY_RUNS_MAX_AGE: runs written into that day
+    afterwards (an import, missed by the rollup) are found within that time, or at once when
+    the day row is rebuilt."""
+    now = timezone.now()
+    noon = timezone.localtime(now - timedelta(days=2)).replace(hour=12, minute=0, second=0)
+    RunFactory(status="succeeded", created_at=noon, finished_at=noon + timedelta(hours=1))
+    # Written into that day afterwards, ended before the stored rows' high-water mark.
+    late = {"created_at": noon - timedelta(hours=2), "finished_at": noon - timedelta(hours=1)}
+    metrics.rollup(now=now)
+    assert MetricsDay.objects.filter(day=noon.date()).exists()
+    assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 1]
+    RunFactory(status="failed", **late)
+    with caplog.at_level(logging.WARNING, logger="taskpilots.metrics"):
+        # The day's count is kept: the run written into the past is not seen yet.
+        assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 1]
+        assert not caplog.records
+        # Once the kept count is older than DAY_RUNS_MAX_AGE, the day is counted again.
+        clock = metrics.queries.time_module.monotonic() + metrics.queries.DAY_RUNS_MAX_AGE
+        monkeypatch.setattr(metrics.queries.time_module, "monotonic", lambda: clock)
+        assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
+    assert "run rollup_metrics" in caplog.text
+    # A rebuilt day row is counted again at once (its version is new).
+    metrics.rollup(now=now + timedelta(minutes=5), full=True)
+    assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
+    RunFactory(status="succeeded", **late)
+    assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]  # kept
+    MetricsDay.objects.filter(day=noon.date()).update(computed_at=now + timedelta(minutes=6))
+    assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [2, 3]
+
+
 def failure_counters(now) -> list[str]:
     text = metrics.prometheus_text(now)
     return [line for line in text.splitlines() if line.startswith("taskpilots_step_failures")]
