@@ -22,10 +22,22 @@ _INPUT = "django/forms/widgets/input.html"
 _INPUT_ALIASES = {
     f"django/forms/widgets/{name}.html": _INPUT
     for name in (
-        "checkbox", "color", "date", "datetime", "email", "file", "hidden", "number",
-        "password", "search", "tel", "text", "time", "url",
+        "checkbox",
+        "color",
+        "date",
+        "datetime",
+        "email",
+        "file",
+        "hidden",
+        "number",
+        "password",
+        "search",
+        "tel",
+        "text",
+        "time",
+        "url",
     )
-}  # fmt: skip
+}
 
 
 class FormRenderer(DjangoTemplates):

@@ -21,9 +21,7 @@ def test_numbers_are_written_as_django_writes_them(language, thousands):
         for value in VALUES:
             for decimal_pos in (None, 0, 1, 2):
                 for grouping in (False, True):
-                    expected = formats.number_format(
-                        value, decimal_pos, force_grouping=grouping
-                    )
+                    expected = formats.number_format(value, decimal_pos, force_grouping=grouping)
                     assert fmt.number(value, decimal_pos, grouping) == expected
 
 

@@ -32,9 +32,18 @@ def test_the_project_renders_forms_with_it():
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "form_class",
-    [AuditSearchForm, ActionForm, InboxFilterForm, RunSearchForm, ChannelForm, rules.RuleForm,
-     rules.TesterForm, MetadataForm, ApiClientForm],
-)  # fmt: skip
+    [
+        AuditSearchForm,
+        ActionForm,
+        InboxFilterForm,
+        RunSearchForm,
+        ChannelForm,
+        rules.RuleForm,
+        rules.TesterForm,
+        MetadataForm,
+        ApiClientForm,
+    ],
+)
 def test_every_project_form_renders_as_django_does(form_class):
     ours, theirs = both(form_class)
     assert ours == theirs
