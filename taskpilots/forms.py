@@ -5,8 +5,8 @@ includes input.html, which includes attrs.html; a select includes select_option.
 option, which includes attrs.html again. Each include is a template lookup and a new context
 layer, so a form of a few fields costs milliseconds (the tools page renders one per tool). The
 templates in taskpilots/form_templates are the same markup with the includes inlined; every
-other widget template is Django's own (tests/test_form_renderer.py renders the project's forms
-and every input widget through both and requires the same HTML).
+other widget template is Django's own (tests/taskpilots/test_form_renderer.py renders the
+project's forms and every input widget through both and requires the same HTML).
 """
 
 from __future__ import annotations
