@@ -29,6 +29,11 @@ from taskpilots.httpclient import NOT_SENT, SharedClient
 DEFAULT_REQUIRED_SNAPSHOT_FIELDS = ("target_resource", "permissions", "idempotency_key")
 
 
+class NotSent(Exception):
+    """A check made just before a request left refused it (runs.tools.about_to_send): nothing
+    was sent. Not a tool failure: tool wrappers let it through unchanged."""
+
+
 class ToolError(Exception):
     """A classified tool failure.
 
@@ -339,7 +344,7 @@ def python_tool(
     def invoke(params: dict, ctx: CallContext) -> ToolResult:
         try:
             value = _call_with_timeout(fn, params, ctx)
-        except ToolError:
+        except (ToolError, NotSent):
             raise
         except TimeoutError:
             cls = FailureClass.UNKNOWN_OUTCOME if side_effect else FailureClass.TRANSIENT
@@ -353,21 +358,24 @@ def python_tool(
     return Tool(name=name, invoke=invoke, lookup=lookup_fn, **meta)
 
 
-# The caller's hook for "this call is about to wait on the outside world": the engine gives its
-# database connection back then (runs.engine.calls.connection_released), so a quick in-process
-# call keeps it and a slow one does not hold it.
+# The caller's hooks, per thread: "this call is about to wait on the outside world" (the engine
+# gives its database connection back then, runs.engine.calls.connection_released, so a quick
+# in-process call keeps it and a slow one does not hold it), and "this request is about to
+# leave" (the engine checks there that its claim still holds: a worker paused between its
+# earlier check and the request sends nothing when it wakes).
 _waiting = threading.local()
 
 
 @contextmanager
-def when_waiting(hook: Callable[[], None]):
-    """Run `hook` (once) if a call made in this block is about to wait."""
-    previous = getattr(_waiting, "hook", None)
-    _waiting.hook = hook
+def when_waiting(hook: Callable[[], None], before_send: Callable[[], None] | None = None):
+    """Run `hook` (once) if a call made in this block is about to wait, and `before_send`
+    (which may raise NotSent) each time a request of it is about to leave."""
+    previous = getattr(_waiting, "hook", None), getattr(_waiting, "before_send", None)
+    _waiting.hook, _waiting.before_send = hook, before_send
     try:
         yield
     finally:
-        _waiting.hook = previous
+        _waiting.hook, _waiting.before_send = previous
 
 
 def about_to_wait() -> None:
@@ -377,6 +385,16 @@ def about_to_wait() -> None:
     if hook is not None:
         _waiting.hook = None
         hook()
+
+
+def about_to_send() -> None:
+    """Tools that send a request call this last before it leaves, with everything else of the
+    request ready: the caller's check runs as close to the send as a tool can put it. Raises
+    NotSent when the request must not leave."""
+    about_to_wait()
+    check = getattr(_waiting, "before_send", None)
+    if check is not None:
+        check()
 
 
 # How long an in-process call may take before its caller counts it as waiting.
@@ -547,7 +565,7 @@ def http_request(
     all_headers = {"Accept": "application/json", **(headers or {})}
     if payload is not None:
         all_headers["Content-Type"] = "application/json"
-    about_to_wait()
+    about_to_send()
     try:
         response = _http_client().request(
             method, url, content=payload, headers=all_headers, timeout=timeout

@@ -69,7 +69,7 @@ from runs.tools import (
     ToolError,
     ToolResult,
     Verification,
-    about_to_wait,
+    about_to_send,
 )
 
 META_KEY = "taskpilots/idempotency-key"
@@ -258,7 +258,7 @@ def _invoker(server: McpServer, mcp_name: str, write: bool, config: McpToolConfi
         arguments = dict(params)
         if config.key_argument:
             arguments[config.key_argument] = ctx.idempotency_key
-        about_to_wait()
+        about_to_send()
         result = call_tool(
             server, mcp_name, arguments, meta=_meta(ctx), timeout=ctx.timeout, write=write
         )

@@ -79,12 +79,21 @@ def connection_released():
 
 def invoke(claim: Claim, tool: Tool, params: dict, key: str = "") -> ToolResult:
     """Call the tool for the claimed step, with the call context and its key — only while this
-    worker still holds the claim (runs.engine.liveness.fence: ClaimLost otherwise). The
-    connection goes back to the pool once the call waits (runs.tools.about_to_wait): a quick
-    in-process call keeps it."""
+    worker still holds the claim (runs.engine.liveness.fence: ClaimLost otherwise), checked
+    before the call and again as its request leaves. The connection goes back to the pool once
+    the call waits (runs.tools.about_to_wait): a quick in-process call keeps it."""
     ctx = call_context(claim, tool, key)
     fence(claim)  # a worker that lost its claim while away sends nothing
-    with when_waiting(_release_connection):
+
+    def before_send() -> None:
+        # Again at the last moment, as the request is about to leave (runs.tools.about_to_send):
+        # a worker paused since the check above finds its claim taken back when it wakes. Free
+        # while the claim is young and the heartbeat vouches for it; a query otherwise, whose
+        # connection goes back to the pool before the request waits.
+        fence(claim)
+        _release_connection()
+
+    with when_waiting(_release_connection, before_send):
         return tool.invoke(params, ctx)
 
 

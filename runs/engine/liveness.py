@@ -13,9 +13,15 @@ The lease is the safety net, not the detector. Every worker process beats in Pos
    everyone's heartbeat at once, does not make every worker declare every other one dead.
 3. A worker that was only paused (SIGSTOP, a long GC pause, a frozen VM) and wakes up after its
    claim was taken back records nothing over the new owner's work (every recording is
-   conditional on its Lease: owner and attempt) and sends nothing new: before every call it
-   checks `fence(claim)`, which costs nothing while the claim is young and the process's
-   heartbeat fresh, and otherwise asks PostgreSQL whether the claim still holds.
+   conditional on its Lease: owner and attempt) and sends nothing new: before every call, and
+   again as the call's request is about to leave (runs.tools.about_to_send), it checks
+   `fence(claim)`. That costs nothing while the claim is young and the heartbeat vouches for
+   it (fresh, and beating without a gap since the claim was made: a process back from a pause
+   restarts its streak), and otherwise asks PostgreSQL whether the claim still holds.
+   What no check in the sender can close is a pause between that last check and the bytes
+   leaving (a few statements of the HTTP client): the request then lands after the new
+   owner's lookup. The settle window narrows it (the new owner looks up only once it has
+   passed); a tool that dedupes by key closes it.
 
 A stopped worker (warm shutdown) marks its row stopped; its steps finished before it stopped.
 """
@@ -33,6 +39,7 @@ import psycopg
 from django.db import connection, connections
 
 from runs.engine.dispatch import conf, hint, worker_id
+from runs.tools import NotSent
 
 logger = logging.getLogger("taskpilots.engine")
 
@@ -40,7 +47,7 @@ logger = logging.getLogger("taskpilots.engine")
 SAFETY_SECONDS = 1.0
 
 
-class ClaimLost(Exception):
+class ClaimLost(NotSent):
     """The claim was taken back while this worker was paused or cut off: do nothing more for
     the step (its new owner reconciles whatever this worker left)."""
 
@@ -87,7 +94,13 @@ VALUES (%(me)s, %(node)s, %(host)s, %(pid)s, now(), now(), NULL, NULL, '')
 ON CONFLICT (id) DO UPDATE SET beat_at = now(), stopped_at = NULL, dead_at = NULL
 """
 
-_BEAT = "UPDATE runs_worker SET beat_at = now(), dead_at = NULL WHERE id = %s RETURNING dead_at"
+# A beat; it returns when this worker had been found dead (while it was away), if it had.
+_BEAT = """
+UPDATE runs_worker w SET beat_at = now(), dead_at = NULL
+FROM (SELECT id, dead_at FROM runs_worker WHERE id = %s FOR UPDATE) before
+WHERE w.id = before.id
+RETURNING before.dead_at
+"""
 
 _STILL_HELD = (
     "SELECT 1 FROM runs_step WHERE id = %s AND status = 'running' AND lease_owner = %s "
@@ -147,6 +160,15 @@ class Heartbeat:
         last = self.last_beat
         return last is not None and time.monotonic() - last < self.dead_after - SAFETY_SECONDS
 
+    def vouches_for(self, claimed_at: float) -> bool:
+        """Whether no other worker can have found this one dead since `claimed_at` (monotonic):
+        it is fresh now, and its beats have had no gap since then. A process that was away
+        (paused, cut off) restarts its streak at its first beat back, so a claim made before
+        the pause is not vouched for even once the beats are fresh again."""
+        fresh = self.fresh()  # read before the streak: a beat updates last_beat first
+        since = self.steady_since
+        return fresh and since is not None and since <= claimed_at
+
     # -- the thread ------------------------------------------------------------------------
 
     def _register(self) -> None:
@@ -178,8 +200,11 @@ class Heartbeat:
 
     def _beat(self) -> None:
         sent = time.monotonic()
-        if self.last_beat is not None and sent - self.last_beat > self.dead_after:
-            self.steady_since = None  # this process itself was away (paused, cut off)
+        if self.last_beat is not None and sent - self.last_beat >= self.dead_after - SAFETY_SECONDS:
+            # This process itself was away (paused, cut off) long enough that another worker
+            # may have found it dead: the streak restarts, and claims made before it are no
+            # longer vouched for (fence asks PostgreSQL about them).
+            self.steady_since = None
         judge = self.steady_since is not None and sent - self.steady_since >= self.dead_after
         rows = self._execute(_BEAT, [self.worker])
         if not rows:  # our row is gone (pruned while we were away): register again
@@ -225,7 +250,11 @@ def fence(claim) -> None:
     under this worker's lease and attempt, unexpired."""
     young = time.monotonic() - claim.claimed_at < conf("LEASE_SECONDS") - SAFETY_SECONDS
     heartbeat = Heartbeat.current
-    if young and (heartbeat is None or heartbeat.worker != claim.worker or heartbeat.fresh()):
+    if young and (
+        heartbeat is None
+        or heartbeat.worker != claim.worker
+        or heartbeat.vouches_for(claim.claimed_at)
+    ):
         return
     step = claim.step
     with connection.cursor() as cursor:

@@ -241,3 +241,37 @@ def _mail_step(tool):
 
 DEGRADE_WRITE = _register(Workflow("test.degrade_write", 1, [_mail_step("test.mail_down")]))
 DEGRADE_UNKNOWN = _register(Workflow("test.degrade_unknown", 1, [_mail_step("test.mail_unknown")]))
+
+
+# -- a worker that stops itself (SIGSTOP: a GC pause, a frozen VM) at the worst moment: after its
+# claim was checked and the intent written, with the request about to be built and sent. Only
+# the worker started with TASKPILOTS_TEST_PAUSE_FILE naming an existing file stops, once.
+def _pausing_mail_url() -> str:
+    import os
+    import signal
+    import threading
+
+    mark = os.environ.get("TASKPILOTS_TEST_PAUSE_FILE")
+    if mark:
+        try:
+            os.unlink(mark)  # whoever removes it stops; the file is there once
+        except FileNotFoundError:
+            pass
+        else:
+            # Directed at this thread, which stops at once; a stop sent to the process would be
+            # taken by its main thread while this one ran on for a moment.
+            signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    return demo_tools.sandbox("/mail/send")()
+
+
+tools.register(
+    tools.http_tool(
+        "test.mail_pausing",
+        "POST",
+        _pausing_mail_url,
+        lookup_url=demo_tools.sandbox("/mail/by-key"),
+        **_MAIL_META,
+    ),
+    replace=True,
+)
+PAUSING_MAIL = _register(Workflow("test.pausing_mail", 1, [_mail_step("test.mail_pausing")]))

@@ -136,6 +136,23 @@ class TestAPausedWorkerIsFenced:
             ledger.write_intent(claim, tool, params, ledger.idempotency_key_for(claim.step))
         assert not SideEffect.objects.filter(run=run).exists()
 
+    def test_a_claim_made_before_a_gap_in_the_beats_is_asked_about(self):
+        # Woken from a pause, the heartbeat thread may beat before the worker's own thread
+        # checks its claim: the beats are fresh again, but not for a claim made before the gap.
+        run, claim = _claimed_by("w-paused")
+        heartbeat = Heartbeat("paused@host", worker="w-paused")
+        heartbeat.last_beat = time.monotonic()
+        heartbeat.steady_since = claim.claimed_at - 1  # beating without a gap since before
+        previous, Heartbeat.current = Heartbeat.current, heartbeat
+        try:
+            fence(claim)  # vouched for: no query (the test above counts them)
+            self._take_back(run, claim)
+            heartbeat.steady_since = time.monotonic()  # its first beat back after the pause
+            with pytest.raises(ClaimLost):
+                fence(claim)
+        finally:
+            Heartbeat.current = previous
+
     def test_a_worker_that_wakes_up_stands_down_and_says_so(self, sandbox):
         run, _ = engine.start_run("test.flaky", {})
         claim = engine.claim_next(run.pk, worker="w-old")
@@ -276,16 +293,14 @@ def test_a_killed_workers_step_is_taken_back_long_before_its_lease_runs_out(work
 
 @pytest.mark.worker
 def test_a_worker_stopped_past_its_heartbeat_stands_down_when_it_wakes(workers, sandbox):
-    # SIGSTOP mid-call (a GC pause, a frozen VM): another worker takes the step back and
-    # finishes the run; the stopped one, continued, records nothing and sends nothing.
+    # SIGSTOP mid-call (a GC pause, a frozen VM) while its request waits at the mail system:
+    # another worker takes the step back and finishes the run, finding the first request's
+    # effect by key; the stopped one, continued, records nothing over it and sends nothing.
+    # (Stopped before its request left: the test after this one.)
     first = workers.start()
     sandbox.inject("mail", "latency", action="send", latency_ms=1500)
     run, _ = engine.start_run("test.reply", REPLY_INPUT)
-    wait_for(
-        lambda: SideEffect.objects.filter(run=run, tool="mail.send", status="intended").exists(),
-        what="the mail call in flight",
-    )
-    # Stopped after the intent: maybe before the request went out, maybe while it waited.
+    wait_for(lambda: not sandbox.faults(), what="the mail request to arrive and wait")
     os.killpg(first.process.pid, signal.SIGSTOP)
     try:
         workers.start()
@@ -301,3 +316,34 @@ def test_a_worker_stopped_past_its_heartbeat_stands_down_when_it_wakes(workers, 
     assert send.status == "succeeded" and send.attempts == 2
     verbs = list(TimelineEvent.objects.filter(run=run).values_list("verb", flat=True))
     assert verbs.count("step.succeeded") == 4  # each step once, whoever woke up late
+
+
+@pytest.mark.worker
+def test_a_worker_paused_just_before_its_request_left_sends_nothing_when_it_wakes(
+    workers, sandbox, tmp_path
+):
+    # Deterministic: the first worker stops itself (SIGSTOP) after its claim was checked and its
+    # intent written, as the request is being built (tests.runs.flows._pausing_mail_url). The
+    # second worker takes the step back, finds nothing by key once the settle window passed and
+    # sends; the first, woken, must find its claim gone as its request is about to leave.
+    pause = tmp_path / "pause"
+    pause.touch()
+    first = workers.start(TASKPILOTS_TEST_PAUSE_FILE=str(pause))
+    run, _ = engine.start_run("test.pausing_mail", {"to": "ann@example.com"})
+    wait_for(lambda: not pause.exists(), timeout=30, what="the first worker to stop itself")
+    try:
+        workers.start()
+        wait_for(_reclaimed(run.pk), timeout=40, what="the step taken back")
+        run = wait_for(_swept_until_settled(run.pk), timeout=60, what="the run to finish")
+    finally:
+        os.killpg(first.process.pid, signal.SIGCONT)
+    assert run.status == "succeeded", run.attention_reason
+    discarded = wait_for(
+        lambda: TimelineEvent.objects.filter(run=run, verb="step.outcome_discarded").first(),
+        timeout=30,
+        what="the woken worker to stand down",
+    )
+    assert "nothing was sent" in discarded.data["why"]
+    assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+    send = Step.objects.get(run=run, name="send")
+    assert send.status == "succeeded" and send.attempts == 2
