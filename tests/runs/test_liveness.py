@@ -267,6 +267,17 @@ def _reclaimed(run_id):
     return lambda: TimelineEvent.objects.filter(run_id=run_id, verb="step.lease_reclaimed").first()
 
 
+def _finished_by_another_worker(workers, stopped, run) -> Run:
+    """While `stopped` is stopped: another worker takes the step back and finishes the run;
+    then `stopped` is continued. The run as it ended."""
+    try:
+        workers.start()
+        wait_for(_reclaimed(run.pk), timeout=40, what="the step taken back")
+        return wait_for(_swept_until_settled(run.pk), timeout=60, what="the run to finish")
+    finally:
+        os.killpg(stopped.process.pid, signal.SIGCONT)
+
+
 @pytest.mark.worker
 def test_a_killed_workers_step_is_taken_back_long_before_its_lease_runs_out(workers, sandbox):
     workers.start()
@@ -302,12 +313,7 @@ def test_a_worker_stopped_past_its_heartbeat_stands_down_when_it_wakes(workers, 
     run, _ = engine.start_run("test.reply", REPLY_INPUT)
     wait_for(lambda: not sandbox.faults(), what="the mail request to arrive and wait")
     os.killpg(first.process.pid, signal.SIGSTOP)
-    try:
-        workers.start()
-        wait_for(_reclaimed(run.pk), timeout=40, what="the step taken back")
-        run = wait_for(_swept_until_settled(run.pk), timeout=60, what="the run to finish")
-    finally:
-        os.killpg(first.process.pid, signal.SIGCONT)
+    run = _finished_by_another_worker(workers, first, run)
     assert run.status == "succeeded", run.attention_reason
     time.sleep(3)  # the woken worker gets its answer and tries to record it
     assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
@@ -331,12 +337,7 @@ def test_a_worker_paused_just_before_its_request_left_sends_nothing_when_it_wake
     first = workers.start(TASKPILOTS_TEST_PAUSE_FILE=str(pause))
     run, _ = engine.start_run("test.pausing_mail", {"to": "ann@example.com"})
     wait_for(lambda: not pause.exists(), timeout=30, what="the first worker to stop itself")
-    try:
-        workers.start()
-        wait_for(_reclaimed(run.pk), timeout=40, what="the step taken back")
-        run = wait_for(_swept_until_settled(run.pk), timeout=60, what="the run to finish")
-    finally:
-        os.killpg(first.process.pid, signal.SIGCONT)
+    run = _finished_by_another_worker(workers, first, run)
     assert run.status == "succeeded", run.attention_reason
     discarded = wait_for(
         lambda: TimelineEvent.objects.filter(run=run, verb="step.outcome_discarded").first(),
