@@ -46,6 +46,14 @@ class ActionForbidden(PermissionError):
         self.code = code
 
 
+class DecisionConflict(Exception):
+    """Someone else decided first, or the run moved on since the page was loaded."""
+
+
+class ActionRefused(ValueError):
+    """The action does not make sense in the run's current state (the message says why)."""
+
+
 def roles_of(user) -> frozenset[str]:
     """The user's console roles, read once per request and kept on the user object."""
     cached = getattr(user, "_console_roles", None)
