@@ -12,9 +12,9 @@ from typing import Any
 from django import forms
 from django.utils.translation import gettext_lazy as _
 
-from approvals.params import InvalidParams, validate_params
 from approvals.console import REASON_LABELS, RUN_STATUS_LABELS
 from approvals.models import known_queues
+from approvals.params import InvalidParams, validate_params
 from runs import tools as tool_registry
 from runs.invisible import neutralise
 
