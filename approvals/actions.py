@@ -18,6 +18,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.gate import requirement
 from approvals.models import (
     ApprovalRequest,
     HumanDecision,
@@ -34,10 +35,11 @@ from approvals.permissions import (
     can_act,
     check_may_act,
 )
+from runs import tools as tool_registry
 from runs.conditions import ConditionError, parse_text
 from runs.conditions import validate as validate_conditions
 from runs.engine import begin_compensation, enqueue
-from runs.models import Receipt, Run, SideEffect, Snapshot, Step, Wait, to_json_value
+from runs.models import Receipt, Run, SideEffect, Snapshot, Step, Wait, digest, to_json_value
 
 D = ApprovalRequest.Decision
 DECISION_VERBS = {
@@ -189,11 +191,15 @@ def decide_approval(
         raise ActionRefused(f"decision must be one of {', '.join(D.values)}")
     with transaction.atomic():
         run, step, approval = _lock_pending_approval(approval_id, user, expected_version)
-        if approval.approvals_required > 1:
-            check_may_approve_twoperson(run, approval, user, decision)
         decision, params, conditions = _what_is_approved(
             approval, decision, edited_params, conditions
         )
+        if decision != D.REJECTED:
+            # Counted on the parameters approved, never on the ones first proposed: an edit
+            # that raises the amount past a two-person threshold needs a second person.
+            _require_approvers(run, step, approval, params)
+        if approval.approvals_required > 1:
+            check_may_approve_twoperson(run, approval, user, decision)
         if decision != D.REJECTED and approval.approvals_required > 1:
             if not approval.awaits_second:
                 _approve_first(run, step, approval, user, decision, params, comment, conditions)
@@ -208,6 +214,23 @@ def decide_approval(
         _carry_out(run, step, approval, user, decision, params, comment, conditions)
     approval.refresh_from_db()
     return approval
+
+
+def _require_approvers(run: Run, step: Step, approval: ApprovalRequest, params: dict) -> None:
+    """Raise the request's number of approvers to what the gate's rules ask for these
+    parameters (approvals.gate.requirement: the same answer the call will meet)."""
+    if not approval.tool:
+        return
+    try:
+        tool = tool_registry.get(approval.tool)
+    except tool_registry.UnknownTool:
+        return
+    declared = step.name if step.kind == "approval" else ""
+    need = requirement(
+        workflow=run.workflow, step=step.name, tool=tool, params=params, declared=declared
+    )
+    if need.approvers > approval.approvals_required:
+        approval.require_approvers(need.approvers, reasons=need.reasons)
 
 
 def _what_is_approved(approval, decision, edited_params, conditions) -> tuple[str, dict, list]:
@@ -274,6 +297,12 @@ def _carry_out(run, step, approval, user, decision, params, comment, conditions)
         Takeover.end(run, user, "rejected")
         begin_compensation(run, f"rejected by {user.get_username()}", actor=actor)
         return
+    if step.kind != "approval":
+        # The gate asked about this very call (runs.engine.gate): it is made again with the
+        # approved parameters, and meets the gate again, which now finds this approval.
+        _call_again(step, params, record, actor=actor)
+        _resume(run, user, f"approval {decision}")
+        return
     # What the side effect after this step executes, and the decision its snapshot names
     # (runs.engine.ledger reads `human_decision`).
     first = approval.first_approved_by
@@ -289,6 +318,30 @@ def _carry_out(run, step, approval, user, decision, params, comment, conditions)
     }
     step.succeed(answer, actor=actor)
     _resume(run, user, f"approval {decision}")
+
+
+def _call_again(step: Step, params: dict, record: HumanDecision, *, actor: str) -> None:
+    """Send a side-effect step back to the engine to be called with `params`, which `record`
+    approved or edited. A key whose earlier call is known not to have happened stays bound to
+    its parameters: other parameters get the next key."""
+    fields: dict[str, Any] = {
+        "spec": {**step.spec, "params_override": params, "human_decision": record.reference()}
+    }
+    effect = SideEffect.objects.filter(step=step).order_by("-id").first()
+    if effect is not None and effect.status == SideEffect.Status.COMMITTED:
+        raise ActionRefused("This side effect already happened; it cannot be called again.")
+    if effect is not None and effect.params_checksum != digest(params):
+        fields["idempotency_key"] = _next_key(step, effect)
+    step.request_retry(
+        actor=actor,
+        data={"approved": record.reference(), "new_key": fields.get("idempotency_key", "")},
+        **fields,
+    )
+
+
+def _next_key(step: Step, effect: SideEffect) -> str:
+    generation = SideEffect.objects.filter(step=step).count() + 1
+    return f"{effect.idempotency_key.split('~r')[0]}~r{generation}"
 
 
 def check_may_approve_twoperson(run: Run, approval: ApprovalRequest, user, decision: str) -> None:
@@ -472,7 +525,7 @@ def retry_step(run_id, user, *, comment: str = "", expected_version=None) -> Ste
         if step is None:
             raise ActionRefused("There is no unfinished step to retry.")
         if step.status in (Step.Status.NEEDS_HUMAN, Step.Status.PENDING):
-            if step.kind == "approval":
+            if step.kind == "approval" or _awaits_approval(step):
                 raise ActionRefused("This step is an approval: approve or reject it instead.")
             if step.status == Step.Status.NEEDS_HUMAN:
                 step.request_retry(actor=actor)
@@ -519,9 +572,10 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
             if effect is not None and effect.status == SideEffect.Status.COMMITTED:
                 raise ActionRefused("This side effect already happened; it cannot be edited.")
             if effect is not None:
-                generation = SideEffect.objects.filter(step=step).count() + 1
-                base = effect.idempotency_key.split("~r")[0]
-                fields["idempotency_key"] = f"{base}~r{generation}"
+                fields["idempotency_key"] = _next_key(step, effect)
+        # An approval the gate asked for covers the parameters it showed, not these: the call
+        # with the edited parameters meets the gate again (runs.engine.gate).
+        _cancel_waiting(step=step, actor=actor, reason="parameters edited")
         record = _decision(
             run,
             user,
@@ -544,6 +598,11 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
         )
         _resume(run, user, "retry with edited parameters")
     return step
+
+
+def _awaits_approval(step: Step) -> bool:
+    """A side-effect step the gate handed to people for approval of its call."""
+    return ApprovalRequest.objects.filter(step=step, status=ApprovalRequest.Status.PENDING).exists()
 
 
 def _last_params(step: Step) -> dict | None:
@@ -588,6 +647,9 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
         if step is None:
             raise ActionRefused("There is no unfinished step to complete.")
         _refuse_unknown(step)
+        if step.kind == "approval":
+            # Its result is what the call after it executes: only a decision may give one.
+            raise ActionRefused("This step is an approval: approve or reject it instead.")
         result = to_json_value(result)
         effect = SideEffect.objects.filter(step=step).order_by("-id").first()
         if effect is not None and effect.status == SideEffect.Status.INTENDED:

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.fields.json import KT
 from django.db.models.functions import JSONObject
 from django.utils import timezone
 from django.utils.formats import number_format
@@ -175,7 +176,12 @@ def _current_step_subquery():
         .order_by("position")
         .values(
             info=JSONObject(
-                name="name", kind="kind", status="status", error_class="error_class", tool="tool"
+                name="name",
+                kind="kind",
+                status="status",
+                error_class="error_class",
+                tool="tool",
+                action=KT("routing__action"),
             )
         )[:1]
     )
@@ -184,8 +190,10 @@ def _current_step_subquery():
 def reason_of(step_info: dict | None) -> str:
     if not step_info:
         return ""
-    if step_info.get("kind") == "approval" and step_info.get("status") == "needs_human":
-        return "approval"
+    if step_info.get("status") == "needs_human" and (
+        step_info.get("kind") == "approval" or step_info.get("action") == "approve"
+    ):
+        return "approval"  # an approval step, or a call the gate stopped for approval
     return step_info.get("error_class") or ""
 
 
@@ -194,8 +202,14 @@ def _reason_filter(reason: str) -> Q:
         run=OuterRef("pk"), status__in=[Step.Status.NEEDS_HUMAN, Step.Status.UNKNOWN_OUTCOME]
     )
     if reason == "approval":
-        return Q(Exists(parked.filter(kind="approval")))
-    return Q(Exists(parked.filter(error_class=reason).exclude(kind="approval")))
+        return Q(Exists(parked.filter(awaits_approval())))
+    return Q(Exists(parked.filter(error_class=reason).exclude(awaits_approval())))
+
+
+def awaits_approval() -> Q:
+    """A parked step that waits for people's approval: an approval step, or a side effect
+    the gate stopped (runs.engine.gate: its routing's action is `approve`)."""
+    return Q(kind="approval") | Q(routing__action="approve")
 
 
 def inbox_queryset(user, *, queue="", workflow="", reason="", owner="") -> QuerySet[Run]:
@@ -468,7 +482,8 @@ def _current_step(run: Run, steps: list[Step]) -> Step | None:
 
 
 def _open_approval(current: Step | None) -> ApprovalRequest | None:
-    if current is None or current.kind != "approval":
+    """The current step's pending approval: an approval step's, or the gate's for a call."""
+    if current is None or current.status != Step.Status.NEEDS_HUMAN:
         return None
     pending = ApprovalRequest.objects.filter(step=current, status=ApprovalRequest.Status.PENDING)
     return pending.select_related("first_approved_by").order_by("-id").first()

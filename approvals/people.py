@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from approvals import notifications, sla
+from approvals import gate, notifications, sla
 from approvals.models import ApprovalRequest, EscalationRule, ToolPause
 from runs import people
 from runs.models import Run, Step
@@ -34,6 +34,12 @@ class People:
 
     def ask(self, run: Run, step: Step, approval: people.Approval) -> int:
         return ApprovalRequest.open(run, step, approval).pk
+
+    def requirement(self, **call: Any) -> people.Requirement:
+        return gate.requirement(**call)
+
+    def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[people.Grant]:
+        return gate.grants(run_id, tools, step_id)
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         breaches = 0

@@ -530,7 +530,8 @@ def which_rule(*, workflow="", step="", tool="", failure_class="", risk="") -> V
         "failure_class": failure_class,
         "risk": risk,
     }
-    matching = [r for r in EscalationRule.objects.filter(enabled=True) if r.matches(**match)]
+    routing = EscalationRule.objects.filter(enabled=True).exclude(action=A.APPROVE)
+    matching = [r for r in routing if r.matches(**match)]
     first = EscalationRule.first_match(**match)
     verdict = explain(first, tool=tool, failure_class=failure_class)
     return Verdict(first, verdict, risk, matching[1:])

@@ -290,6 +290,9 @@ class RouteAction(models.TextChoices):
     COMPENSATE = "compensate", "Compensate committed side effects"
     ESCALATE = "escalate", "Escalate to a person"
     FAIL = "fail", "Fail the run"
+    # Not a route: a rule with this action puts matching calls behind a person's approval
+    # (runs.engine.gate); the router never picks it for a failure.
+    APPROVE = "approve", "Ask a person to approve the call"
 
 
 class StepKind(models.TextChoices):
@@ -1060,14 +1063,30 @@ class Step(models.Model):
         )
 
     def request_approval(
-        self, *, held_by: str, approval: int, queue: str, reason: str, tool: str
+        self,
+        *,
+        held_by: str,
+        approval: int,
+        queue: str,
+        reason: str,
+        tool: str,
+        routing: dict | None = None,
     ) -> None:
-        """A person is asked to approve the step's call (ApprovalRequest `approval`)."""
+        """A person is asked to approve the step's call (ApprovalRequest `approval`): an
+        approval step's, or — `routing` says so — a side effect's own call that the gate
+        (runs.engine.gate) found no approval in force for."""
         self._move(
             self.Status.NEEDS_HUMAN,
             Verb.APPROVAL_REQUESTED,
             held_by=held_by,
-            data={"approval": approval, "queue": queue, "reason": reason, "tool": tool},
+            data={
+                "approval": approval,
+                "queue": queue,
+                "reason": reason,
+                "tool": tool,
+                **({"routing": routing} if routing else {}),
+            },
+            **({"routing": routing} if routing else {}),
         )
 
     def escalate(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from runs.models import Run, Step
+    from runs.tools import Tool
 
 
 class Rule(Protocol):
@@ -30,7 +31,7 @@ class Rule(Protocol):
     escalate_to: str  # the queue an SLA breach moves the run to ("" keeps it)
     escalate_after_seconds: int  # the SLA after a breach (0: none)
 
-    def approvers_for(self, params: Any) -> int: ...  # distinct approvers an approval needs
+    def approvers_for(self, params: Any, tool: Tool | None = None) -> int: ...  # approvers needed
 
     def backoff(self, attempt: int) -> timedelta: ...
 
@@ -44,8 +45,12 @@ class Rule(Protocol):
 def first_matching(rules: Iterable[Rule], **match: str) -> Rule | None:
     """The rule that routes a failure: the first of `rules` (in routing order, enabled ones
     only) that matches it. The one definition of "first match": the engine's rules read from the
-    database and a rule set tested against history (approvals.rules_history) both go through it."""
-    return next((rule for rule in rules if rule.matches(**match)), None)
+    database and a rule set tested against history (approvals.rules_history) both go through it.
+    Rules whose action is `approve` route nothing (they put calls behind approval:
+    runs.engine.gate) and are passed over."""
+    return next(
+        (rule for rule in rules if rule.action != "approve" and rule.matches(**match)), None
+    )
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,42 @@ class Pause:
 
     pk: int
     reason: str
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """How many distinct people must approve a call with these parameters, and why (the gate,
+    runs.engine.gate). 0: no approval is needed."""
+
+    approvers: int = 0
+    # Why, for people: "the workflow asks for approval at approve_refund", a rule's name.
+    reasons: tuple[str, ...] = ()
+    # The rules that asked (their describe()), for the snapshot and the timeline.
+    rules: tuple[dict, ...] = ()
+    # Where a person is asked when no approval in force covers the call, and their SLA.
+    queue: str = "support"
+    sla_seconds: int = 0
+    # When worked out from rules a process had cached: a SQL boolean (and its parameters) that
+    # holds while those are still the rules in force (the hot path's statement checks it).
+    guard: tuple[str, list] | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {"required": self.approvers, "reasons": list(self.reasons)}
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A decided approval in force: who approved which parameters (their digest), under which
+    conditions, and the decision a snapshot names when it executes it."""
+
+    approval: int
+    params: Any
+    params_digest: str
+    # The distinct authenticated people who approved (usernames), in order.
+    approvers: tuple[str, ...]
+    decision: dict[str, Any]
+    conditions: tuple[dict, ...] = ()
+    by: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +131,25 @@ class People(Protocol):
     def ask(self, run: Run, step: Step, approval: Approval) -> int:
         """Open the approval request, in the engine's transaction; returns its id."""
 
+    def requirement(
+        self,
+        *,
+        workflow: str,
+        step: str,
+        tool: Tool,
+        params: Any,
+        declared: str = "",
+        cached: bool = False,
+    ) -> Requirement:
+        """How many people must approve this call of `tool` with `params`: the rules' answer
+        for exactly these parameters, at least one when the workflow declared an approval of
+        the tool (`declared`: that approval step's name). `cached`: the rules as this process
+        last read them, no query (the hot path; the answer's `guard` must then hold)."""
+
+    def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[Grant]:
+        """The run's decided approvals of `tools` that may still cover a call of step
+        `step_id`, newest first: approved, and not executed by another step's call."""
+
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         """The people's side of a sweeper pass: escalate runs past a person's SLA, send due
         notifications. Calls `hint(run_id)` for runs that have work for a worker again."""
@@ -112,6 +172,12 @@ class NoPeople:
 
     def ask(self, run: Run, step: Step, approval: Approval) -> int:
         raise RuntimeError("approval steps need the approvals app (INSTALLED_APPS)")
+
+    def requirement(self, *, declared: str = "", **_: Any) -> Requirement:
+        return Requirement(1, ("the workflow asks for approval",)) if declared else Requirement()
+
+    def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[Grant]:
+        return []
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         return {}

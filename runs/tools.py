@@ -154,6 +154,13 @@ class Tool:
     # A read's answer as this adapter expects it: `check(response)` returns what is wrong with
     # it (a string) or None; a wrong shape means the API drifted (`api_drift`).
     response_check: Callable[[Any], str | None] | None = None
+    # What approval rules measure a call by (runs.engine.gate): the parameter holding the
+    # amount it moves, the one holding its ISO 4217 currency (or the currency it always uses),
+    # and the one holding the records it touches (a count, or a list of them).
+    amount_param: str = ""
+    currency_param: str = ""
+    default_currency: str = ""
+    records_param: str = ""
 
     def __post_init__(self) -> None:
         if self.risk not in Risk.values:

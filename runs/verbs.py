@@ -75,6 +75,9 @@ class Verb(StrEnum):
     APPROVAL_APPROVED = "approval.approved"
     # A two-person approval's first approval (the request stays pending).
     APPROVAL_FIRST_APPROVED = "approval.first_approved"
+    # The parameters being approved need more approvers than the request asked for (an edit
+    # past a two-person threshold): runs.engine.gate's rules, counted on those parameters.
+    APPROVAL_APPROVERS_RAISED = "approval.approvers_raised"
     APPROVAL_APPROVED_WITH_EDITS = "approval.approved_with_edits"
     APPROVAL_REJECTED = "approval.rejected"
     APPROVAL_EXPIRED = "approval.expired"

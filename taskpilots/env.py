@@ -84,6 +84,27 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+def env_rates(name: str) -> dict[str, str]:
+    """`CODE=rate,CODE=rate` (ISO 4217 codes, positive decimal rates) as {code: rate text}."""
+    from decimal import Decimal, InvalidOperation
+
+    rates: dict[str, str] = {}
+    for item in env_list(name):
+        code, _, rate = item.partition("=")
+        code = code.strip().upper()
+        try:
+            ok = len(code) == 3 and code.isascii() and code.isalpha() and Decimal(rate) > 0
+        except InvalidOperation:
+            ok = False
+        if not ok:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not CODE=rate (an ISO 4217 code and a positive number, "
+                "e.g. USD=1,EUR=1.08)"
+            )
+        rates[code] = rate.strip()
+    return rates
+
+
 def parse_database_url(url: str) -> dict:
     """Turn postgres://user:password@host:port/name?sslmode=... into a DATABASES entry
     (dj-database-url), refusing anything but PostgreSQL.

@@ -13,6 +13,7 @@ from taskpilots.env import (
     env_float,
     env_int,
     env_list,
+    env_rates,
     env_secret,
     env_str,
     parse_database_url,
@@ -393,6 +394,11 @@ TASKPILOTS = {
     "EVENTS_STRICT": env_bool("TASKPILOTS_EVENTS_STRICT", False),
     # The console's public address, for links in notifications (e.g. https://tp.example.com).
     "PUBLIC_URL": env_str("TASKPILOTS_PUBLIC_URL", "") or "",
+    # What one unit of each currency is worth in a common unit, for approval rules whose
+    # threshold names a currency ("two approvers above 1,000 USD"): "USD=1,EUR=1.08,JPY=0.0067".
+    # A call in a currency not listed here counts as above every such threshold (a person
+    # decides rather than a guess).
+    "CURRENCY_RATES": env_rates("TASKPILOTS_CURRENCY_RATES"),
     # Password for make run's demo users (never created in production).
     "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
 }

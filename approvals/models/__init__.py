@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import random
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
@@ -191,6 +190,26 @@ class ApprovalRequest(models.Model):
             )
         self.first_approved_by, self.first_approved_at = user, now
         self.first_params, self.first_conditions = params, list(conditions)
+
+    def require_approvers(self, count: int, *, reasons=()) -> None:
+        """More distinct people must approve than the request asked for (the parameters being
+        approved pass a rule's threshold). The caller holds the run, step and request locks."""
+        with transaction.atomic(savepoint=False):
+            ApprovalRequest.objects.filter(pk=self.pk, status=self.Status.PENDING).update(
+                approvals_required=count
+            )
+            TimelineEvent.append(
+                self.run_id,
+                Verb.APPROVAL_APPROVERS_RAISED,
+                {
+                    "approval": self.pk,
+                    "step": self.step.name,
+                    "from": self.approvals_required,
+                    "to": count,
+                    "reasons": list(reasons),
+                },
+            )
+        self.approvals_required = count
 
     def shown(self) -> dict[str, Any]:
         """Exactly what the approver is shown: the tool, its target and the parameters, with
@@ -461,12 +480,20 @@ class EscalationRule(models.Model):
     # queue it moves to ("" = stays) and the SLA it gets there (0 = none).
     escalate_to = models.CharField(max_length=100, blank=True, default="")
     escalate_after_seconds = models.PositiveIntegerField(default=0)
-    # Approvals this rule matches need this many distinct approvers (1 or 2). With
-    # `amount_param`, two are needed only when that parameter of the call is above
-    # `amount_above` (a missing or non-numeric value counts as above: the careful side).
+    # Calls this rule matches need this many distinct approvers (1 or 2) — an `approve` rule's
+    # calls whatever the workflow declared, the approval steps of other rules. With a threshold
+    # (an amount, or a number of records touched), `approvers_required` are needed above it and
+    # `approvers_below` (0 or 1) at or below it. The amount is the call's `amount_param` (or
+    # the one the tool declares), in `amount_currency` when one is given (converted by
+    # TASKPILOTS_CURRENCY_RATES); records likewise. A value that cannot be read or converted
+    # counts as above (the careful side). See approvals/gate.py.
     approvers_required = models.PositiveSmallIntegerField(default=1)
+    approvers_below = models.PositiveSmallIntegerField(default=0)
     amount_param = models.CharField(max_length=100, blank=True, default="")
     amount_above = models.DecimalField(max_digits=18, decimal_places=2, null=True, blank=True)
+    amount_currency = models.CharField(max_length=3, blank=True, default="")
+    records_param = models.CharField(max_length=100, blank=True, default="")
+    records_above = models.PositiveIntegerField(null=True, blank=True)
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -483,6 +510,10 @@ class EscalationRule(models.Model):
             ),
             models.CheckConstraint(
                 condition=Q(approvers_required__in=[1, 2]), name="rule_approvers_one_or_two"
+            ),
+            models.CheckConstraint(
+                condition=Q(approvers_below__lt=models.F("approvers_required")),
+                name="rule_approvers_below_fewer",
             ),
             models.CheckConstraint(
                 condition=Q(backoff_cap_seconds__gte=models.F("backoff_base_seconds")),
@@ -510,10 +541,11 @@ class EscalationRule(models.Model):
     def first_match(
         cls, *, workflow: str, step: str, tool: str, failure_class: str, risk: str
     ) -> EscalationRule | None:
-        """The rule that routes this failure: the first enabled one, in order, that matches.
+        """The rule that routes this failure: the first enabled one, in order, that matches
+        (`approve` rules route nothing: they put calls behind approval, approvals/gate.py).
         Read from the database every time, so an admin's edit applies to the next failure."""
         return first_matching(
-            cls.objects.filter(enabled=True).order_by("position", "id"),
+            cls.objects.filter(enabled=True).exclude(action=RuleAction.APPROVE),
             workflow=workflow,
             step=step,
             tool=tool,
@@ -521,17 +553,23 @@ class EscalationRule(models.Model):
             risk=risk,
         )
 
-    def approvers_for(self, params: Any) -> int:
+    @property
+    def has_threshold(self) -> bool:
+        return (
+            bool(self.amount_param)
+            or self.amount_above is not None
+            or (self.records_above is not None)
+        )
+
+    def approvers_for(self, params: Any, tool: tool_registry.Tool | None = None) -> int:
         """How many distinct people must approve a call with these parameters."""
-        if self.approvers_required < 2 or not self.amount_param:
+        if not self.has_threshold:
             return self.approvers_required
-        value = params.get(self.amount_param) if isinstance(params, dict) else None
-        if isinstance(value, bool):
-            return 2
-        try:
-            return 2 if Decimal(str(value)) > (self.amount_above or 0) else 1
-        except (InvalidOperation, ValueError):
-            return 2
+        from approvals.gate import above_threshold
+
+        if above_threshold(self, params if isinstance(params, dict) else {}, tool):
+            return self.approvers_required
+        return self.approvers_below
 
     def backoff(self, attempt: int, rng: random.Random | None = None) -> timedelta:
         """Exponential backoff with full jitter, capped: base·2^(attempt-1), then uniform(½, 1)."""
@@ -568,8 +606,12 @@ class EscalationRule(models.Model):
         "escalate_to",
         "escalate_after_seconds",
         "approvers_required",
+        "approvers_below",
         "amount_param",
         "amount_above",
+        "amount_currency",
+        "records_param",
+        "records_above",
     )
 
     def data(self) -> dict[str, Any]:

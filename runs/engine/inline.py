@@ -26,6 +26,7 @@ from django.utils import timezone
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.batch import STEP_IDS, Batch, Refused, execute_one
+from runs.engine import gate
 from runs.engine.calls import build_params, check_scope
 from runs.engine.claim import Claim, claim_of, new_step
 from runs.engine.context import build_context
@@ -223,7 +224,7 @@ def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Cla
         step.idempotency_key = call[1].idempotency_key
     step.open_in(batch)
     if call is not None:
-        intent_in(batch, claim, call[0], call[1], new_step=True)
+        intent_in(batch, claim, call[0], call[1], call[3], new_step=True)
         if pauses is not None:  # never an intent for a paused tool
             batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
         claim.intent_parts = (call[1], call[2])
@@ -231,9 +232,10 @@ def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Cla
 
 
 def _prepare_call(claim: Claim):
-    """(snapshot, intent, parameters) of the claimed side effect's first call, unless building
-    them needs the ordinary path: a parameter or scope error, a missing snapshot field (it
-    says which), a tool that is not a side effect."""
+    """(snapshot, intent, parameters, the gate's clearance) of the claimed side effect's first
+    call, unless building them needs the ordinary path: a parameter or scope error, a missing
+    snapshot field (it says which), a tool that is not a side effect, a call the approval rules
+    as this process knows them may put behind a person (runs.engine.gate decides it there)."""
     try:
         tool = tool_registry.get(claim.definition.tool)
         if not tool.side_effect or needs_baseline(tool):
@@ -242,10 +244,13 @@ def _prepare_call(claim: Claim):
         check_scope(claim, tool)
     except (ToolError, tool_registry.UnknownTool):
         return None
+    cleared = gate.cleared_by_cached_rules(claim, tool, params)
+    if cleared is None:
+        return None
     key = idempotency_key_for(claim.step)
     fields = snapshot_fields(claim, tool, params, key)
     prepared = prepare_intent(claim, tool, fields, digest(params), key)
-    return None if prepared is None else (*prepared, params)
+    return None if prepared is None else (*prepared, params, cleared)
 
 
 def _claimed(claim: Claim, values: list) -> Claim:

@@ -24,6 +24,7 @@ from django.utils import timezone
 from runs import tools as tool_registry
 from runs.batch import SIDE_EFFECT_IDS, SNAPSHOT_IDS, Batch, Refused
 from runs.conditions import broken, describe
+from runs.engine import gate
 from runs.engine.calls import (
     build_params,
     call_context,
@@ -36,7 +37,14 @@ from runs.engine.claim import Claim
 from runs.engine.context import prior_results_summary
 from runs.engine.dispatch import conf
 from runs.engine.liveness import ClaimLost, fence
-from runs.engine.outcomes import Failed, Outcome, Recheck, Succeeded, UnknownOutcome
+from runs.engine.outcomes import (
+    AskApproval,
+    Failed,
+    Outcome,
+    Recheck,
+    Succeeded,
+    UnknownOutcome,
+)
 from runs.models import (
     FailureClass,
     Receipt,
@@ -102,7 +110,9 @@ def _keyed_call(claim: Claim, tool: Tool, params: dict, key: str, *, fallback_of
     """Snapshot and intent under `key`, then the call (steps 1-3 of the module docstring).
     `fallback_of`: the tool this one stands in for (its key is not the step's own)."""
     try:
-        effect, done = write_intent(claim, tool, params, key, remember=not fallback_of)
+        effect, done = write_intent(
+            claim, tool, params, key, remember=not fallback_of, fallback_of=fallback_of
+        )
     except IdempotencyKeyConflict as exc:
         conflict = (Verb.SIDE_EFFECT_KEY_CONFLICT, {"key": key, "step": claim.step.name})
         return Failed(FailureClass.INVALID_INPUT, str(exc), events=[conflict])
@@ -117,7 +127,11 @@ def _call(claim: Claim, tool: Tool, effect: SideEffect, params: dict, key: str, 
         if settled is not None:
             return settled
         if effect.status == SideEffect.Status.NOT_COMMITTED:
-            effect, _ = write_intent(claim, tool, params, key, remember=not fallback_of)
+            effect, done = write_intent(
+                claim, tool, params, key, remember=not fallback_of, fallback_of=fallback_of
+            )
+            if done is not None:
+                return done
     refused = _check_conditions(claim, tool, params, effect)
     if refused is not None:
         return refused
@@ -337,7 +351,15 @@ def _check_conditions(claim: Claim, tool: Tool, params: dict, effect: SideEffect
     """Right before the call: the parameters it is about to be made with must meet every
     condition the approver set (runs.conditions). Broken, the call is not made, its ledger row
     is marked not committed, and the step goes to a person with the condition named."""
-    approved = _approved_under(claim, tool)
+    named = effect.snapshot.human_decision if effect.snapshot_id else {}
+    if isinstance(named, dict) and "approval" in named:  # the approval the gate found in force
+        approved = {
+            "by": ", ".join(named.get("approvers") or ()),
+            "conditions": named.get("conditions") or [],
+            "human_decision": named,
+        }
+    else:
+        approved = _approved_under(claim, tool)
     conditions = approved.get("conditions") or []
     failed = broken(conditions, params)
     if not failed:
@@ -365,12 +387,21 @@ def _check_conditions(claim: Claim, tool: Tool, params: dict, effect: SideEffect
 
 
 def write_intent(
-    claim: Claim, tool: Tool, params: dict, key: str, *, remember: bool = True
-) -> tuple[SideEffect, Outcome | None]:
-    """Commit the Snapshot and the `intended` SideEffect before the call (the idempotency check).
+    claim: Claim,
+    tool: Tool,
+    params: dict,
+    key: str,
+    *,
+    remember: bool = True,
+    fallback_of: str = "",
+) -> tuple[SideEffect | None, Outcome | None]:
+    """Commit the Snapshot and the `intended` SideEffect before the call (the idempotency check),
+    once the gate (runs.engine.gate) has cleared a new call with these parameters.
 
-    Returns the ledger row and, when no call must be made, the outcome to record instead.
-    `remember`: the key is the step's own (a fallback's key is not).
+    Returns the ledger row and, when no call must be made, the outcome to record instead (the
+    receipt of the key's earlier call, or the approval the gate asks for: then no row).
+    `remember`: the key is the step's own (a fallback's key is not, `fallback_of` names the
+    tool it stands in for).
     """
     run, step = claim.run, claim.step
     checksum = digest(params)
@@ -396,6 +427,10 @@ def write_intent(
             settled = _known_key(run, step, effect, checksum)
             if settled is not False:
                 return effect, settled
+        cleared = gate.check(claim, tool, params, fallback_of=fallback_of)
+        if isinstance(cleared, AskApproval):
+            return None, cleared  # nothing written, nothing called: a person approves first
+        fields["human_decision"] = cleared.decision() or fields["human_decision"]
         snapshot = Snapshot.write(step, **fields)
         missing = snapshot.missing_fields
         required_missing = [f for f in tool.required_snapshot_fields if f in missing]
@@ -463,15 +498,20 @@ def prepare_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, key: s
     return snapshot, effect
 
 
-def intent_in(batch, claim: Claim, snapshot: Snapshot, effect: SideEffect, *, new_step=False):
+def intent_in(
+    batch, claim: Claim, snapshot: Snapshot, effect: SideEffect, cleared, *, new_step=False
+):
     """The prepared snapshot and intent as parts of a batch (Snapshot.write_in,
     SideEffect.intend_in, the step's key), only while the claim holds the step — or, when the
     same batch creates the step, with the key on its row from the start (set it before
-    Step.open_in). A key used before makes the batch fail on its unique constraint."""
+    Step.open_in) — and while the approval rules that `cleared` the call are those in force
+    (runs.engine.gate). A key used before makes the batch fail on its unique constraint."""
     if not new_step:
         claim.step.remember_key_in(batch, effect.idempotency_key, held_by=claim.lease)
     snapshot.write_in(batch)
     effect.intend_in(batch)
+    if cleared.guard is not None:
+        batch.check(cleared.guard[0], cleared.guard[1], "approval rules changed")
 
 
 def intent_written(effect: SideEffect) -> SideEffect:
@@ -487,11 +527,14 @@ def _write_fresh_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, k
     head = chain_heads.get(claim.run.pk)
     if not conf("HOT_PATH") or not claim.fresh or claim.step.attempts != 1 or head is None:
         return None
+    cleared = gate.cleared_by_cached_rules(claim, tool, fields["params"])
+    if cleared is None:
+        return None  # the gate decides on the ordinary path, under the run's lock
     prepared = prepare_intent(claim, tool, fields, checksum, key)
     if prepared is None:
         return None
     batch = Batch(claim.run.pk, head, expect_status=Run.Status.RUNNING)
-    intent_in(batch, claim, *prepared)
+    intent_in(batch, claim, *prepared, cleared)
     try:
         batch.commit()
     except Refused:

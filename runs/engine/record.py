@@ -24,11 +24,24 @@ from runs.engine.outcomes import (
 from runs.engine.pauses import hold_for_pause
 from runs.engine.routing import escalate_to_person, route_failure
 from runs.engine.waits import close_recovery_wait, park
-from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent, TransitionError, Wait
+from runs.models import (
+    FailureClass,
+    RouteAction,
+    Run,
+    SideEffect,
+    Step,
+    StepKind,
+    TimelineEvent,
+    TransitionError,
+    Wait,
+)
 from runs.people import people
 from runs.verbs import Verb
 
 logger = logging.getLogger("taskpilots.engine")
+
+# The routing of a side effect the gate handed to people for approval of its call.
+GATE_ROUTING = {"rule": "(approval needed before the call)", "action": RouteAction.APPROVE.value}
 
 
 def record_outcome(claim: Claim, outcome: Outcome) -> bool:
@@ -152,6 +165,8 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
                 queue=approval.queue,
                 reason=approval.reason,
                 tool=approval.tool,
+                # A call the gate stopped (runs.engine.gate): not a failure, a question.
+                routing=None if step.kind == StepKind.APPROVAL else GATE_ROUTING,
             )
             run.ask_human(approval.reason, queue=approval.queue, due_at=approval.due_at)
             return False

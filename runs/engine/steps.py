@@ -140,9 +140,11 @@ def execute_approval(claim: Claim) -> Outcome:
     if definition.when is not None and not definition.when(claim.ctx):
         return Succeeded({"decision": "not_required", "params": params})
     reason = definition.reason(claim.ctx) if callable(definition.reason) else definition.reason
-    risk = tool_registry.get(definition.tool).risk if definition.tool else "medium"
+    tool = tool_registry.get(definition.tool) if definition.tool else None
+    risk = tool.risk if tool is not None else "medium"
     # The rule for this approval (matched on the tool's risk too, so a "high risk" rule can ask
-    # for two approvers): its SLA, and how many people must approve.
+    # for two approvers): its SLA. How many people must approve is the gate's answer for these
+    # parameters (runs.engine.gate), which the call meets again with the parameters it sends.
     rule = people().rule_for(
         workflow=claim.run.workflow,
         step=claim.step.name,
@@ -151,6 +153,16 @@ def execute_approval(claim: Claim) -> Outcome:
         risk=risk,
     )
     sla = definition.sla or (timedelta(seconds=rule.approval_sla_seconds) if rule else None)
+    approvers = rule.approvers_for(params, tool) if rule else 1
+    if tool is not None:
+        need = people().requirement(
+            workflow=claim.run.workflow,
+            step=claim.step.name,
+            tool=tool,
+            params=params,
+            declared=claim.step.name,
+        )
+        approvers = need.approvers
     return AskApproval(
         Approval(
             queue=definition.queue,
@@ -159,7 +171,7 @@ def execute_approval(claim: Claim) -> Outcome:
             tool=definition.tool,
             proposed_params=params,
             due_at=timezone.now() + sla if sla else None,
-            approvals_required=rule.approvers_for(params) if rule else 1,
+            approvals_required=max(1, approvers),
         )
     )
 

@@ -134,6 +134,10 @@ _define(
     scope="payments:refund",
     params_schema={"payment_id": str, "amount": float},
     expect_fields=("payment_id", "amount"),
+    # What approval rules measure it by (the payment system's default currency is USD).
+    amount_param="amount",
+    currency_param="currency",
+    default_currency="USD",
     compensating_tool="payments.void",
     compensation_params=lambda params, original: {"refund_id": original["external_id"]},
     description="Refund a customer's payment.",

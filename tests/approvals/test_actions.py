@@ -135,15 +135,21 @@ def test_skip_and_done_by_hand(sandbox, support_user):
     run = start("test.refund", {"amount": 150, "payment": "pay_1"})
     with pytest.raises(actions.ActionRefused, match="Say why"):
         actions.skip_step(run.pk, support_user, reason=" ")
-    actions.complete_by_hand(
-        run.pk, support_user, result={"decision": "approved", "params": {
-            "payment_id": "pay_1", "amount": 150}}, comment="approved on the phone")  # fmt: skip
+    # An approval's result is what the call after it executes: "done by hand" would approve
+    # any parameters without an approval (no request decided, no rule counted).
+    with pytest.raises(actions.ActionRefused, match="approve or reject"):
+        actions.complete_by_hand(
+            run.pk, support_user, result={"decision": "approved", "params": {
+                "payment_id": "pay_1", "amount": 99999}}, comment="approved on the phone")  # fmt: skip
+    assert ApprovalRequest.objects.get(run=run).status == "pending"
+    approval = ApprovalRequest.objects.get(run=run)
+    actions.decide_approval(approval.pk, support_user, "approved")
     run = engine.run_until_quiet(run.pk)
     assert run.status == "waiting"  # refund done, waiting for settlement
-    actions.skip_step(run.pk, support_user, reason="bank confirmed by email")
+    actions.complete_by_hand(run.pk, support_user, result={"settled": True}, comment="by phone")
     run = engine.run_until_quiet(run.pk)
     assert run.status == "succeeded"
-    assert ApprovalRequest.objects.get(run=run).status == "cancelled"
+    assert [e["request"]["amount"] for e in sandbox.ledger(system="payments")] == [150]
 
 
 def test_cancel_compensates_committed_effects(sandbox, support_user):
@@ -184,9 +190,13 @@ def test_a_decision_records_what_was_shown_and_the_call_names_it(sandbox, suppor
     engine.run_until_quiet(run.pk)
     effect = SideEffect.objects.get(run=run, tool="payments.refund")
     assert effect.snapshot.params["amount"] == 120
+    # ... and the approval the gate found covering exactly these parameters (runs.engine.gate).
     assert effect.snapshot.human_decision == {
         "id": decision.pk, "verb": "approve_with_edits", "by": support_user.get_username(),
         "tool": "payments.refund", "shown_digest": decision.shown["digest"],
+        "approval": approval.pk, "approvers": [support_user.get_username()],
+        "params_digest": digest(effect.snapshot.params), "required": 1,
+        "reasons": ["the workflow asks for approval at approve"],
     }  # fmt: skip
     assert effect.snapshot.compute_checksum() == effect.snapshot.checksum
 

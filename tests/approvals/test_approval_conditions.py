@@ -15,7 +15,7 @@ from django.urls import reverse
 from approvals.models import ApprovalRequest, HumanDecision
 from runs import conditions, engine, tools, workflows
 from runs.api.models import ApiClient, ApiScope
-from runs.models import Run, SideEffect, Snapshot, Step, TimelineEvent
+from runs.models import Run, SideEffect, Step, TimelineEvent
 from runs.tools import python_tool
 from runs.workflows import Workflow, approval, compute, side_effect
 from tests.approvals.console_helpers import fast_passwords  # noqa: F401  (autouse)
@@ -101,22 +101,23 @@ class TestConsole:
         page = console.get(f"{url}?tab=decisions").content.decode()
         assert "Only if" in page and "amount &lt;= 50" in page
 
-    def test_a_call_that_breaks_it_is_not_made_and_goes_to_a_person(self, console):
-        run = waiting(amount=40, surcharge=40)  # the approver sees 40; the call would pay 80
+    def test_a_call_that_differs_from_the_approval_is_not_made_and_goes_to_a_person(self, console):
+        # The approver saw 40 (and allowed up to 50); the workflow would pay 80. The gate
+        # (runs.engine.gate) finds no approval of exactly these parameters: nothing is written
+        # to the ledger, nothing is sent, and people are asked about the call as it would be.
+        run = waiting(amount=40, surcharge=40)
         assert approve(console, run, "amount <= 50\ncurrency in EUR, USD").status_code == 302
         run = engine.run_until_quiet(run.pk)
         assert PAID == []
         assert run.status == Run.Status.NEEDS_HUMAN
-        assert "amount <= 50" in run.attention_reason and "80" in run.attention_reason
+        assert "amount 40 → 80" in run.attention_reason
         step = Step.objects.get(run=run, name="pay")
         assert step.status == Step.Status.NEEDS_HUMAN
-        assert step.routing["conditions"] == ["amount <= 50"]
-        # The snapshot was written with the parameters; the ledger says nothing was sent.
-        assert Snapshot.objects.get(run=run, step=step).params["amount"] == 80
-        assert SideEffect.objects.get(run=run).status == SideEffect.Status.NOT_COMMITTED
-        # The run page tells the person why.
+        assert not SideEffect.objects.filter(run=run).exists()
+        asked = ApprovalRequest.objects.get(run=run, step=step, status="pending")
+        assert asked.proposed_params["amount"] == 80
         page = console.get(reverse("console:run-detail", args=[run.pk])).content.decode()
-        assert "amount &lt;= 50" in page
+        assert "amount 40 → 80" in page
 
     @pytest.mark.parametrize(
         ("text", "says"),

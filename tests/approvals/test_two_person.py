@@ -173,18 +173,20 @@ class TestConsole:
 
     def test_a_rule_edit_does_not_change_a_pending_request(self, people):
         run = waiting()
-        EscalationRule.objects.update(approvers_required=1)
+        EscalationRule.objects.filter(name="two for high risk").update(approvers_required=1)
         approve(login(people[0]), run)
         assert engine.run_until_quiet(run.pk).status == Run.Status.NEEDS_HUMAN
 
     def test_one_approver_without_the_rule(self, people):
-        EscalationRule.objects.update(approvers_required=1)
+        EscalationRule.objects.filter(name="two for high risk").update(approvers_required=1)
         run = waiting()
         approve(login(people[0]), run)
         assert engine.run_until_quiet(run.pk).status == Run.Status.SUCCEEDED
 
     def test_the_amount_threshold(self, people):
-        EscalationRule.objects.update(amount_param="amount", amount_above=100)
+        EscalationRule.objects.filter(name="two for high risk").update(
+            amount_param="amount", amount_above=100, approvers_below=1
+        )
         small, big = waiting(amount=40), waiting(amount=500)
         assert ApprovalRequest.objects.get(run=small).approvals_required == 1
         assert ApprovalRequest.objects.get(run=big).approvals_required == 2

@@ -1,0 +1,263 @@
+"""The people's side of the gate in front of every side effect (runs.engine.gate): how many
+distinct people must approve a call with exactly these parameters, and which decided approvals
+may still cover it.
+
+How many (`requirement`):
+- at least one when the workflow declared an approval of the tool before the call (its
+  approval step), or as many as the rule that approval step goes by asks for these parameters
+  (the first matching routing rule, as when the step asked: "two approvers above 1,000");
+- as many as the most demanding enabled `approve` rule that matches the call (workflow, step,
+  tool, the tool's risk) asks for these parameters — whether or not the workflow declared an
+  approval: high-value or high-risk writes and writes touching many records go to a person by
+  rule, not only where a workflow author remembered an approval step.
+
+A rule's threshold is measured on the parameters that will be sent, never on earlier ones: the
+amount in the rule's currency (TASKPILOTS_CURRENCY_RATES converts; a currency it cannot convert
+counts as above), the number of records touched (a count, or the length of a list). A value that
+cannot be read counts as above: the careful side.
+
+Which approvals cover a call (`grants`): the run's approved requests for the tool, each with the
+digest of the parameters it approved and its distinct approvers, that no other step's call has
+executed (an approval covers one call, and its retries under the same key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from approvals.models import ApprovalRequest, EscalationRule, HumanDecision, RuleAction
+from runs.models import SideEffect, digest
+from runs.people import Grant, Requirement
+from runs.tools import Tool
+
+APPROVE_VERBS = (HumanDecision.Verb.APPROVE, HumanDecision.Verb.APPROVE_WITH_EDITS)
+
+# The approve rules as one value: changes with any change of any enabled approve rule. The
+# hot path guards its statement on it (runs.engine.inline), so rules this process cached are
+# used only while they are still the rules in force.
+_RULES_DIGEST_SQL = (
+    "SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r.id), '')) "
+    "FROM approvals_escalationrule r WHERE r.action = 'approve' AND r.enabled"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring a call
+
+
+def _number(value: Any) -> Decimal | None:
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        return None
+    try:
+        number = Decimal(str(value))
+    except (InvalidOperation, ValueError):
+        return None
+    return number if number.is_finite() else None
+
+
+def convert(amount: Decimal, currency: str, to: str) -> Decimal | None:
+    """`amount` of `currency` in `to`, by the configured rates; None when either is unknown."""
+    if currency == to:
+        return amount
+    rates = settings.TASKPILOTS.get("CURRENCY_RATES") or {}
+    if currency not in rates or to not in rates:
+        return None
+    return amount * Decimal(rates[currency]) / Decimal(rates[to])
+
+
+def amount_of(rule: EscalationRule, params: dict, tool: Tool | None) -> Decimal | None:
+    """The call's amount in the rule's currency, or None when it cannot be told (then the
+    threshold counts as passed)."""
+    name = rule.amount_param or (tool.amount_param if tool is not None else "")
+    amount = _number(params.get(name)) if name else None
+    if amount is None or not rule.amount_currency:
+        return amount
+    currency_param = (tool.currency_param if tool is not None else "") or "currency"
+    currency = params.get(currency_param)
+    if currency is None and tool is not None:
+        currency = tool.default_currency or None
+    if not isinstance(currency, str):
+        return None
+    return convert(amount, currency.strip().upper(), rule.amount_currency.upper())
+
+
+def records_of(rule: EscalationRule, params: dict, tool: Tool | None) -> int | None:
+    name = rule.records_param or (tool.records_param if tool is not None else "")
+    value = params.get(name) if name else None
+    if isinstance(value, list | dict):
+        return len(value)
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+def _measures(rule: EscalationRule, tool: Tool | None, param: str, declared: str) -> bool:
+    """Whether the rule can measure this call: it names the parameter, or the tool declares it.
+    A rule for this very tool that cannot measure it counts it as above (careful); a general
+    rule simply does not apply to tools without such a parameter."""
+    return bool(param or (tool is not None and declared) or rule.tool)
+
+
+def above_threshold(rule: EscalationRule, params: dict, tool: Tool | None) -> bool:
+    """Whether the call passes any of the rule's thresholds (amount, records)."""
+    if rule.amount_param or rule.amount_above is not None:
+        declared = tool.amount_param if tool is not None else ""
+        if _measures(rule, tool, rule.amount_param, declared):
+            amount = amount_of(rule, params, tool)
+            if amount is None or amount > (rule.amount_above or 0):
+                return True
+    if rule.records_above is not None:
+        declared = tool.records_param if tool is not None else ""
+        if _measures(rule, tool, rule.records_param, declared):
+            count = records_of(rule, params, tool)
+            if count is None or count > rule.records_above:
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------
+# How many people
+
+
+@dataclass(frozen=True)
+class _Rules:
+    digest: str
+    rules: tuple[EscalationRule, ...]
+
+
+_cached: _Rules | None = None
+
+
+def approve_rules(*, cached: bool = False) -> _Rules:
+    """The enabled `approve` rules in order, with the digest they had when read: as this
+    process last read them when `cached` (no query, once read), else as they are now (one
+    query while unchanged)."""
+    global _cached
+    known = _cached
+    if cached and known is not None:
+        return known
+    with connection.cursor() as cursor:
+        cursor.execute(_RULES_DIGEST_SQL)
+        current = cursor.fetchone()[0]
+    if known is None or known.digest != current:
+        rules = EscalationRule.objects.filter(enabled=True, action=RuleAction.APPROVE)
+        known = _cached = _Rules(current, tuple(rules))
+    return known
+
+
+def requirement(
+    *,
+    workflow: str,
+    step: str,
+    tool: Tool,
+    params: Any,
+    declared: str = "",
+    cached: bool = False,
+) -> Requirement:
+    params = params if isinstance(params, dict) else {}
+    approvers, reasons, rules = 0, [], []
+    queue, sla = "support", 4 * 3600
+    if declared:
+        rule = EscalationRule.first_match(
+            workflow=workflow, step=declared, tool=tool.name, failure_class="", risk=tool.risk
+        )
+        approvers = max(1, rule.approvers_for(params, tool) if rule is not None else 1)
+        reasons.append(f"the workflow asks for approval at {declared}")
+        if rule is not None:
+            queue, sla = rule.queue, rule.approval_sla_seconds
+            if approvers > 1:
+                reasons.append(rule.name)
+                rules.append(rule.describe())
+    read = approve_rules(cached=cached)
+    for rule in read.rules:
+        if not rule.matches(
+            workflow=workflow, step=step, tool=tool.name, failure_class="", risk=tool.risk
+        ):
+            continue
+        needed = rule.approvers_for(params, tool)
+        if needed <= 0:
+            continue
+        reasons.append(rule.name)
+        rules.append(rule.describe())
+        if needed > approvers:
+            approvers, queue, sla = needed, rule.queue, rule.approval_sla_seconds
+    guard = (f"({_RULES_DIGEST_SQL}) = %s", [read.digest]) if cached else None
+    return Requirement(approvers, tuple(reasons), tuple(rules), queue, sla, guard)
+
+
+# --------------------------------------------------------------------------------------------
+# Which approvals cover a call
+
+
+def approved_params(approval: ApprovalRequest) -> Any:
+    """The parameters a decided approval approved (the edited ones when it was edited)."""
+    if approval.edited_params is not None:
+        return approval.edited_params
+    return approval.proposed_params
+
+
+def approvers_of(approval: ApprovalRequest) -> tuple[str, ...]:
+    """The distinct people who approved a decided approval, in order."""
+    names: list[str] = []
+    for user in (approval.first_approved_by, approval.decided_by):
+        if user is not None and user.get_username() not in names:
+            names.append(user.get_username())
+    return tuple(names)
+
+
+def grants(run_id: Any, tools: tuple[str, ...], step_id: int) -> list[Grant]:
+    approvals = list(
+        ApprovalRequest.objects.filter(
+            run_id=run_id,
+            tool__in=tools,
+            status=ApprovalRequest.Status.DECIDED,
+            decision__in=[
+                ApprovalRequest.Decision.APPROVED,
+                ApprovalRequest.Decision.APPROVED_WITH_EDITS,
+            ],
+        )
+        .select_related("decided_by", "first_approved_by", "step")
+        .order_by("-decided_at", "-id")
+    )
+    if not approvals:
+        return []
+    executed: dict[int, int] = {}  # approval -> the step whose call executed it
+    for effect_step, named in (
+        SideEffect.objects.filter(run_id=run_id)
+        .exclude(status=SideEffect.Status.NOT_COMMITTED)
+        .values_list("step_id", "snapshot__human_decision")
+    ):
+        if isinstance(named, dict) and isinstance(named.get("approval"), int):
+            executed.setdefault(named["approval"], effect_step)
+    decisions = {
+        d.approval_id: d
+        for d in HumanDecision.objects.filter(
+            approval__in=[a.pk for a in approvals], verb__in=APPROVE_VERBS
+        )
+        .select_related("user")
+        .order_by("id")
+    }
+    found = []
+    for approval in approvals:
+        if approval.step.kind != "approval" and approval.step_id != step_id:
+            continue  # asked by the gate for another step's call
+        if executed.get(approval.pk, step_id) != step_id:
+            continue  # another step's call executed it
+        decision = decisions.get(approval.pk)
+        reference = decision.reference() if decision is not None else {}
+        found.append(
+            Grant(
+                approval=approval.pk,
+                params=approved_params(approval),
+                params_digest=digest(approved_params(approval)),
+                approvers=approvers_of(approval),
+                decision=reference,
+                conditions=tuple(approval.conditions or ()),
+                by=approval.decided_by.get_username() if approval.decided_by else "",
+            )
+        )
+    return found
