@@ -1,6 +1,8 @@
 """The API's people endpoints: cancel a run, settle an unknown outcome, decide an approval — as
-a named support/admin user, with exactly the console's rules (approvals.permissions), through
-the same actions the console calls (approvals.actions)."""
+the person who authenticated (a personal token, or a client presenting that person's
+delegation: runs.api.auth), with exactly the console's rules (approvals.permissions), through
+the same actions the console calls (approvals.actions). A name in the body is never an
+identity: `user`, where it is still accepted, must name the authenticated person."""
 
 from __future__ import annotations
 
@@ -8,14 +10,13 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from ninja import Field, Path, Router, Schema
 from ninja.decorators import decorate_view
 
 from approvals import actions
 from approvals.models import ApprovalRequest
-from runs.api.auth import BearerAuth
+from runs.api.auth import BearerAuth, Caller
 from runs.api.base import (
     BODY_ERRORS,
     MAX_BIGINT,
@@ -39,11 +40,15 @@ from runs.verbs import Verb
 router = Router()
 
 
+PERSON_FIELD = (
+    "optional: the username of the person the credentials authenticate (a personal token, or "
+    "a delegation in X-TaskPilots-On-Behalf-Of); any other name is refused with 403"
+)
+
+
 class CancelIn(StrictIn):
     reason: str = free_text(min_length=1, max_length=2000, blank=False)
-    user: Identifier | None = Field(
-        None, min_length=1, max_length=150, description="act as this support/admin user"
-    )
+    user: Identifier | None = Field(None, min_length=1, max_length=150, description=PERSON_FIELD)
     compensate: bool = True
     expected_version: RunVersion | None = None
 
@@ -62,7 +67,7 @@ class ConditionIn(StrictIn):
 
 
 class DecisionIn(StrictIn):
-    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    user: Identifier | None = Field(None, min_length=1, max_length=150, description=PERSON_FIELD)
     decision: Literal["approved", "approved_with_edits", "rejected"]
     edited_params: JsonObject | None = None
     conditions: Annotated[list[ConditionIn], Field(max_length=20)] | None = Field(
@@ -91,7 +96,7 @@ class ApprovalOut(Schema):
 
 
 class OutcomeIn(StrictIn):
-    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    user: Identifier | None = Field(None, min_length=1, max_length=150, description=PERSON_FIELD)
     happened: bool = Field(..., description="true: it happened (give `proof`); false: it did not")
     proof: str = free_text(
         "",
@@ -124,14 +129,31 @@ class OutcomeOut(Schema):
     )
 
 
-def _acting_user(username: str | None):
-    """The named user an action is taken as (None: the client on its own account)."""
-    if username is None:
+def acting_person(caller: Caller, named: str | None, *, required: bool = True):
+    """The person the call acts for: the one its credentials authenticate, never a name in the
+    body. `named` (the body's `user`) must be that person; without a person behind the
+    credentials, a call that needs one — or names one — is refused (403)."""
+    person = caller.person
+    if person is None:
+        if required or named is not None:
+            raise ApiError(
+                403,
+                "person_required",
+                "This acts as a person, and these credentials are an API client's own: "
+                "authenticate with the person's personal token, or send their delegation to "
+                "this client in X-TaskPilots-On-Behalf-Of (docs/api.md, People). Naming a "
+                "user in the body does not make the call theirs.",
+                field="user" if named is not None else None,
+            )
         return None
-    user = get_user_model().objects.filter(username=username, is_active=True).first()
-    if user is None:
-        raise ApiError(422, "unknown_user", f"No active user {username!r}.", field="user")
-    return user
+    if named is not None and named != person.get_username():
+        raise ApiError(
+            403,
+            "not_this_person",
+            f"These credentials act for {person.get_username()}, not {named}.",
+            field="user",
+        )
+    return person
 
 
 def _check_may_act(run: Run, user, action: str) -> None:
@@ -150,27 +172,28 @@ def _action_error(exc: Exception) -> ApiError:
     return ApiError(409, code, str(exc))
 
 
-def _perform(client, run: Run, verb: Verb, request: dict, action):
-    """Record the client's request on the run's timeline and carry out the person's action in
+def _perform(caller: Caller, run: Run, verb: Verb, request: dict, action):
+    """Record the caller's request on the run's timeline and carry out the person's action in
     the same transaction: both land or neither does. Refusals become the API's errors."""
     try:
         with transaction.atomic():
-            TimelineEvent.append(
-                run.pk, verb, {"client": client.name, **request}, actor=client.actor
-            )
+            TimelineEvent.append(run.pk, verb, {**caller.describe(), **request}, actor=caller.actor)
             result = action()
     except (actions.DecisionConflict, actions.ActionRefused, actions.ActionForbidden) as exc:
         raise _action_error(exc) from None
-    client.touch()
+    caller.touch()
     return result
 
 
-def _run_to_act_on(run_id, username: str | None, action: str) -> tuple[Run, object]:
-    """The run (404 if none), the named user (422 if unknown) and the console's rule (403)."""
+def _run_to_act_on(
+    caller: Caller, run_id, named: str | None, action: str, *, required: bool = True
+) -> tuple[Run, object]:
+    """The run (404 if none), the person the credentials act for (403 without one, when one
+    is needed) and the console's rule (403)."""
     run = Run.objects.select_related("owner").filter(pk=run_id).first()
     if run is None:
         raise ApiError(404, "not_found", f"No run {run_id}.", field="run_id")
-    user = _acting_user(username)
+    user = acting_person(caller, named, required=required)
     _check_may_act(run, user, action)
     return run, user
 
@@ -181,28 +204,29 @@ def _run_to_act_on(run_id, username: str | None, action: str) -> tuple[Run, obje
     response={200: RunOut, **errors(404, 409, *BODY_ERRORS)},
     summary="Cancel a run (committed side effects are compensated unless compensate=false)",
     description=(
-        "As a named support/admin `user`, or without one on the client's own account. The "
-        "console's rules apply: a taken-over run is cancelled only by its owner or an admin "
-        "(403 `taken_over`, also when no `user` is named)."
+        "As the person the credentials authenticate (a personal token, or a client with that "
+        "person's delegation), or by an API client on its own account. The console's rules "
+        "apply: a taken-over run is cancelled only by its owner or an admin (403 `taken_over`, "
+        "also for a client on its own account)."
     ),
     tags=["runs"],
 )
 @decorate_view(json_body)
 def cancel_run(request, run_id: UUID, body: CancelIn):
-    client = api_client(request)
-    run, user = _run_to_act_on(run_id, body.user, "cancel")
+    caller = api_client(request)
+    run, user = _run_to_act_on(caller, run_id, body.user, "cancel", required=False)
     run = _perform(
-        client,
+        caller,
         run,
         Verb.API_CANCEL_REQUESTED,
-        {"user": body.user, "reason": body.reason},
+        {"reason": body.reason},
         lambda: actions.cancel_run(
             run_id,
             user,
             reason=body.reason,
             compensate=body.compensate,
             expected_version=body.expected_version,
-            actor=client.actor,
+            actor=caller.actor,
         ),
     )
     return run_out(run)
@@ -212,21 +236,22 @@ def cancel_run(request, run_id: UUID, body: CancelIn):
     "/runs/{run_id}/outcome",
     auth=BearerAuth(ApiScope.APPROVALS_WRITE),
     response={200: OutcomeOut, **errors(404, 409, *BODY_ERRORS)},
-    summary="Settle a run's unknown outcome as a named support/admin user",
+    summary="Settle a run's unknown outcome (a person: personal token or delegation)",
     description=(
         "When a side effect may or may not have happened (the run waits with an unknown "
         "outcome), a person checks the external system by its idempotency key and says which: "
         "`happened` with the external reference as `proof` (recorded as the commit proof; the "
         "run goes on), or not (the step is tried again with the same idempotency key). The "
-        "console's rules apply (role, takeover owner); 409 when the run has no unknown outcome, "
-        "it was settled already, or `idempotency_key` names another call."
+        "console's rules apply (role, takeover owner); 403 `person_required` for a client "
+        "without a person behind it; 409 when the run has no unknown outcome, it was settled "
+        "already, or `idempotency_key` names another call."
     ),
     tags=["runs"],
 )
 @decorate_view(json_body)
 def settle_outcome(request, run_id: UUID, body: OutcomeIn):
-    client = api_client(request)
-    run, user = _run_to_act_on(run_id, body.user, "settle an outcome of")
+    caller = api_client(request)
+    run, user = _run_to_act_on(caller, run_id, body.user, "settle an outcome of")
     proof = body.proof.strip()
     if body.happened and not proof:
         message = (
@@ -247,14 +272,9 @@ def settle_outcome(request, run_id: UUID, body: OutcomeIn):
             f"{step.idempotency_key}, not {body.idempotency_key}.",
             field="idempotency_key",
         )
-    request_data = {
-        "user": user.get_username(),
-        "step": step.name,
-        "key": step.idempotency_key,
-        "happened": body.happened,
-    }
+    request_data = {"step": step.name, "key": step.idempotency_key, "happened": body.happened}
     step = _perform(
-        client,
+        caller,
         run,
         Verb.API_OUTCOME_REQUESTED,
         request_data,
@@ -284,25 +304,28 @@ def settle_outcome(request, run_id: UUID, body: OutcomeIn):
     "/approvals/{approval_id}/decision",
     auth=BearerAuth(ApiScope.APPROVALS_WRITE),
     response={200: ApprovalOut, **errors(404, 409, *BODY_ERRORS)},
-    summary="Decide an approval as a named support/admin user (approving from another tool)",
+    summary="Decide an approval as the person who authenticated (approving from another tool)",
     description=(
-        "The decision is recorded as that user's, with their permissions: they must be in the "
-        "support or admin group, and only the owner or an admin decides a taken-over run. "
-        "A two-person approval answers the first approval with status `pending`, "
-        "`approvals_needed` 1 and `approved_by`; the run goes on after a second, different "
-        "user approves (the run's starter and anyone who took it over are refused, 409). "
-        "A request that was already decided answers 409 naming who decided."
+        "The decision is that person's — the one a personal token or a delegation (header "
+        "X-TaskPilots-On-Behalf-Of) authenticates; an API client on its own account is refused "
+        "(403 `person_required`). They must be in the support or admin group, and only the "
+        "owner or an admin decides a taken-over run. A two-person approval answers the first "
+        "approval with status `pending`, `approvals_needed` 1 and `approved_by`; the run goes "
+        "on after a second, different person approves (the same person again, the run's starter "
+        "and anyone who took it over are refused, 409). The number of approvers is counted on "
+        "the parameters approved: edits past a rule's threshold ask for a second person. A "
+        "request that was already decided answers 409 naming who decided."
     ),
     tags=["approvals"],
 )
 @decorate_view(json_body)
 def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1, le=MAX_BIGINT)):
-    client = api_client(request)
+    caller = api_client(request)
     approvals = ApprovalRequest.objects.select_related("run", "run__owner")
     approval = approvals.filter(pk=approval_id).first()
     if approval is None:
         raise ApiError(404, "not_found", f"No approval {approval_id}.", field="approval_id")
-    user = _acting_user(body.user)
+    user = acting_person(caller, body.user)
     run = approval.run
     _check_may_act(run, user, "decide")
     if body.decision == "approved_with_edits":
@@ -332,9 +355,9 @@ def decide_approval(request, body: DecisionIn, approval_id: int = Path(..., ge=1
         except ConditionError as exc:
             field = "conditions" if exc.index is None else f"conditions[{exc.index}]"
             raise ApiError(422, "invalid_conditions", str(exc), field=field) from None
-    request_data = {"user": user.get_username(), "approval": approval.pk, "decision": body.decision}
+    request_data = {"approval": approval.pk, "decision": body.decision}
     approval = _perform(
-        client,
+        caller,
         run,
         Verb.API_DECISION_REQUESTED,
         request_data,

@@ -29,7 +29,8 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from approvals import actions, viewer_time
+from approvals import actions, live, viewer_time
+from approvals.console import awaits_approval
 from approvals.models import HumanDecision, known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
 from approvals.permissions import ActionForbidden, can_act, check_may_act, is_admin
@@ -117,9 +118,9 @@ def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
         steps = steps.filter(tool=filters["tool"])
     reason = filters.get("reason")
     if reason == "approval":
-        steps = steps.filter(kind="approval", status=Step.Status.NEEDS_HUMAN)
+        steps = steps.filter(awaits_approval(), status=Step.Status.NEEDS_HUMAN)
     elif reason:
-        steps = steps.filter(error_class=reason).exclude(kind="approval")
+        steps = steps.filter(error_class=reason).exclude(awaits_approval())
     if any(filters.get(n) for n in ("step", "tool", "reason")):
         runs = runs.filter(current_step_id__in=Subquery(steps.values("pk")))
     return runs.select_related("owner").order_by("created_at", "id")
@@ -155,6 +156,12 @@ def clean_params(user, action: str, params: dict[str, Any]) -> dict[str, Any]:
         cleaned["needed_engineer"] = needed
     if action == BulkVerb.REASSIGN:
         cleaned.update(_reassign_target(params))
+    # A soft claim ("I'll handle it") warns the single action and it acts only when told to act
+    # anyway; a bulk action skips claimed runs unless it is told the same, up front.
+    despite = params.get("despite_claims")
+    if isinstance(despite, str):
+        despite = despite in ("1", "yes", "true", "on")
+    cleaned["despite_claims"] = bool(despite)
     return cleaned
 
 
@@ -190,6 +197,7 @@ def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) 
     steps = Step.objects.in_bulk([r.current_step_id for r in runs if r.current_step_id])
     effects = _open_effects(steps.values()) if action.startswith("confirm") else {}
     unreachable: dict[str, str] = {}  # systems whose lookup failed: not asked again
+    claims = {} if params["despite_claims"] else live.claims_by_run(r.pk for r in runs)
     with transaction.atomic():
         bulk = BulkAction.objects.create(
             action=action, user=user, filters=filters, params=params, matched=matched
@@ -198,7 +206,7 @@ def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) 
         for position, run in enumerate(runs):
             step = steps.get(run.current_step_id)
             effect = effects.get(step.pk) if step else None
-            plan = Plan(bulk, user, run, step, effect, unreachable)
+            plan = Plan(bulk, user, run, step, effect, unreachable, claims.get(run.pk))
             items.append(plan.item(position))
         BulkActionItem.objects.bulk_create(items, batch_size=500)
     return bulk
@@ -233,11 +241,14 @@ class Plan:
     # Systems that did not answer a lookup in this preview, and what they said: a system that
     # is down is asked once, not once per run.
     unreachable: dict[str, str]
+    # Someone's active soft claim on the run (approvals.live), unless told to act anyway.
+    claim: Any = None
 
     def item(self, position: int) -> BulkActionItem:
         evidence: dict = {}
         try:
             check_may_act(self.run, self.user, ACTION_PHRASES[self.bulk.action])
+            _check_claim(self.claim, self.user)
             plan, evidence = getattr(self, f"_{self.bulk.action}")()
             status, reason = BulkItemStatus.PENDING, ""
         except (ActionForbidden, Skip) as exc:
@@ -270,8 +281,8 @@ class Plan:
         step, S = self._unfinished(), Step.Status
         if step.status == S.UNKNOWN_OUTCOME:
             raise Skip(_("Action not available: the outcome is unknown; confirm it first."))
-        if step.kind == "approval":
-            raise Skip(_("Action not available: the step is an approval."))
+        if step.kind == "approval" or step.routing.get("action") == "approve":
+            raise Skip(_("Action not available: the step waits for an approval."))
         retryable = step.status == S.NEEDS_HUMAN or (
             step.status in (S.RETRY_SCHEDULED, S.WAITING)
             and step.kind not in ("wait_event", "wait_timer")
@@ -370,6 +381,17 @@ class Skip(Exception):
     def __init__(self, message: str, evidence: dict | None = None):
         super().__init__(message)
         self.evidence = evidence or {}
+
+
+def _check_claim(claim, user) -> None:
+    """Skip a run someone else said they are handling (their soft claim, still active)."""
+    if claim is not None and claim.is_active() and claim.user_id != user.pk:
+        who = claim.user.get_username()
+        raise Skip(
+            _("%(user)s is handling this run (for %(minutes)s more minutes).")
+            % {"user": who, "minutes": claim.minutes_left()},
+            {"claimed_by": who},
+        )
 
 
 def _no_record(evidence: dict) -> str:
@@ -484,6 +506,11 @@ def _finish(item: BulkActionItem, status: str, reason: str, decision=None) -> No
 
 def _act(bulk: BulkAction, item: BulkActionItem) -> None:
     user, params, version = bulk.user, bulk.params, item.expected_version
+    if not params.get("despite_claims"):
+        try:  # claimed since the preview: skipped as the preview would have
+            _check_claim(live.active_claim(item.run_id), user)
+        except Skip as exc:
+            raise actions.ActionRefused(str(exc)) from None
     comment = params.get("comment") or _("bulk action #%(n)s") % {"n": bulk.pk}
     V = BulkVerb
     if bulk.action == V.RETRY:

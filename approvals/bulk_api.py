@@ -1,6 +1,8 @@
-"""The API's bulk actions (approvals/bulk.py): preview the action on the filtered runs as a
-named support/admin user, execute the preview, read where it stands. The console's rules apply
-(cancel is admin-only; per run, the single action's rules)."""
+"""The API's bulk actions (approvals/bulk.py): preview the action on the filtered runs as the
+person who authenticated (a personal token or a delegation: runs.api.auth), execute the
+preview, read where it stands. The console's rules apply (cancel is admin-only; per run, the
+single action's rules, soft claims included), and each action needs the scopes of the single
+action it performs: `approvals:write` to act as a person, and `runs:write` to cancel."""
 
 from __future__ import annotations
 
@@ -12,9 +14,9 @@ from ninja import Field, Path, Router, Schema
 from ninja.decorators import decorate_view
 
 from approvals import actions, bulk
-from approvals.api import _acting_user
+from approvals.api import PERSON_FIELD, acting_person
 from approvals.models.bulk import BulkAction
-from runs.api.auth import BearerAuth
+from runs.api.auth import BearerAuth, Caller
 from runs.api.base import (
     BODY_ERRORS,
     MAX_BIGINT,
@@ -49,7 +51,7 @@ class BulkFiltersIn(StrictIn):
 
 
 class BulkPreviewIn(StrictIn):
-    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    user: Identifier | None = Field(None, min_length=1, max_length=150, description=PERSON_FIELD)
     action: Literal[
         "retry", "confirm_happened", "confirm_not_happened", "release", "reassign", "cancel"
     ]
@@ -62,10 +64,15 @@ class BulkPreviewIn(StrictIn):
     to_queue: Identifier | None = Field(
         None, max_length=100, description="reassign: the new queue (runs waiting for a person)"
     )
+    despite_claims: bool = Field(
+        False,
+        description="also act on runs someone else said they are handling (their soft claim); "
+        "otherwise those runs are skipped, with who holds them",
+    )
 
 
 class BulkExecuteIn(StrictIn):
-    user: Identifier = Field(..., min_length=1, max_length=150, description="support or admin user")
+    user: Identifier | None = Field(None, min_length=1, max_length=150, description=PERSON_FIELD)
 
 
 class BulkItemOut(Schema):
@@ -118,6 +125,22 @@ def bulk_out(job: BulkAction) -> dict:
     }
 
 
+# The scope of the single action each bulk action performs, beyond approvals:write (acting as
+# a person): cancelling runs is runs:write, as POST /runs/{id}/cancel.
+ACTION_SCOPES = {"cancel": ApiScope.RUNS_WRITE}
+
+
+def _require_action_scopes(caller: Caller, action: str) -> None:
+    scope = ACTION_SCOPES.get(action)
+    if scope and not caller.has_scope(scope):
+        raise ApiError(
+            403,
+            "missing_scope",
+            f"A bulk {action} needs the {scope} scope, as the single action does.",
+            field="action",
+        )
+
+
 def _job(bulk_id: int) -> BulkAction:
     job = BulkAction.objects.select_related("user").filter(pk=bulk_id).first()
     if job is None:
@@ -138,13 +161,15 @@ def _job(bulk_id: int) -> BulkAction:
 )
 @decorate_view(json_body)
 def preview(request, body: BulkPreviewIn):
-    client = api_client(request)
-    user = _acting_user(body.user)
+    caller = api_client(request)
+    user = acting_person(caller, body.user)
+    _require_action_scopes(caller, body.action)
     params = {
         "comment": body.comment,
         "needed_engineer": body.needed_engineer,
         "to": body.to,
         "to_queue": body.to_queue,
+        "despite_claims": body.despite_claims,
     }
     try:
         job = bulk.preview(user, body.action, body.filters.model_dump(), params)
@@ -153,7 +178,7 @@ def preview(request, body: BulkPreviewIn):
         raise ApiError(422, "invalid", str(exc), field=field) from None
     except actions.ActionForbidden as exc:
         raise ApiError(403, exc.code, str(exc), field="user") from None
-    client.touch()
+    caller.touch()
     return bulk_out(job)
 
 
@@ -166,16 +191,17 @@ def preview(request, body: BulkPreviewIn):
 )
 @decorate_view(json_body)
 def execute(request, body: BulkExecuteIn, bulk_id: int = Path(..., ge=1, le=MAX_BIGINT)):
-    client = api_client(request)
-    user = _acting_user(body.user)
+    caller = api_client(request)
+    user = acting_person(caller, body.user)
     job = _job(bulk_id)
+    _require_action_scopes(caller, job.action)
     try:
         job = bulk.start(job, user)
     except actions.ActionForbidden as exc:
         raise ApiError(403, exc.code, str(exc), field="user") from None
     except actions.DecisionConflict as exc:
         raise ApiError(409, "conflict", str(exc)) from None
-    client.touch()
+    caller.touch()
     return bulk_out(job)
 
 

@@ -76,7 +76,8 @@ def bulk_new(request: HttpRequest) -> HttpResponse:
 def bulk_preview(request: HttpRequest) -> HttpResponse:
     data = request.POST
     filters = {k: data.get(k, "") for k in bulk.FILTERS}
-    params = {k: data.get(k, "") for k in ("comment", "needed_engineer", "to", "to_queue")}
+    names = ("comment", "needed_engineer", "to", "to_queue", "despite_claims")
+    params = {k: data.get(k, "") for k in names}
     action = data.get("action", "")
     try:
         job = bulk.preview(request.user, action, filters, params)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from approvals import gate, notifications, sla
+from approvals import gate, notifications, permissions, sla
 from approvals.models import ApprovalRequest, EscalationRule, ToolPause
 from runs import people
 from runs.models import Run, Step
@@ -40,6 +40,9 @@ class People:
 
     def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[people.Grant]:
         return gate.grants(run_id, tools, step_id)
+
+    def scopes_for(self, user: Any) -> frozenset[str]:
+        return permissions.api_scopes(user)
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         breaches = 0

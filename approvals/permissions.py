@@ -27,6 +27,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
 from django_htmx.http import reswap, retarget
 
+from runs.api.models import ApiScope
 from runs.models import Run
 
 logger = logging.getLogger("taskpilots.console")
@@ -84,6 +85,17 @@ def can_audit(user) -> bool:
 
 def is_admin(user) -> bool:
     return ADMIN in roles_of(user)
+
+
+def api_scopes(user) -> frozenset[str]:
+    """The API scopes a person's tokens may carry: reading runs for every console role; starting
+    and cancelling runs, delivering events and acting on runs for those who act (support,
+    admins). Checked again at every call, so a person who loses a role loses the scopes."""
+    if not can_read(user):
+        return frozenset()
+    if not can_act(user):
+        return frozenset({ApiScope.RUNS_READ})
+    return frozenset(ApiScope.values)
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,3 +50,8 @@ urlpatterns += [
 from approvals.bulk_views import urlpatterns as bulk_urlpatterns  # noqa: E402
 
 urlpatterns += bulk_urlpatterns
+
+# A person's own API tokens and delegations (approvals/token_views.py).
+from approvals.token_views import urlpatterns as token_urlpatterns  # noqa: E402
+
+urlpatterns += token_urlpatterns

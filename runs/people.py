@@ -146,6 +146,9 @@ class People(Protocol):
         the tool (`declared`: that approval step's name). `cached`: the rules as this process
         last read them, no query (the hot path; the answer's `guard` must then hold)."""
 
+    def scopes_for(self, user: Any) -> frozenset[str]:
+        """The API scopes a person's role allows their tokens (runs.api.auth)."""
+
     def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[Grant]:
         """The run's decided approvals of `tools` that may still cover a call of step
         `step_id`, newest first: approved, and not executed by another step's call."""
@@ -178,6 +181,10 @@ class NoPeople:
 
     def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[Grant]:
         return []
+
+    def scopes_for(self, user: Any) -> frozenset[str]:
+        # No roles without the people's side: a person reads runs, nothing more.
+        return frozenset({"runs:read"}) if user.is_active else frozenset()
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         return {}

@@ -6,7 +6,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 
-from runs.api.models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope, PersonalToken
 
 
 class ApiClientForm(forms.ModelForm):
@@ -70,3 +70,27 @@ class ApiClientAdmin(admin.ModelAdmin):
     def revoke_clients(self, request, queryset):
         revoked = sum(client.revoke() for client in queryset)
         self.message_user(request, f"Revoked {revoked} API client(s).", messages.SUCCESS)
+
+
+@admin.register(PersonalToken)
+class PersonalTokenAdmin(admin.ModelAdmin):
+    """People's tokens and delegations: seen and revoked here; created by their person in the
+    console (or with `manage.py create_personal_token`), where the secret is shown once."""
+
+    list_display = ["token_id", "user", "kind", "client", "name", "expires_at", "revoked_at"]
+    list_filter = ["kind", ("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["token_id", "user__username", "name"]
+    readonly_fields = [f.name for f in PersonalToken._meta.fields if f.name != "secret_hash"]
+    exclude = ["secret_hash"]
+    actions = ["revoke_tokens"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke_tokens(self, request, queryset):
+        revoked = sum(token.revoke() for token in queryset)
+        self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)

@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict
 
 from runs import workflows as workflow_registry
 from runs.api import schema as api_schema
+from runs.api.auth import Caller
 from runs.api.docs import ReadableDocs
 from runs.api.errors import (
     IDENTIFIER_PATTERN,
@@ -33,7 +34,6 @@ from runs.api.errors import (
     guard_json_body,
     install_handlers,
 )
-from runs.api.models import ApiClient
 from runs.api.schema import CURSOR_PATTERN, integral
 from runs.models import Run, RunStatus
 from taskpilots.env import env_bool
@@ -173,7 +173,8 @@ def errors(*codes: int) -> dict:
     return dict.fromkeys(sorted({*COMMON_ERRORS, *codes}), ErrorOut)
 
 
-def api_client(request) -> ApiClient:
+def api_client(request) -> Caller:
+    """Who made the call (runs.api.auth.Caller): a client, a person, or a client for a person."""
     return request.auth
 
 

@@ -1,4 +1,12 @@
-"""API clients: agents and external systems that call the HTTP API (runs/api.py).
+"""Who calls the HTTP API: API clients (agents and external systems) and people.
+
+People authenticate with personal API tokens (`PersonalToken`, below): bound to a user, scoped,
+revocable, shown once, stored hashed. An integration acts for a person only through a
+delegation that person issued to it: a short-lived token bound to both the person and the
+client, which the client presents beside its own credentials. A name in a request body is never
+an identity (docs/api.md, "People").
+
+API clients:
 
 A client holds two credentials, both shown once when it is created:
 
@@ -175,4 +183,147 @@ class ApiClient(models.Model):
         now = timezone.now()
         if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
             ApiClient.objects.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
+
+
+# --------------------------------------------------------------------------------------------
+# People: personal tokens and delegations
+
+# A personal token lives this many days unless its creator says otherwise (at most the max).
+PERSONAL_TOKEN_DAYS = 90
+PERSONAL_TOKEN_MAX_DAYS = 365
+# A delegation to an integration lives minutes, not days: long enough for one conversation.
+DELEGATION_MINUTES = 15
+DELEGATION_MAX_MINUTES = 60
+
+
+class TokenKind(models.TextChoices):
+    PERSONAL = "personal", "Personal token"
+    DELEGATION = "delegation", "Delegation to an integration"
+
+
+@dataclass(frozen=True)
+class IssuedToken:
+    token_id: str
+    token: str  # `<token_id>.<secret>`: shown once, never stored
+    expires_at: object
+
+
+class PersonalTokenQuerySet(models.QuerySet):
+    def usable(self):
+        """Neither revoked nor expired, of an active user."""
+        return self.filter(revoked_at__isnull=True, user__is_active=True).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+        )
+
+
+class PersonalToken(models.Model):
+    """A person's API credential. `personal`: the person's own (`tpu_…`), sent as the bearer
+    token. `delegation`: issued by the person to one API client (`tpd_…`), which sends it in
+    `X-TaskPilots-On-Behalf-Of` beside its own bearer token; it expires within the hour."""
+
+    Kind = TokenKind
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    kind = models.CharField(max_length=20, choices=Kind.choices, default=Kind.PERSONAL)
+    # A delegation's integration: only this client may present it.
+    client = models.ForeignKey(
+        ApiClient, null=True, blank=True, on_delete=models.CASCADE, related_name="delegations"
+    )
+    name = models.CharField(max_length=100)
+    token_id = models.CharField(max_length=40, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    scopes = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    objects = PersonalTokenQuerySet.as_manager()
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(token_id="") & ~Q(secret_hash=""), name="token_has_credentials"
+            ),
+            models.CheckConstraint(condition=Q(kind__in=TokenKind.values), name="token_kind_valid"),
+            # A delegation names its client and expires; a personal token names no client.
+            models.CheckConstraint(
+                condition=(
+                    Q(kind="delegation", client__isnull=False, expires_at__isnull=False)
+                    | Q(kind="personal", client__isnull=True)
+                ),
+                name="token_delegation_bound",
+            ),
+        ]
+        indexes = [models.Index(fields=["user", "-created_at"], name="token_user_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.token_id} ({self.user}, {self.get_kind_display().lower()})"
+
+    @property
+    def prefix(self) -> str:
+        return "tpd_" if self.kind == TokenKind.DELEGATION else "tpu_"
+
+    @property
+    def is_usable(self) -> bool:
+        now = timezone.now()
+        return (
+            self.revoked_at is None
+            and (self.expires_at is None or self.expires_at > now)
+            and self.user.is_active
+        )
+
+    @classmethod
+    def issue(
+        cls,
+        user,
+        name: str,
+        scopes,
+        *,
+        created_by=None,
+        expires_at=None,
+        client: ApiClient | None = None,
+    ) -> tuple[PersonalToken, IssuedToken]:
+        """A new token (a delegation when `client` is given); its secret is returned once."""
+        kind = TokenKind.DELEGATION if client is not None else TokenKind.PERSONAL
+        token = cls(
+            user=user,
+            kind=kind,
+            client=client,
+            name=name[:100],
+            scopes=ApiClient.clean_scopes(scopes),
+            created_by=created_by,
+            expires_at=expires_at,
+        )
+        token.token_id = token.prefix + secrets.token_hex(8)
+        secret = secrets.token_urlsafe(32)
+        token.secret_hash = _hash_secret(secret)
+        token.save()
+        return token, IssuedToken(token.token_id, f"{token.token_id}.{secret}", expires_at)
+
+    def check_secret(self, secret: str) -> bool:
+        return hmac.compare_digest(_hash_secret(secret), self.secret_hash)
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in (self.scopes or [])
+
+    def revoke(self) -> bool:
+        now = timezone.now()
+        count = PersonalToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+            revoked_at=now
+        )
+        if count:
+            self.revoked_at = now
+        return bool(count)
+
+    def touch(self) -> None:
+        now = timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
+            PersonalToken.objects.filter(pk=self.pk).update(last_used_at=now)
             self.last_used_at = now

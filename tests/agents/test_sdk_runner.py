@@ -218,7 +218,7 @@ def test_an_unknown_outcome_settled_over_the_api_is_what_the_model_is_told(suppo
     # docs/api.md documents this output: the settled call's result, as the model reads it.
     from django.test import Client
 
-    from runs.api.models import ApiClient, ApiScope
+    from runs.api.models import ApiScope, PersonalToken
 
     model = ScriptedModel(script(amount=10.0))
     agent = Agent(name="credit-bot", instructions="Help the customer.", model=model,
@@ -230,14 +230,13 @@ def test_an_unknown_outcome_settled_over_the_api_is_what_the_model_is_told(suppo
     run = start()
     assert run.status == "needs_human"
     effect = SideEffect.objects.get(run=run, status="unknown")
-    _, credentials = ApiClient.issue("helpdesk", [ApiScope.APPROVALS_WRITE])
+    _, issued = PersonalToken.issue(support_user, "helpdesk", [ApiScope.APPROVALS_WRITE])
     response = Client().post(
         f"/api/v1/runs/{run.pk}/outcome",
-        {"user": "sam-support", "happened": True, "proof": "cr-1",
-         "idempotency_key": effect.idempotency_key},
+        {"happened": True, "proof": "cr-1", "idempotency_key": effect.idempotency_key},
         content_type="application/json",
-        headers={"Authorization": f"Bearer {credentials.token}"},
-    )  # fmt: skip
+        headers={"Authorization": f"Bearer {issued.token}"},
+    )
     assert response.status_code == 200, response.content
     run = engine.run_until_quiet(run.pk)
     assert run.status == "succeeded", run.attention_reason

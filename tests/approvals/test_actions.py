@@ -138,9 +138,8 @@ def test_skip_and_done_by_hand(sandbox, support_user):
     # An approval's result is what the call after it executes: "done by hand" would approve
     # any parameters without an approval (no request decided, no rule counted).
     with pytest.raises(actions.ActionRefused, match="approve or reject"):
-        actions.complete_by_hand(
-            run.pk, support_user, result={"decision": "approved", "params": {
-                "payment_id": "pay_1", "amount": 99999}}, comment="approved on the phone")  # fmt: skip
+        forged = {"decision": "approved", "params": {"payment_id": "pay_1", "amount": 99999}}
+        actions.complete_by_hand(run.pk, support_user, result=forged, comment="on the phone")
     assert ApprovalRequest.objects.get(run=run).status == "pending"
     approval = ApprovalRequest.objects.get(run=run)
     actions.decide_approval(approval.pk, support_user, "approved")

@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from approvals.models import ApprovalRequest, HumanDecision
 from runs import conditions, engine, tools, workflows
-from runs.api.models import ApiClient, ApiScope
+from runs.api.models import ApiScope, PersonalToken
 from runs.models import Run, SideEffect, Step, TimelineEvent
 from runs.tools import python_tool
 from runs.workflows import Workflow, approval, compute, side_effect
@@ -177,9 +177,10 @@ class TestConsole:
 
 class TestApi:
     @pytest.fixture
-    def api(self, db):
-        client, credentials = ApiClient.issue("approver-bot", ApiScope.values)
-        headers = {"Authorization": f"Bearer {credentials.token}"}
+    def api(self, support_user):
+        # The support person's own token: a decision is a person's.
+        _, issued = PersonalToken.issue(support_user, "scripts", ApiScope.values)
+        headers = {"Authorization": f"Bearer {issued.token}"}
         http = Client()
 
         def post(path, body):

@@ -9,13 +9,14 @@ import pytest
 from django.urls import reverse
 
 from approvals import actions, bulk
-from approvals.models import HumanDecision
+from approvals.models import HumanDecision, SoftClaim
 from approvals.models.bulk import BulkAction, BulkActionItem
 from runs import engine
-from runs.api.models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope, PersonalToken
 from runs.models import Run, TimelineEvent
 from tests.approvals.bulk_helpers import outage_parked_runs
 from tests.approvals.console_helpers import approval_run, fresh, unknown_outcome_run
+from tests.factories import UserFactory
 from tests.runs.test_api import Api, bearer
 
 pytestmark = pytest.mark.django_db
@@ -187,17 +188,22 @@ def test_console_refuses_cancel_to_support(client, support_user):
 
 
 def preview_body(**fields) -> dict:
-    return {"user": "sam-support", "action": "retry", **fields}
+    return {"action": "retry", **fields}
+
+
+def as_person(user, scopes=ApiScope.values) -> Api:
+    _, issued = PersonalToken.issue(user, "ops scripts", scopes)
+    return Api(bearer(issued.token))
 
 
 def test_api_preview_execute_and_read(sandbox, support_user):
     outage_parked_runs(sandbox, 2)
-    agent, credentials = ApiClient.issue("ops", ApiScope.values)
-    api = Api(bearer(credentials.token))
+    api = as_person(support_user)
     status, body = api.post("/bulk-actions/preview", preview_body(filters={"reason": "outage"}))
     assert status == 200, body
     assert body["counts"]["pending"] == 2 and body["status"] == "previewed"
-    status, body = api.post(f"/bulk-actions/{body['id']}/execute", {"user": "sam-support"})
+    assert body["user"] == "sam-support"
+    status, body = api.post(f"/bulk-actions/{body['id']}/execute", {})
     assert status == 200 and body["status"] == "running"
     status, again = api.post(f"/bulk-actions/{body['id']}/execute", {"user": "sam-support"})
     assert status == 409
@@ -207,8 +213,7 @@ def test_api_preview_execute_and_read(sandbox, support_user):
 
 
 def test_api_bad_input_is_422_and_writes_nothing(support_user):
-    agent, credentials = ApiClient.issue("ops", ApiScope.values)
-    api = Api(bearer(credentials.token))
+    api = as_person(support_user)
     status, body = api.post("/bulk-actions/preview", preview_body(filters={"reason": "gremlins"}))
     assert status == 422 and body["error"]["field"] == "filters.reason", body
     status, body = api.post(
@@ -221,6 +226,47 @@ def test_api_bad_input_is_422_and_writes_nothing(support_user):
     assert status == 403
     assert not BulkAction.objects.exists()
     assert api.get("/bulk-actions/99")[0] == 404
+
+
+def test_a_bulk_action_is_a_person_s_with_the_single_action_s_scopes(
+    sandbox, support_user, admin_user
+):
+    # A client with approvals:write only (no runs:write) once cancelled runs in bulk by naming
+    # an admin in the body.
+    outage_parked_runs(sandbox, 1)
+    _, credentials = ApiClient.issue("approver-bot", [ApiScope.APPROVALS_WRITE])
+    bot = Api(bearer(credentials.token))
+    body = preview_body(action="cancel", comment="x", user=admin_user.username)
+    status, data = bot.post("/bulk-actions/preview", body)
+    assert (status, data["error"]["code"]) == (403, "person_required")
+    admin = as_person(admin_user, [ApiScope.APPROVALS_WRITE])
+    status, data = admin.post("/bulk-actions/preview", preview_body(action="cancel", comment="x"))
+    assert (status, data["error"]["code"]) == (403, "missing_scope")
+    assert not BulkAction.objects.exists()
+    status, data = as_person(admin_user).post(
+        "/bulk-actions/preview", preview_body(action="cancel", comment="x")
+    )
+    assert status == 200 and data["counts"]["pending"] == 1
+
+
+def test_a_bulk_action_skips_runs_someone_else_claimed(sandbox, support_user):
+    runs = outage_parked_runs(sandbox, 2)
+    other = UserFactory(username="pat", groups=["support"])
+    SoftClaim.claim(runs[0], other, minutes=15)
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {})
+    items = {item.run_id: item for item in job.items.all()}
+    assert items[runs[0].pk].status == "skipped"
+    assert "pat is handling this run" in items[runs[0].pk].reason
+    assert items[runs[1].pk].status == "pending"
+    # Told up front to act anyway, it does, as the single action does when told.
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {"despite_claims": True})
+    assert job.counts()["pending"] == 2
+    # A claim made after the preview is respected when the job runs.
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {})
+    SoftClaim.claim(runs[1], other, minutes=15)
+    bulk.start(job, support_user)
+    bulk.execute(job.pk)
+    assert job.items.get(run=runs[1]).status == "skipped"
 
 
 def test_a_stale_running_job_is_enqueued_again(sandbox, support_user):

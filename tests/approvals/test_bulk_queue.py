@@ -9,7 +9,7 @@ import pytest
 from approvals import actions, bulk, notifications
 from approvals.models import HumanDecision, NotificationChannel, NotificationDelivery
 from approvals.models.bulk import BulkAction
-from runs.api.models import ApiClient, ApiScope
+from runs.api.models import ApiScope, PersonalToken
 from runs.models import Run, TimelineEvent
 from tests.approvals.bulk_helpers import outage_parked_runs
 from tests.approvals.console_helpers import fresh
@@ -100,9 +100,9 @@ def test_the_single_action_refuses_what_it_cannot_do(sandbox, support_user, supp
 
 def test_over_the_api(sandbox, support_user, support_channel):
     outage_parked_runs(sandbox, 2)
-    _, credentials = ApiClient.issue("ops-bot", ApiScope.values)
-    api = Api(bearer(credentials.token))
-    body = {"user": "sam-support", "action": "reassign", "to_queue": "support"}
+    _, issued = PersonalToken.issue(support_user, "ops scripts", ApiScope.values)
+    api = Api(bearer(issued.token))
+    body = {"action": "reassign", "to_queue": "support"}
     status, preview = api.post("/bulk-actions/preview", body)
     assert status == 200 and preview["counts"]["pending"] == 2, preview
     status, body = api.post("/bulk-actions/preview", {**body, "to_queue": "nowhere"})

@@ -5,16 +5,18 @@ started the run or took it over approves neither time."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from approvals import actions
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from approvals.rules import RuleForm
 from runs import audit, engine, tools, workflows
-from runs.api.models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope, PersonalToken
 from runs.models import Run, TimelineEvent
 from runs.tools import python_tool
 from runs.workflows import Workflow, approval, side_effect
@@ -212,26 +214,40 @@ class TestConsole:
 
 
 class TestApi:
-    def test_first_approval_answers_what_is_still_needed(self, people):
+    def test_two_approvals_need_two_authenticated_people(self, people):
+        # One API client once posted {"user": "support"} and then {"user": "admin"}: two
+        # approvals from one credential. A person is now who the credentials authenticate.
         ann, bob, _ = people
-        _client, credentials = ApiClient.issue("approver-bot", ApiScope.values)
-        http = Client(headers={"Authorization": f"Bearer {credentials.token}"})
+        bot, credentials = ApiClient.issue("approver-bot", ApiScope.values)
+        _, ann_token = PersonalToken.issue(ann, "ann's scripts", ApiScope.values)
         run = waiting()
         request = ApprovalRequest.objects.get(run=run)
 
-        def decide(user):
-            body = json.dumps({"user": user, "decision": "approved"})
+        def decide(token, body, **headers):
+            http = Client(headers={"Authorization": f"Bearer {token}", **headers})
             url = f"/api/v1/approvals/{request.pk}/decision"
-            response = http.post(url, body, content_type="application/json")
+            response = http.post(url, json.dumps(body), content_type="application/json")
             return response.status_code, response.json()
 
-        status, data = decide("ann")
+        status, data = decide(ann_token.token, {"decision": "approved"})
         assert status == 200, data
         assert data["status"] == "pending" and data["approvals_needed"] == 1
         assert data["approved_by"] == ["ann"]
-        status, data = decide("ann")
+        status, data = decide(ann_token.token, {"decision": "approved"})
         assert status == 409 and "already approved" in json.dumps(data)
-        status, data = decide("bob")
+        status, data = decide(ann_token.token, {"user": "bob", "decision": "approved"})
+        assert (status, data["error"]["code"]) == (403, "not_this_person")
+        status, data = decide(credentials.token, {"user": "bob", "decision": "approved"})
+        assert (status, data["error"]["code"]) == (403, "person_required")
+        assert ApprovalRequest.objects.get(pk=request.pk).status == "pending"
+        # Bob lets the bot act for him (a delegation he issued to that client): now it can.
+        _, bobs = PersonalToken.issue(
+            bob, "bot", [ApiScope.APPROVALS_WRITE], client=bot,
+            expires_at=timezone.now() + timedelta(minutes=5),
+        )  # fmt: skip
+        status, data = decide(
+            credentials.token, {"decision": "approved"}, **{"X-TaskPilots-On-Behalf-Of": bobs.token}
+        )
         assert status == 200 and data["status"] == "decided", data
         assert data["approved_by"] == ["ann", "bob"] and data["approvals_needed"] == 0
         assert engine.run_until_quiet(run.pk).status == Run.Status.SUCCEEDED

@@ -20,7 +20,7 @@ from approvals import actions
 from approvals.models import ApprovalRequest, HumanDecision
 from runs import engine, workflows
 from runs.api.auth import sign
-from runs.api.models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope, PersonalToken
 from runs.models import InboundEvent, Run, SideEffect, Step, TimelineEvent
 from runs.workflows import Workflow, compute, wait_event
 from tests.factories import UserFactory
@@ -91,6 +91,12 @@ class Api:
 @pytest.fixture
 def api(agent):
     return Api(bearer(agent))
+
+
+def personal(user, scopes=ALL_SCOPES) -> Api:
+    """The API as `user`, with a personal token (the person, not a name in the body)."""
+    _, issued = PersonalToken.issue(user, "test", scopes)
+    return Api(bearer(issued.token))
 
 
 def start_body(key="order-1", order="o-1", **extra):
@@ -747,19 +753,27 @@ class TestCancel:
         request = TimelineEvent.objects.get(run=run, verb="api.cancel_requested")
         assert request.actor == "api:billing-agent"
 
-    def test_it_acts_as_a_named_support_user(self, api, support_user):
+    def test_it_acts_as_the_person_who_authenticated(self, api, support_user):
         run = waiting_run(api)
-        status, _ = api.post(
+        status, _ = personal(support_user).post(
             f"/runs/{run.pk}/cancel", {"reason": "dup", "user": support_user.username}
         )
         assert status == 200
         assert TimelineEvent.objects.get(run=run, verb="run.cancelled").actor == "user:sam-support"
 
+    def test_a_client_cannot_act_as_a_person_by_naming_them(self, api, support_user):
+        run = waiting_run(api)
+        status, data = api.post(
+            f"/runs/{run.pk}/cancel", {"reason": "dup", "user": support_user.username}
+        )
+        assert (status, data["error"]["code"]) == (403, "person_required")
+        assert Run.objects.get(pk=run.pk).status == "waiting"
+
     def test_a_user_outside_support_and_admin_is_403(self, api, auditor_user):
         run = waiting_run(api)
-        status, data = api.post(f"/runs/{run.pk}/cancel",
-                                {"reason": "x", "user": auditor_user.username})  # fmt: skip
-        assert status == 403 and data["error"]["code"] == "user_not_allowed"
+        # An auditor's token cannot carry runs:write (their role does not allow it).
+        status, data = personal(auditor_user).post(f"/runs/{run.pk}/cancel", {"reason": "x"})
+        assert status == 403 and data["error"]["code"] == "missing_scope"
         assert Run.objects.get(pk=run.pk).status == "waiting"
 
     def test_cancelling_twice_is_409_and_a_missing_run_404(self, api):
@@ -776,8 +790,7 @@ class TestCancel:
         # The console refuses this (403); the API named the same user and cancelled the run.
         run = waiting_run(api)
         actions.take_over(run.pk, admin_user)
-        status, data = api.post(f"/runs/{run.pk}/cancel",
-                                {"reason": "x", "user": support_user.username})  # fmt: skip
+        status, data = personal(support_user).post(f"/runs/{run.pk}/cancel", {"reason": "x"})
         assert status == 403 and data["error"]["code"] == "taken_over"
         assert data["error"]["field"] == "user"
         assert Run.objects.get(pk=run.pk).status == "taken_over"
@@ -795,13 +808,11 @@ class TestCancel:
     def test_the_owner_or_an_admin_cancels_a_taken_over_run(self, api, support_user, admin_user):
         run = waiting_run(api)
         actions.take_over(run.pk, support_user)
-        status, _ = api.post(f"/runs/{run.pk}/cancel",
-                             {"reason": "x", "user": support_user.username})  # fmt: skip
+        status, _ = personal(support_user).post(f"/runs/{run.pk}/cancel", {"reason": "x"})
         assert status == 200
         other = waiting_run(api, order="o-2")
         actions.take_over(other.pk, support_user)
-        status, _ = api.post(f"/runs/{other.pk}/cancel",
-                             {"reason": "x", "user": admin_user.username})  # fmt: skip
+        status, _ = personal(admin_user).post(f"/runs/{other.pk}/cancel", {"reason": "x"})
         assert status == 200
 
     def test_a_cancel_without_a_user_is_recorded_as_the_client(self, api):
@@ -824,8 +835,7 @@ class TestCancel:
         by_api, by_console = waiting_run(api, order="o-a"), waiting_run(api, order="o-c")
         for run in (by_api, by_console):
             actions.take_over(run.pk, owner)
-        api_status, _ = api.post(f"/runs/{by_api.pk}/cancel",
-                                 {"reason": "x", "user": user.username})  # fmt: skip
+        api_status, _ = personal(user).post(f"/runs/{by_api.pk}/cancel", {"reason": "x"})
         client.force_login(user)
         version = Run.objects.get(pk=by_console.pk).lock_version
         console_status = client.post(
@@ -851,28 +861,39 @@ class TestApprovalDecision:
         return ApprovalRequest.objects.get(run=run)
 
     def test_a_support_user_approves_from_another_tool(self, api, approval, support_user):
-        body = {"user": "sam-support", "decision": "approved", "comment": "ok"}
-        status, data = api.post(f"/approvals/{approval.pk}/decision", body)
+        body = {"decision": "approved", "comment": "ok"}
+        status, data = personal(support_user).post(f"/approvals/{approval.pk}/decision", body)
         assert status == 200
         assert (data["decision"], data["decided_by"], data["run_status"]) == (
             "approved", "sam-support", "running")  # fmt: skip
         verbs = dict(TimelineEvent.objects.filter(run=approval.run_id).values_list("verb", "actor"))
-        assert verbs["api.decision_requested"] == "api:billing-agent"
+        assert verbs["api.decision_requested"] == "user:sam-support"
         assert verbs["approval.approved"] == "user:sam-support"
+
+    def test_a_client_on_its_own_account_is_nobody_to_approve(self, api, approval, support_user):
+        # It once named the user in the body and the decision was recorded as theirs.
+        for body in ({"user": "sam-support", "decision": "approved"}, {"decision": "approved"}):
+            status, data = api.post(f"/approvals/{approval.pk}/decision", body)
+            assert (status, data["error"]["code"]) == (403, "person_required")
+        assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+        status, data = personal(support_user).post(
+            f"/approvals/{approval.pk}/decision", {"user": "alex-admin", "decision": "approved"}
+        )
+        assert (status, data["error"]["code"]) == (403, "not_this_person")
 
     def test_a_second_decision_is_409_naming_who_decided(self, api, approval, support_user):
         url = f"/approvals/{approval.pk}/decision"
-        api.post(url, {"user": "sam-support", "decision": "approved"})
-        status, data = api.post(url, {"user": "sam-support", "decision": "rejected"})
+        sam = personal(support_user)
+        sam.post(url, {"decision": "approved"})
+        status, data = sam.post(url, {"decision": "rejected"})
         assert status == 409 and "sam-support" in data["error"]["message"]
 
     def test_users_without_the_role_are_refused(self, api, approval, auditor_user, outsider):
         url = f"/approvals/{approval.pk}/decision"
         for user in (auditor_user, outsider):
-            status, data = api.post(url, {"user": user.username, "decision": "approved"})
-            assert status == 403 and data["error"]["field"] == "user"
-        status, data = api.post(url, {"user": "ghost", "decision": "approved"})
-        assert status == 422 and data["error"]["code"] == "unknown_user"
+            # Their role does not allow approvals:write: their tokens cannot decide.
+            status, data = personal(user).post(url, {"decision": "approved"})
+            assert (status, data["error"]["code"]) == (403, "missing_scope")
         assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
 
     def test_only_the_owner_or_an_admin_decides_a_taken_over_run(
@@ -881,18 +902,17 @@ class TestApprovalDecision:
         other = UserFactory(username="other-support", groups=["support"])
         actions.take_over(approval.run_id, other)
         url = f"/approvals/{approval.pk}/decision"
-        status, data = api.post(url, {"user": "sam-support", "decision": "approved"})
+        status, data = personal(support_user).post(url, {"decision": "approved"})
         assert status == 403 and data["error"]["code"] == "taken_over"
-        assert api.post(url, {"user": admin_user.username, "decision": "approved"})[0] == 200
+        assert personal(admin_user).post(url, {"decision": "approved"})[0] == 200
 
     def test_edits_are_validated_and_missing_approvals_404(self, api, approval, support_user):
         url = f"/approvals/{approval.pk}/decision"
-        status, data = api.post(url, {"user": "sam-support", "decision": "approved_with_edits"})
+        sam = personal(support_user)
+        status, data = sam.post(url, {"decision": "approved_with_edits"})
         assert status == 422 and data["error"]["field"] == "edited_params"
-        assert api.post("/approvals/999999/decision",
-                        {"user": "sam-support", "decision": "approved"})[0] == 404  # fmt: skip
-        assert api.post("/approvals/0/decision",
-                        {"user": "sam-support", "decision": "approved"})[0] == 422  # fmt: skip
+        assert sam.post("/approvals/999999/decision", {"decision": "approved"})[0] == 404
+        assert sam.post("/approvals/0/decision", {"decision": "approved"})[0] == 422
 
     @pytest.mark.parametrize(
         ("edited", "field"),
@@ -906,9 +926,10 @@ class TestApprovalDecision:
         self, api, approval, support_user, edited, field
     ):
         # {"bogus": 1} used to be accepted and handed to the tool.
-        status, data = api.post(f"/approvals/{approval.pk}/decision",
-                                {"user": "sam-support", "decision": "approved_with_edits",
-                                 "edited_params": edited})  # fmt: skip
+        status, data = personal(support_user).post(
+            f"/approvals/{approval.pk}/decision",
+            {"decision": "approved_with_edits", "edited_params": edited},
+        )
         assert status == 422, data
         assert (data["error"]["code"], data["error"]["field"]) == ("invalid_params", field)
         assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
@@ -916,9 +937,8 @@ class TestApprovalDecision:
                                                 verb="api.decision_requested").exists()  # fmt: skip
 
     def test_it_needs_the_approvals_scope(self, approval, support_user):
-        _, credentials = ApiClient.issue("runner", [ApiScope.RUNS_WRITE])
-        status, _ = Api(bearer(credentials.token)).post(
-            f"/approvals/{approval.pk}/decision", {"user": "sam-support", "decision": "approved"}
+        status, _ = personal(support_user, [ApiScope.RUNS_WRITE]).post(
+            f"/approvals/{approval.pk}/decision", {"decision": "approved"}
         )
         assert status == 403
 
@@ -941,9 +961,9 @@ class TestSettleOutcome:
 
     def test_it_happened_with_proof_and_the_run_goes_on(self, api, unknown, support_user):
         effect = SideEffect.objects.get(run=unknown)
-        body = {"user": "sam-support", "happened": True, "proof": "crm_123",
+        body = {"happened": True, "proof": "crm_123",
                 "idempotency_key": effect.idempotency_key, "comment": "found it"}  # fmt: skip
-        status, data = api.post(self.url(unknown), body)
+        status, data = personal(support_user).post(self.url(unknown), body)
         assert status == 200, data
         assert data == {
             "run_id": str(unknown.pk), "run_status": "running", "step": "create_contact",
@@ -958,7 +978,7 @@ class TestSettleOutcome:
         assert (decision.verb, decision.user, decision.proof) == (
             "confirm_happened", support_user, "crm_123")  # fmt: skip
         verbs = dict(TimelineEvent.objects.filter(run=unknown).values_list("verb", "actor"))
-        assert verbs["api.outcome_requested"] == "api:billing-agent"
+        assert verbs["api.outcome_requested"] == "user:sam-support"
         run = engine.run_until_quiet(unknown.pk)
         assert run.status == "succeeded" and run.result == {"contact": "crm_123"}
 
@@ -966,8 +986,7 @@ class TestSettleOutcome:
         self, api, unknown, support_user
     ):
         effect = SideEffect.objects.get(run=unknown)
-        status, data = api.post(self.url(unknown),
-                                {"user": "sam-support", "happened": False})  # fmt: skip
+        status, data = personal(support_user).post(self.url(unknown), {"happened": False})
         assert status == 200, data
         assert (data["side_effect_status"], data["result"]) == ("not_committed", None)
         effect.refresh_from_db()
@@ -976,38 +995,38 @@ class TestSettleOutcome:
         assert step.status == "pending" and step.idempotency_key == effect.idempotency_key
 
     def test_it_happened_needs_the_proof(self, api, unknown, support_user):
-        body = {"user": "sam-support", "happened": True, "proof": "  "}
-        status, data = api.post(self.url(unknown), body)
+        body = {"happened": True, "proof": "  "}
+        status, data = personal(support_user).post(self.url(unknown), body)
         assert (status, data["error"]["field"]) == (422, "proof")
         assert SideEffect.objects.get(run=unknown).status == "unknown"
 
     def test_the_consoles_rules_apply(self, api, unknown, support_user, auditor_user, admin_user):
         body = {"happened": False}
-        status, data = api.post(self.url(unknown), {**body, "user": auditor_user.username})
-        assert (status, data["error"]["code"]) == (403, "user_not_allowed")
-        status, data = api.post(self.url(unknown), {**body, "user": "ghost"})
-        assert (status, data["error"]["code"]) == (422, "unknown_user")
-        actions.take_over(unknown.pk, admin_user)
+        status, data = personal(auditor_user).post(self.url(unknown), body)
+        assert (status, data["error"]["code"]) == (403, "missing_scope")
         status, data = api.post(self.url(unknown), {**body, "user": support_user.username})
+        assert (status, data["error"]["code"]) == (403, "person_required")
+        actions.take_over(unknown.pk, admin_user)
+        status, data = personal(support_user).post(self.url(unknown), body)
         assert (status, data["error"]["code"]) == (403, "taken_over")
         assert SideEffect.objects.get(run=unknown).status == "unknown"
-        assert api.post(self.url(unknown), {**body, "user": admin_user.username})[0] == 200
+        assert personal(admin_user).post(self.url(unknown), body)[0] == 200
 
     def test_another_key_a_settled_outcome_or_none_at_all_is_409(self, api, unknown, support_user):
-        body = {"user": "sam-support", "happened": True, "proof": "crm_1"}
-        status, data = api.post(self.url(unknown), {**body, "idempotency_key": "tp-other"})
+        body = {"happened": True, "proof": "crm_1"}
+        sam = personal(support_user)
+        status, data = sam.post(self.url(unknown), {**body, "idempotency_key": "tp-other"})
         assert (status, data["error"]["field"]) == (409, "idempotency_key")
-        assert api.post(self.url(unknown), body)[0] == 200
-        status, data = api.post(self.url(unknown), body)
+        assert sam.post(self.url(unknown), body)[0] == 200
+        status, data = sam.post(self.url(unknown), body)
         assert status == 409 and "no unknown outcome" in data["error"]["message"]
         waiting = waiting_run(api)
-        assert api.post(self.url(waiting), body)[0] == 409
-        assert api.post("/runs/00000000-0000-0000-0000-000000000000/outcome", body)[0] == 404
+        assert sam.post(self.url(waiting), body)[0] == 409
+        assert sam.post("/runs/00000000-0000-0000-0000-000000000000/outcome", body)[0] == 404
 
     def test_it_needs_the_approvals_scope(self, unknown, support_user):
-        _, credentials = ApiClient.issue("runner", [ApiScope.RUNS_WRITE, ApiScope.RUNS_READ])
-        status, data = Api(bearer(credentials.token)).post(
-            self.url(unknown), {"user": "sam-support", "happened": False}
+        status, data = personal(support_user, [ApiScope.RUNS_WRITE, ApiScope.RUNS_READ]).post(
+            self.url(unknown), {"happened": False}
         )
         assert (status, data["error"]["code"]) == (403, "missing_scope")
 
