@@ -1345,6 +1345,7 @@ class Snapshot(ImmutableModel):
         batch.event(Verb.SNAPSHOT_WRITTEN, self.written_event())
 
     def written_event(self) -> dict:
+        named = self.human_decision if isinstance(self.human_decision, dict) else {}
         return {
             "step": self.step.name,
             "snapshot": self.pk,
@@ -1353,6 +1354,10 @@ class Snapshot(ImmutableModel):
             "target": self.target_resource,
             "checksum": self.checksum,
             "missing_fields": self.missing_fields,
+            # A call the gate cleared by an approval (runs.engine.gate): which, for which
+            # parameters, by whom, out of how many required — what verify_audit checks against
+            # the approval's own events, offline too.
+            **({"approval": _approval_of(named)} if "approval" in named else {}),
         }
 
     def missing(self) -> list[str]:
@@ -1365,6 +1370,16 @@ class Snapshot(ImmutableModel):
             if not (name == "prior_results_summary" and not has_prior)
             and _empty(values.get(name), name)
         ]
+
+
+def _approval_of(named: dict) -> dict:
+    return {
+        "id": named.get("approval"),
+        "decision": named.get("id"),
+        "params_digest": named.get("params_digest", ""),
+        "approvers": list(named.get("approvers") or ()),
+        "required": named.get("required", 0),
+    }
 
 
 # --------------------------------------------------------------------------------------------

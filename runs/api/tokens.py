@@ -11,7 +11,7 @@ one for anyone else: only a person's own credentials issue it.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Literal
 
 from django.utils import timezone
 from ninja import Field, Router, Schema
@@ -30,6 +30,8 @@ from runs.api.models import (
 
 router = Router(tags=["people"])
 
+Scope = Literal[tuple(ApiScope.values)]
+
 
 class MeOut(Schema):
     user: str | None = Field(None, description="the person the credentials act for, if any")
@@ -43,7 +45,7 @@ class DelegationIn(StrictIn):
     client: Identifier = Field(
         ..., min_length=1, max_length=100, description="the API client (its name) to act for you"
     )
-    scopes: Annotated[list[ApiScope], Field(min_length=1, max_length=4)] = Field(
+    scopes: Annotated[list[Scope], Field(min_length=1, max_length=4)] = Field(
         ..., description="at most the scopes your token and the client both hold"
     )
     minutes: int = Field(
