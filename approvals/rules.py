@@ -117,8 +117,12 @@ class RuleForm(forms.ModelForm):
             "approval_sla_seconds",
             "escalate_after_seconds",
             "approvers_required",
+            "approvers_below",
             "amount_param",
             "amount_above",
+            "amount_currency",
+            "records_param",
+            "records_above",
         ]
         labels = {
             "name": gettext_lazy("Name"),
@@ -140,20 +144,39 @@ class RuleForm(forms.ModelForm):
             "approval_sla_seconds": gettext_lazy("SLA for a person (s)"),
             "escalate_after_seconds": gettext_lazy("SLA in the next queue (s, 0 = none)"),
             "approvers_required": gettext_lazy("Approvers needed (1 or 2)"),
-            "amount_param": gettext_lazy("Two approvers only when this parameter…"),
+            "approvers_below": gettext_lazy("Approvers at or below the threshold (0 or 1)"),
+            "amount_param": gettext_lazy("Threshold: the amount in parameter…"),
             "amount_above": gettext_lazy("…is above"),
+            "amount_currency": gettext_lazy("…in currency (ISO code)"),
+            "records_param": gettext_lazy("Threshold: the records in parameter…"),
+            "records_above": gettext_lazy("…are more than"),
         }
         help_texts = {
             "approval_sla_seconds": gettext_lazy(
                 "How long a person has for an approval or an escalation this rule creates "
                 "(0 = no SLA). Past it, the run escalates by the matching “Wait timed out” rule."
             ),
+            "action": gettext_lazy(
+                "“Ask a person to approve the call” puts every matching call behind approval, "
+                "whether or not the workflow asks: high-value, high-risk or many-record writes."
+            ),
             "approvers_required": gettext_lazy(
-                "2: approvals this rule matches need two different people, neither of whom "
+                "2: calls this rule matches need two different people, neither of whom "
                 "started or took over the run."
             ),
+            "approvers_below": gettext_lazy(
+                "With a threshold: how many approve a call at or below it (0: none, for an "
+                "“approve” rule)."
+            ),
             "amount_param": gettext_lazy(
-                "Optional, e.g. amount: with 2 approvers, smaller calls need only one."
+                "Optional: empty reads the amount the tool declares (e.g. a refund's amount)."
+            ),
+            "amount_currency": gettext_lazy(
+                "Optional: the threshold's currency; other currencies are converted by "
+                "TASKPILOTS_CURRENCY_RATES, and one it cannot convert counts as above."
+            ),
+            "records_param": gettext_lazy(
+                "Optional: empty reads the records the tool declares (a count or a list)."
             ),
             "workflow": gettext_lazy("Empty matches any workflow."),
             "failure_class": gettext_lazy("“Wait timed out” also covers approvals past their SLA."),
@@ -165,6 +188,7 @@ class RuleForm(forms.ModelForm):
         self.fields["risk"].choices = [("", _("Any"))] + list(Risk.choices)
         # Left out (an older form, a script): the rule keeps what it had (1 for a new rule).
         self.fields["approvers_required"].required = False
+        self.fields["approvers_below"].required = False
         self.warnings: list[str] = []
         if self.instance.pk and not self.is_bound:
             self.initial["expected_version"] = self.instance.version
@@ -193,25 +217,51 @@ class RuleForm(forms.ModelForm):
         required = data.get("approvers_required")
         if required is None:
             required = data["approvers_required"] = self.instance.approvers_required
-        param, above = (data.get("amount_param") or "").strip(), data.get("amount_above")
-        data["amount_param"] = param
         if required is not None and required not in (1, 2):
             self.add_error("approvers_required", _("An approval needs 1 or 2 approvers."))
             return
+        approve = data.get("action") == A.APPROVE
+        param, above = (data.get("amount_param") or "").strip(), data.get("amount_above")
+        currency = (data.get("amount_currency") or "").strip().upper()
+        records, count = (data.get("records_param") or "").strip(), data.get("records_above")
+        data.update(amount_param=param, amount_currency=currency, records_param=records)
         if param and above is None:
             self.add_error(
                 "amount_above",
-                _("Give the amount above which %(param)s needs two approvers.") % {"param": param},
+                _("Give the amount above which %(param)s needs more approvers.") % {"param": param},
             )
-        elif above is not None and not param:
-            self.add_error("amount_param", _("Name the parameter the amount is read from."))
-        elif param and required == 1:
+        if above is not None and above < 0:
+            self.add_error("amount_above", _("The amount must be 0 or more."))
+        if currency and (len(currency) != 3 or not currency.isascii() or not currency.isalpha()):
+            self.add_error("amount_currency", _("Give a 3-letter ISO 4217 code, e.g. USD."))
+        elif currency and above is None:
+            self.add_error("amount_above", _("Give the amount the currency is for."))
+        if records and count is None:
+            self.add_error(
+                "records_above",
+                _("Give the number of records above which more approvers are needed."),
+            )
+        threshold = bool(param) or above is not None or count is not None
+        below = data.get("approvers_below")
+        if below is None:
+            # Left out: none below an "approve" rule's threshold; one below another rule's two.
+            below = 0 if approve or not threshold else max(required - 1, 0)
+        data["approvers_below"] = below
+        if threshold and below >= required:
+            self.add_error(
+                "approvers_below",
+                _("Below the threshold, fewer approvers than above it (0 or 1 with 1, 1 with 2)."),
+            )
+        if threshold and not approve and required == 1:
             self.add_error(
                 "approvers_required",
                 _("An amount threshold only makes sense with 2 approvers."),
             )
-        if above is not None and above < 0:
-            self.add_error("amount_above", _("The amount must be 0 or more."))
+        if approve and data.get("failure_class"):
+            self.add_error(
+                "failure_class",
+                _("An “approve” rule is about calls, not failures: leave the failure class empty."),
+            )
 
     def _check_thresholds(self, data: dict) -> None:
         base, cap = data.get("backoff_base_seconds"), data.get("backoff_cap_seconds")
@@ -503,6 +553,11 @@ def explain(rule: EscalationRule | None, *, tool: str = "", failure_class: str =
         )
     elif rule.action == A.FAIL:
         text = _("%(head)s fails the run.")
+    elif rule.action == A.APPROVE:
+        text = _(
+            "%(head)s routes no failure: it puts matching calls behind the approval of people "
+            "in the “%(queue)s” queue, before anything is sent."
+        )
     elif (failure_class or rule.failure_class) == FailureClass.API_DRIFT:
         # runs.engine.routing: drift on the escalate route pauses the tool instead.
         text = _(

@@ -266,7 +266,10 @@ class TestRuleForm:
         [
             ({"approvers_required": 3}, "approvers_required", "1 or 2"),
             ({"amount_param": "amount"}, "amount_above", "Give the amount"),
-            ({"amount_above": 100}, "amount_param", "Name the parameter"),
+            ({"amount_above": 100, "amount_currency": "U$D"}, "amount_currency", "ISO"),
+            ({"records_param": "ids"}, "records_above", "number of records"),
+            ({"action": "approve", "failure_class": "transient"}, "failure_class", "about calls"),
+            ({"amount_above": 100, "approvers_below": 2}, "approvers_below", "fewer approvers"),
             ({"approvers_required": 1, "amount_param": "amount", "amount_above": 5},
              "approvers_required", "only makes sense"),
             ({"amount_param": "amount", "amount_above": -1}, "amount_above", "0 or more"),
@@ -285,4 +288,4 @@ class TestRuleForm:
         rule, _ = save_rule(form, admin_user)
         assert rule.versions.get().data["approvers_required"] == 2
         page = visible_text(login(admin_user).get(reverse("console:rule-list")))
-        assert "two approvers when amount > 100" in page
+        assert "2 approvers when amount > 100.00 · 1 at or below" in page
