@@ -393,6 +393,9 @@ TASKPILOTS = {
     "EVENTS_STRICT": env_bool("TASKPILOTS_EVENTS_STRICT", False),
     # The console's public address, for links in notifications (e.g. https://tp.example.com).
     "PUBLIC_URL": env_str("TASKPILOTS_PUBLIC_URL", "") or "",
+    # Webhook channels post to public addresses only; these hosts (names or IP literals, as the
+    # URL writes them) are exempt, e.g. an internal chat server (approvals/notifications.py).
+    "NOTIFY_ALLOWED_HOSTS": env_list("TASKPILOTS_NOTIFY_ALLOWED_HOSTS", []),
     # Password for make run's demo users (never created in production).
     "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
 }
