@@ -305,7 +305,9 @@ def compare(pair: Pair) -> Finding | None:
         )
     where = f"its seal at seq {found.seq}"
     if row is None:
-        return Finding(pair.chain, f"{name} {pair.pk} is sealed at seq {found.seq} but is gone")
+        return Finding(
+            pair.chain, f"{name} {pair.pk} is sealed at seq {found.seq}, but its row is missing"
+        )
     missing = [n for n in found.fields if n not in row.content]
     if missing:
         return Finding(
@@ -315,7 +317,7 @@ def compare(pair: Pair) -> Finding | None:
     content = {n: row.content[n] for n in found.fields}
     if digest(content) == found.digest:
         return None
-    changed = [n for n in found.fields if short(content[n]) != found.fields[n]]
+    changed = sorted(n for n in found.fields if short(content[n]) != found.fields[n])
     return Finding(
         pair.chain,
         f"{name} {pair.pk} does not match {where} ({', '.join(changed) or 'content'} changed)",
