@@ -72,6 +72,15 @@ class TextField(forms.CharField):
 class IdentifierField(forms.CharField):
     default_validators = [validate_identifier]
 
+    def __init__(self, **kwargs):
+        super().__init__(**{**kwargs, "strip": False})
+
+    def to_python(self, value):
+        # Spaces a person typed around a name go; a line separator (U+2028) or another invisible
+        # character stays and is refused, rather than quietly making "mail.send\u2028" name
+        # mail.send.
+        return super().to_python(value).strip(" \t\r\n")
+
 
 def json_error(exc: JsonRefused) -> ValidationError:
     """What the API's JSON parser refused, in the reader's language."""

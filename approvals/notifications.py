@@ -50,6 +50,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from approvals.forms import validate_identifier
 from approvals.models import NotificationChannel, NotificationCursor, NotificationDelivery
 from runs.models import Run, TimelineEvent
 from runs.verbs import Verb
@@ -508,6 +509,12 @@ class ChannelForm(forms.ModelForm):
                 "POST with a “text” field (chat tools' incoming webhooks do)."
             )
         }
+
+    def clean_queue(self):
+        # A queue is matched exactly: a name with an invisible character would never notify.
+        queue = self.cleaned_data.get("queue", "")
+        validate_identifier(queue)
+        return queue
 
     def clean(self):
         data = super().clean()
