@@ -188,6 +188,17 @@ IDENTIFIER_FORBIDDEN_RANGES = (
 IDENTIFIER_FORBIDDEN = re.compile(f"[{_class(IDENTIFIER_FORBIDDEN_RANGES)}]")
 
 
+# The same, but for escaping a JSON document: tab, newline and carriage return are its layout
+# (json.dumps escapes them inside strings already).
+_ESCAPED_IN_DOCUMENTS = re.compile(f"(?![\t\n\r])[{_class(IDENTIFIER_FORBIDDEN_RANGES)}]")
+
+
+def escape_json_fully(document: str) -> str:
+    """`escape_json` for every character an identifier may not hold: for pages that show JSON
+    holding such characters on purpose (the API's schema, whose identifier pattern lists them)."""
+    return _ESCAPED_IN_DOCUMENTS.sub(_json_escape, document)
+
+
 def first_forbidden_in_identifier(value: str) -> str | None:
     """The first character `value` may not hold as an identifier, or None."""
     match = IDENTIFIER_FORBIDDEN.search(value)

@@ -415,3 +415,13 @@ class TestTheSchemaStatesTheRules:
         assert not condition.is_valid({"param": "currency", "op": "==", "value": "EU\u0000R"})
         assert not condition.is_valid({"param": "currency", "op": "in", "value": ["\u0000"]})
         assert condition.is_valid({"param": "currency", "op": "in", "value": ["EUR"]})
+
+    def test_the_readable_docs_page_shows_the_pattern_as_escapes(self, api):
+        # The pattern lists the characters it refuses; the page must not carry them to a reader.
+        from runs.invisible import first_forbidden_in_identifier
+
+        response = api.http.get("/api/v1/docs")
+        assert response.status_code == 200
+        page = response.content.decode()
+        assert first_forbidden_in_identifier(re.sub(r"[\t\n\r]", "", page)) is None
+        assert "\\u202e" in page and "\\u3164" in page
