@@ -4,7 +4,6 @@ query, over the runs' records and the people's (approvals, decisions)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.db.models import Exists, OuterRef, Q
@@ -53,11 +52,7 @@ class AuditQuery:
         """A Run queryset, newest first. Every filter is an indexed column or an EXISTS on an
         indexed foreign key, so a page costs the same few queries whatever matches."""
         runs = Run.objects.all()
-        if self.date_from:
-            runs = runs.filter(created_at__gte=viewer_time.start_of_day(self.date_from))
-        if self.date_to:
-            end = viewer_time.start_of_day(self.date_to + timedelta(days=1))
-            runs = runs.filter(created_at__lt=end)
+        runs = viewer_time.filter_days(runs, self.date_from or None, self.date_to or None)
         if self.workflow:
             runs = runs.filter(workflow=self.workflow)
         if self.tool:

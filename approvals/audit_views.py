@@ -24,6 +24,7 @@ from django.views.decorators.http import require_GET
 
 from approvals import console, viewer_time
 from approvals.audit_search import AuditQuery
+from approvals.forms import DayField
 from approvals.models import ApprovalRequest, HumanDecision
 from approvals.permissions import AUDIT, require_role
 from approvals.views import _querystring, keyset_page
@@ -411,12 +412,12 @@ def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
 
 
 class AuditSearchForm(forms.Form):
-    date_from = forms.DateField(
+    date_from = DayField(
         label=gettext_lazy("Started from"),
         required=False,
         widget=forms.DateInput(attrs={"type": "date"}),
     )
-    date_to = forms.DateField(
+    date_to = DayField(
         label=gettext_lazy("Started until"),
         required=False,
         widget=forms.DateInput(attrs={"type": "date"}),

@@ -59,7 +59,10 @@ class BulkError(ValueError):
 
 
 def clean_filters(raw: dict[str, Any]) -> dict[str, str]:
-    """The filters as strings, checked: unknown names, statuses, reasons and dates refused."""
+    """The filters as strings, checked: unknown names, statuses, reasons and dates refused, and
+    names holding a character an identifier may not (runs/invisible.py; NUL included)."""
+    from runs import invisible
+
     unknown = sorted(set(raw) - set(FILTERS))
     if unknown:
         raise BulkError(_("Unknown filter: %(name)s.") % {"name": unknown[0]}, unknown[0])
@@ -74,10 +77,24 @@ def clean_filters(raw: dict[str, Any]) -> dict[str, str]:
         raise BulkError(_("Unknown failure class: %(r)s.") % {"r": reason}, "reason")
     if cleaned.get("owner") not in (None, "mine", "unassigned"):
         raise BulkError(_("owner is mine or unassigned."), "owner")
+    for name in ("workflow", "step", "tool", "queue"):
+        char = invisible.first_forbidden_in_identifier(cleaned.get(name, ""))
+        if char is not None:
+            raise BulkError(
+                _("%(name)s contains %(character)s, an invisible or control character.")
+                % {"name": name, "character": invisible.character_name(char)},
+                name,
+            )
     for name in ("date_from", "date_to"):
         if name in cleaned:
             try:
-                date.fromisoformat(cleaned[name])
+                viewer_time.parse_day(cleaned[name])
+            except viewer_time.DayOutOfRange:
+                raise BulkError(
+                    _("%(name)s: %(day)s is outside the dates runs can be searched by.")
+                    % {"name": name, "day": cleaned[name]},
+                    name,
+                ) from None
             except ValueError:
                 raise BulkError(
                     _("%(name)s is not a date (YYYY-MM-DD).") % {"name": name}, name
@@ -100,13 +117,11 @@ def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
         runs = runs.filter(owner=user)
     elif filters.get("owner") == "unassigned":
         runs = runs.filter(owner__isnull=True)
-    if filters.get("date_from"):
-        runs = runs.filter(
-            created_at__gte=viewer_time.start_of_day(date.fromisoformat(filters["date_from"]))
-        )
-    if filters.get("date_to"):
-        end = date.fromisoformat(filters["date_to"]) + timedelta(days=1)
-        runs = runs.filter(created_at__lt=viewer_time.start_of_day(end))
+    runs = viewer_time.filter_days(
+        runs,
+        date.fromisoformat(filters["date_from"]) if filters.get("date_from") else None,
+        date.fromisoformat(filters["date_to"]) if filters.get("date_to") else None,
+    )
     current = Step.objects.filter(run=OuterRef("pk"), status__in=Step.UNFINISHED).order_by(
         "position"
     )

@@ -13,7 +13,7 @@ from uuid import UUID
 from ninja import Field, Path, Router, Schema
 from ninja.decorators import decorate_view
 
-from approvals import actions, bulk
+from approvals import actions, bulk, viewer_time
 from approvals.api import PERSON_FIELD, acting_person
 from approvals.models.bulk import BulkAction
 from runs.api.auth import BearerAuth, Caller
@@ -31,7 +31,8 @@ from runs.api.models import ApiScope
 from runs.api.schema import free_text
 from runs.models import FailureClass, Run
 
-DAY = r"^(\d{4}-\d{2}-\d{2})?$"
+# A calendar day whose UTC day has an end (0001-01-01 … 9999-12-30), or "" (no filter).
+DAY = viewer_time.DAY_PATTERN
 Reason = Literal[("", "approval", *FailureClass.values)]
 Status = Literal[("", "inbox", *(s for s in Run.Status.values if s not in Run.TERMINAL))]
 
@@ -39,11 +40,12 @@ router = Router()
 
 
 class BulkFiltersIn(StrictIn):
-    workflow: str = Field("", max_length=100)
-    step: str = Field("", max_length=100)
-    tool: str = Field("", max_length=200)
+    # Names: identifiers, like everywhere else (no invisible, control or format characters).
+    workflow: Identifier = Field("", max_length=100)
+    step: Identifier = Field("", max_length=100)
+    tool: Identifier = Field("", max_length=200)
     reason: Reason = Field("", description="a failure class, or `approval`")
-    queue: str = Field("", max_length=100)
+    queue: Identifier = Field("", max_length=100)
     status: Status = Field("", description="an unfinished run status, or `inbox`")
     owner: Literal["", "mine", "unassigned"] = ""
     date_from: str = Field("", pattern=DAY, description="YYYY-MM-DD: started on or after")

@@ -13,6 +13,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import actions, bulk
+from approvals.forms import BulkPreviewForm, first_error
 from approvals.models import known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkItemStatus, BulkVerb
 from approvals.permissions import ACT, ActionForbidden, forbidden, is_admin, require_role
@@ -29,6 +30,7 @@ FILTER_LABELS = {
     "date_from": gettext_lazy("Started from"),
     "date_to": gettext_lazy("Started to"),
 }
+PARAMS = ("comment", "needed_engineer", "to", "to_queue", "despite_claims")
 SAMPLE = 20
 RESULT_PAGE = 200
 
@@ -75,16 +77,18 @@ def bulk_new(request: HttpRequest) -> HttpResponse:
 @require_role(ACT)
 def bulk_preview(request: HttpRequest) -> HttpResponse:
     data = request.POST
-    filters = {k: data.get(k, "") for k in bulk.FILTERS}
-    names = ("comment", "needed_engineer", "to", "to_queue", "despite_claims")
-    params = {k: data.get(k, "") for k in names}
-    action = data.get("action", "")
+    values = {k: data.get(k, "") for k in (*bulk.FILTERS, *PARAMS, "action")}
+    form = BulkPreviewForm(data)
+    if not form.is_valid():  # a NUL, an invisible character in a name, a day with no end…
+        error, field = first_error(form)
+        context = _form_context(request, values, error, field)
+        return render(request, "console/bulk_new.html", context, status=422)
+    action = form.cleaned_data["action"]
     try:
-        job = bulk.preview(request.user, action, filters, params)
+        job = bulk.preview(request.user, action, form.filters(), form.params())
     except ActionForbidden as exc:
         return forbidden(request, str(exc))
     except bulk.BulkError as exc:
-        values = {**filters, **params, "action": action}
         context = _form_context(request, values, str(exc), exc.field)
         return render(request, "console/bulk_new.html", context, status=422)
     return redirect("console:bulk-detail", job.pk)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -270,10 +269,7 @@ def search_runs(*, q="", workflow="", status="", date_from=None, date_to=None) -
     if status:
         runs = runs.filter(status=status)
     # Days in the viewer's zone, as ranges of created_at (run_created_idx), not a date cast.
-    if date_from:
-        runs = runs.filter(created_at__gte=viewer_time.start_of_day(date_from))
-    if date_to:
-        runs = runs.filter(created_at__lt=viewer_time.start_of_day(date_to + timedelta(days=1)))
+    runs = viewer_time.filter_days(runs, date_from, date_to)
     return runs.order_by("-created_at", "-id")
 
 

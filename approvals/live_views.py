@@ -57,10 +57,11 @@ def run_live(request: HttpRequest, run_id) -> HttpResponse:
     """A run page's live bar, polled every few seconds. `v` is the run version the page shows,
     `t` when it was rendered (epoch seconds). Registers the viewer (cache), then answers 304 or
     the bar: who else is here, the claim, and whether the page is stale."""
-    others = live.touch_presence(run_id, request.user)
     stamp = live.run_stamp(run_id)
     if stamp is None:
+        # Before the viewer is registered: a run that does not exist gets no presence entry.
         raise Http404("no such run")
+    others = live.touch_presence(run_id, request.user)
     shown = _int_param(request, "v")
     etag = live.etag_for(request, stamp, [(v.username, v.since) for v in others])
     if live.not_modified(request, etag):

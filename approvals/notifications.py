@@ -14,12 +14,24 @@ Exactly once per event and channel, and never in the way of a run:
    backoff (the schedule lives in PostgreSQL, not as broker ETAs); after MAX_ATTEMPTS the row is
    `failed`. A sender that dies mid-send leaves a claim that expires: that one message may go
    out twice (at least once); the row is never lost.
+
+Webhooks go to public addresses only (no server-side request forgery through a channel): a URL
+whose host is, or resolves to, a loopback, private, link-local, multicast, reserved or
+unspecified address (IPv4 or IPv6, IPv4-mapped and other embedded IPv4 included, and IPv4
+written in decimal, octal or hex) is refused when the channel is saved and again at every send,
+where the host is resolved once, every address checked, and the request sent to the checked
+address (the Host header and TLS name stay the URL's): a DNS answer that changed since the
+channel was saved cannot redirect a send. Hosts named in TASKPILOTS_NOTIFY_ALLOWED_HOSTS
+(settings.TASKPILOTS["NOTIFY_ALLOWED_HOSTS"]) are exempt: an internal chat server, a test's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import logging
+import socket
 from collections import defaultdict
 from datetime import datetime, timedelta
 from typing import Any
@@ -38,6 +50,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from approvals.forms import validate_identifier
 from approvals.models import NotificationChannel, NotificationCursor, NotificationDelivery
 from runs.models import Run, TimelineEvent
 from runs.verbs import Verb
@@ -292,10 +305,11 @@ _webhook_client = SharedClient()
 
 def post_json(url: str, payload: dict, *, timeout: float = WEBHOOK_TIMEOUT_SECONDS) -> int:
     validate_webhook_url(url)
+    target, headers, extensions = _pinned(url)
     body = json.dumps(payload, ensure_ascii=False).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "TaskPilots-notify/1"}
+    headers.update({"Content-Type": "application/json", "User-Agent": "TaskPilots-notify/1"})
     with _webhook_client().stream(
-        "POST", url, content=body, headers=headers, timeout=timeout
+        "POST", target, content=body, headers=headers, timeout=timeout, extensions=extensions
     ) as response:
         if response.is_redirect:
             # A redirect could point anywhere (another host, an internal address): never follow.
@@ -372,6 +386,111 @@ def validate_webhook_url(url: str) -> None:
         raise DeliveryError(_("A webhook URL must be http:// or https:// with a host."))
     if parts.username or parts.password:
         raise DeliveryError(_("Put no user name or password in the webhook URL."))
+    try:
+        _port = parts.port  # raises for a port out of range
+    except ValueError:
+        raise DeliveryError(_("The webhook URL's port is not a valid port number.")) from None
+
+
+# -- where a webhook may go
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def allowed_hosts() -> frozenset[str]:
+    """Hosts exempt from the public-address rule (TASKPILOTS_NOTIFY_ALLOWED_HOSTS)."""
+    names = settings.TASKPILOTS.get("NOTIFY_ALLOWED_HOSTS") or ()
+    return frozenset(_host_key(name) for name in names if name.strip())
+
+
+def _host_key(host: str) -> str:
+    return host.strip().strip("[]").rstrip(".").lower()
+
+
+def address_kind(address: IpAddress) -> str:
+    """Why `address` may not receive a webhook ("loopback", "private", …), or "" (public).
+    An IPv6 address carrying an IPv4 one (IPv4-mapped, 6to4, Teredo, NAT64) is judged by it too:
+    ::ffff:127.0.0.1 is the loopback."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = [address.ipv4_mapped, address.sixtofour]
+        if address.teredo:
+            embedded.append(address.teredo[1])
+        if address in _NAT64:
+            embedded.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        for inner in embedded:
+            if inner is not None and address_kind(inner):
+                return address_kind(inner)
+    for kind in ("loopback", "unspecified", "link_local", "multicast", "private", "reserved"):
+        if getattr(address, f"is_{kind}"):
+            return kind.replace("_", "-")
+    if not address.is_global:  # shared (100.64.0.0/10), documentation, benchmarking…
+        return "non-public"
+    return ""
+
+
+def resolve(host: str, port: int) -> list[IpAddress]:
+    """Every address `host` stands for, as the system resolver answers (which also reads IPv4
+    written as 2130706433, 0x7f.1 or 0177.0.0.1). socket.gaierror when it does not resolve."""
+    found: list[IpAddress] = []
+    for *_rest, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        address = ipaddress.ip_address(str(sockaddr[0]).split("%")[0])
+        if address not in found:
+            found.append(address)
+    return found
+
+
+def public_addresses(url: str) -> list[IpAddress] | None:
+    """The addresses a webhook to `url` may be sent to: all of them public, or DeliveryError.
+    None when the host is allowed by name (TASKPILOTS_NOTIFY_ALLOWED_HOSTS) and is used as it
+    is. socket.gaierror when the host does not resolve."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if _host_key(host) in allowed_hosts():
+        return None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    addresses = resolve(host, port)
+    for address in addresses:
+        kind = address_kind(address)
+        if kind:
+            raise DeliveryError(
+                _(
+                    "The webhook's host %(host)s is %(address)s, a %(kind)s address: webhooks "
+                    "go to public addresses only (TASKPILOTS_NOTIFY_ALLOWED_HOSTS names "
+                    "exceptions)."
+                )
+                % {"host": host, "address": address, "kind": kind}
+            )
+    return addresses
+
+
+def _pinned(url: str) -> tuple[str, dict, dict]:
+    """The URL to connect to, the headers and the request extensions for a send to `url`:
+    resolved here, once, checked, and the connection made to the checked address (so a DNS
+    answer that changes between the check and the connection changes nothing). The Host
+    header and the TLS server name are the URL's own host."""
+    try:
+        addresses = public_addresses(url)
+    except socket.gaierror as exc:
+        host = urlsplit(url).hostname
+        raise RuntimeError(f"the webhook's host {host} does not resolve: {exc}") from None
+    if addresses is None:
+        return url, {}, {}
+    if not addresses:  # pragma: no cover (getaddrinfo answers with at least one or fails)
+        raise RuntimeError("the webhook's host has no address")
+    original = httpx2.URL(url)
+    target = original.copy_with(host=str(addresses[0]))
+    headers = {"Host": original.netloc.decode("ascii")}
+    extensions = {"sni_hostname": original.host} if original.scheme == "https" else {}
+    return str(target), headers, extensions
+
+
+def check_webhook_target(url: str) -> None:
+    """For saving a channel: the URL's form, and its host not (resolving to) a private or local
+    address. A host that does not resolve yet is accepted; every send checks again."""
+    validate_webhook_url(url)
+    with contextlib.suppress(socket.gaierror, UnicodeError):
+        public_addresses(url)
 
 
 class ChannelForm(forms.ModelForm):
@@ -390,6 +509,12 @@ class ChannelForm(forms.ModelForm):
                 "POST with a “text” field (chat tools' incoming webhooks do)."
             )
         }
+
+    def clean_queue(self):
+        # A queue is matched exactly: a name with an invisible character would never notify.
+        queue = self.cleaned_data.get("queue", "")
+        validate_identifier(queue)
+        return queue
 
     def clean(self):
         data = super().clean()
@@ -412,7 +537,7 @@ class ChannelForm(forms.ModelForm):
                 data["target"] = ", ".join(addresses)
         elif kind == NotificationChannel.Kind.WEBHOOK:
             try:
-                validate_webhook_url(target)
+                check_webhook_target(target)
             except DeliveryError as exc:
                 self.add_error("target", str(exc))
             data["target"] = target

@@ -4,6 +4,7 @@ check of them against the tool's input schema, for the console's forms and the A
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 from approvals.permissions import ActionRefused
@@ -23,14 +24,19 @@ class InvalidParams(ActionRefused):
 def validate_params(tool_name: str, params: Any, *, proposed: Any = None) -> dict:
     """Edited parameters are untrusted: check them against the tool's input schema.
 
-    The one check for the console's edit forms and the API. In order:
+    The one check for the console's edit forms and the API, before a decision is recorded. In
+    order:
     1. A JSON object.
-    2. Only parameters the tool declares (its params_schema and, for agent and MCP tools, the
-       properties of its JSON input schema) or that were proposed to the person: an edit may
-       change values, never invent parameters a tool or a model would then receive.
+    2. Only parameters the tool declares (its params_schema and the properties of its JSON input
+       schema) or that were proposed to the person: an edit may change values, never invent
+       parameters a tool or a model would then receive.
     3. Every declared parameter present, of its type.
-    4. The tool's own validation (an MCP or agent tool checks its full JSON schema).
-    5. A size bound.
+    4. The tool's full JSON input schema, when it has one (types, formats, bounds, required
+       parameters: a refund's amount above 0, its currency a code), naming the parameter at
+       fault. Plain tools state it through runs.agents.tool_info (the demo tools do, in
+       taskpilots/demo/tools.py), agent and MCP tools with their own schema.
+    5. The tool's own validation.
+    6. A size bound.
     """
     if not isinstance(params, dict):
         raise InvalidParams("The edited parameters must be a JSON object.")
@@ -62,13 +68,13 @@ def validate_params(tool_name: str, params: Any, *, proposed: Any = None) -> dic
                 f"not {_TYPE_NAMES.get(type(value), type(value).__name__)}.",
                 field=name,
             )
+    if input_schema:
+        _check_json_schema(input_schema, params)
     if tool is not None:
         try:
             tool.validate(params)
         except ToolError as exc:
             raise InvalidParams(f"The edited parameters are not valid: {exc.message}") from None
-        if input_schema and not hasattr(tool, "input_schema"):  # McpTool checked it already
-            _check_json_schema(input_schema, params)
     value = to_json_value(params)
     if len(str(value)) > 256 * 1024:
         raise InvalidParams("The edited parameters are too large (256 KiB at most).")
@@ -99,11 +105,39 @@ def _input_schema(tool) -> dict:
 def _check_json_schema(schema: dict, params: dict) -> None:
     import jsonschema
 
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    errors = sorted(validator.iter_errors(params), key=lambda e: list(e.path))
-    if errors:
-        path = [str(part) for part in errors[0].path]
-        raise InvalidParams(
-            f"{'.'.join(path) or 'The parameters'}: {errors[0].message}",
-            field=".".join(path) or None,
-        )
+    cls = jsonschema.validators.validator_for(schema)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    try:
+        errors = sorted(validator.iter_errors(params), key=lambda e: [str(p) for p in e.path])
+    except (jsonschema.exceptions.SchemaError, re.error, TypeError, ValueError) as exc:
+        # A schema that cannot be applied (an MCP server's, say) checks nothing: refuse rather
+        # than let edits through unchecked.
+        raise InvalidParams(f"The tool's input schema cannot be checked: {exc}") from None
+    if not errors:
+        return
+    error = errors[0]
+    path = list(error.path)
+    if not path:
+        # An error about the object itself names the parameter where it can: the one missing
+        # (`required`) or not allowed (`additionalProperties`).
+        name = _named_property(error, params)
+        if name:
+            path = [name]
+    field = _field(path)
+    raise InvalidParams(f"{field or 'The parameters'}: {error.message}", field=field)
+
+
+def _named_property(error, params: dict) -> str:
+    if error.validator == "required" and isinstance(error.validator_value, list):
+        return next((n for n in error.validator_value if n not in params), "")
+    if error.validator == "additionalProperties" and isinstance(error.schema, dict):
+        allowed = set((error.schema.get("properties") or {}).keys())
+        return next((str(n) for n in params if n not in allowed), "")
+    return ""
+
+
+def _field(path: list) -> str | None:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or None

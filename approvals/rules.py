@@ -724,10 +724,11 @@ def pause_tool(tool: str, user, reason: str) -> tuple[ToolPause, bool]:
 def resume_tool(tool: str, user) -> tuple[ToolPause | None, int]:
     """Close the tool's pause and wake the steps it held.
 
-    1. Lock the open pause and close it (who, when).
+    1. Lock the open pause.
     2. For every step parked by it: make its probe due now and write `tool.resumed` on the
        run's timeline (same transaction). The sweeper then resumes those runs; the engine checks
        the pause again before the call.
+    3. Close the pause (who, when) and seal it (ToolPause.resume).
     Returns (pause, steps woken); (None, 0) when the tool was not paused.
     """
     now = timezone.now()
@@ -737,8 +738,6 @@ def resume_tool(tool: str, user) -> tuple[ToolPause | None, int]:
         )
         if pause is None:
             return None, 0
-        ToolPause.objects.filter(pk=pause.pk).update(resumed_at=now, resumed_by=user)
-        pause.resumed_at, pause.resumed_by = now, user
         held = list(
             Wait.objects.filter(
                 kind=Wait.Kind.TOOL_RECOVERY,
@@ -760,6 +759,7 @@ def resume_tool(tool: str, user) -> tuple[ToolPause | None, int]:
                 {"tool": tool, "pause": pause.pk},
                 actor=f"user:{user.get_username()}",
             )
+        pause.resume(user, now)  # closed and sealed last: the records chain's lock comes last
     return pause, len(held)
 
 

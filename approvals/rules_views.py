@@ -18,6 +18,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from approvals import notifications, rules, rules_history, tool_metadata
+from approvals.forms import ToolPauseForm, ToolResumeForm, first_error
 from approvals.models import (
     EscalationRule,
     MetadataConflict,
@@ -195,9 +196,13 @@ def tool_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 @admin_view
 def tool_pause(request: HttpRequest) -> HttpResponse:
-    tool = request.POST.get("tool", "")[:150]
+    form = ToolPauseForm(request.POST)
+    if not form.is_valid():  # a NUL or an invisible character: refused before any query
+        error, _field = first_error(form)
+        return _tools_page(request, status=422, error=error)
+    tool = form.cleaned_data["tool"]
     try:
-        pause, created = rules.pause_tool(tool, request.user, request.POST.get("reason", "")[:2000])
+        pause, created = rules.pause_tool(tool, request.user, form.cleaned_data["reason"])
     except rules.PauseError as exc:
         return _tools_page(request, status=422, error=str(exc), failed_tool=tool)
     if created:
@@ -211,7 +216,11 @@ def tool_pause(request: HttpRequest) -> HttpResponse:
 @require_POST
 @admin_view
 def tool_resume(request: HttpRequest) -> HttpResponse:
-    tool = request.POST.get("tool", "")[:150]
+    form = ToolResumeForm(request.POST)
+    if not form.is_valid():
+        error, _field = first_error(form)
+        return _tools_page(request, status=422, error=error)
+    tool = form.cleaned_data["tool"]
     pause, woken = rules.resume_tool(tool, request.user)
     if pause is not None:
         logger.warning("tool %s resumed by %s", tool, request.user.get_username())

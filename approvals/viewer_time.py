@@ -13,7 +13,7 @@ console.py), which calls `timestamp_html()`; Python-built sentences call `format
 from __future__ import annotations
 
 import zoneinfo
-from datetime import UTC, date, datetime, time
+from datetime import UTC, date, datetime, time, timedelta
 from functools import cache
 
 from django.http import HttpRequest
@@ -107,3 +107,73 @@ def timestamp_html(value: datetime) -> SafeString:
         timezone.get_current_timezone_name(),
         format_timestamp(value),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Day filters: "started from" / "started until" (the all-runs list, audit search and exports,
+# bulk actions in the console and the API), one helper for all of them.
+
+
+class DayOutOfRange(ValueError):
+    """A day whose start or end is not an instant Python can hold: the first or last days of the
+    calendar (9999-12-31 ends in the year 10000; 0001-01-01 starts before year 1 in UTC when
+    the viewer's zone is ahead of it)."""
+
+    def __init__(self, day: date):
+        super().__init__(f"{day.isoformat()} is outside the dates runs can be searched by")
+        self.day = day
+
+
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    """The instants [start, end) of `day` in the viewer's zone, in UTC, or DayOutOfRange."""
+    try:
+        start = start_of_day(day).astimezone(UTC)
+        end = start_of_day(day + timedelta(days=1)).astimezone(UTC)
+    except OverflowError:  # date + 1 day past 9999-12-31, or an instant before year 1 in UTC
+        raise DayOutOfRange(day) from None
+    return start, end
+
+
+def check_day(day: date) -> date:
+    """`day` if a filter can use it as either end of a range; DayOutOfRange otherwise."""
+    day_bounds(day)
+    return day
+
+
+def parse_day(text: str) -> date:
+    """`YYYY-MM-DD` (ValueError otherwise), usable as either end of a day filter."""
+    return check_day(date.fromisoformat(text))
+
+
+def filter_days(queryset, date_from: date | None, date_to: date | None, field: str = "created_at"):
+    """`queryset` with `field` on or after the start of `date_from` and before the end of
+    `date_to` (both inclusive, days in the viewer's zone; None: open). As ranges of the column,
+    so an index on it serves them, not a cast to a date. DayOutOfRange for a day at the edge of
+    the calendar: the form fields refuse those first (approvals/forms.py DayField)."""
+    if date_from:
+        queryset = queryset.filter(**{f"{field}__gte": day_bounds(date_from)[0]})
+    if date_to:
+        queryset = queryset.filter(**{f"{field}__lt": day_bounds(date_to)[1]})
+    return queryset
+
+
+# A day as the API states it (JSON schema pattern): a valid calendar date, YYYY-MM-DD, from
+# 0001-01-01 to 9999-12-30 (the API's days are UTC days, so each of these has an end; 9999-12-31
+# has none). An empty string means no filter. No lookarounds: schema tools generate from it.
+_MONTH_DAY = (
+    "(0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])"
+    "|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+    "|02-(0[1-9]|1[0-9]|2[0-8])"
+)
+_MONTH_DAY_9999 = (  # not a leap year, and without its last day
+    "(0[13578]|10)-(0[1-9]|[12][0-9]|3[01])"
+    "|(0[469]|1[12])-(0[1-9]|[12][0-9]|30)"
+    "|02-(0[1-9]|1[0-9]|2[0-8])"
+)
+_YEAR_BEFORE_9999 = (
+    "000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-8][0-9]{3}|9[0-8][0-9]{2}|99[0-8][0-9]|999[0-8]"
+)
+_LEAP_YEAR = "[0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00"
+DAY_PATTERN = (
+    f"^(({_YEAR_BEFORE_9999})-({_MONTH_DAY})|9999-({_MONTH_DAY_9999})|({_LEAP_YEAR})-02-29)?$"
+)

@@ -107,7 +107,13 @@ def inbox(request: HttpRequest) -> HttpResponse:
 def run_list(request: HttpRequest) -> HttpResponse:
     workflows = console.filter_choices()["workflows"]
     form = RunSearchForm(request.GET or None, workflows=workflows)
-    page, status = keyset_page(request, console.search_runs(**form.filters()))
+    if form.is_bound and not form.is_valid():
+        # The page says which field is wrong (a day with no end, …) and lists nothing: listing
+        # every run under filters the person did not get would read as an answer.
+        runs = Run.objects.none()
+    else:
+        runs = console.search_runs(**form.filters())
+    page, status = keyset_page(request, runs)
     context = {"form": form, "page": page, "query": _querystring(request), "now": timezone.now()}
     template = "console/run_list.html"
     if request.htmx and request.htmx.target == "run-results":

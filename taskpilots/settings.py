@@ -399,6 +399,9 @@ TASKPILOTS = {
     # A call in a currency not listed here counts as above every such threshold (a person
     # decides rather than a guess).
     "CURRENCY_RATES": env_rates("TASKPILOTS_CURRENCY_RATES"),
+    # Webhook channels post to public addresses only; these hosts (names or IP literals, as the
+    # URL writes them) are exempt, e.g. an internal chat server (approvals/notifications.py).
+    "NOTIFY_ALLOWED_HOSTS": env_list("TASKPILOTS_NOTIFY_ALLOWED_HOSTS", []),
     # Password for make run's demo users (never created in production).
     "DEMO_PASSWORD": env_secret("TASKPILOTS_DEMO_PASSWORD", "taskpilots-demo"),
 }

@@ -19,6 +19,10 @@ def pytest_sessionstart(session):
         pytest.exit(f"The configured Celery broker does not answer: {status}", returncode=3)
     # Tests drive the engine by hand unless they start a real worker (tests/worker.py).
     settings.TASKPILOTS["DISPATCH"] = "none"
+    # The flush between transactional tests: a TRUNCATE the audit tables' triggers refuse.
+    from tests import dbroles
+
+    dbroles.install_flush()
     import tests.runs.flows  # noqa: F401  (registers the test workflows and tools)
 
 

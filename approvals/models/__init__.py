@@ -22,12 +22,14 @@ from runs.models import (
     Risk,
     RouteAction,
     Run,
+    SideEffect,
     Step,
     TimelineEvent,
     _choices_check,
     digest,
 )
 from runs.people import Approval, first_matching
+from runs.seal import SealedModel, seal, seal_rows
 from runs.verbs import Verb
 
 
@@ -126,17 +128,20 @@ class ApprovalRequest(models.Model):
     def open(cls, run: Run, step: Step, asked: Approval) -> ApprovalRequest:
         """Ask a person (the engine's approval step, in its transaction; the step's
         `approval.requested` event names this request)."""
-        return cls.objects.create(
-            run=run,
-            step=step,
-            queue=asked.queue,
-            reason=asked.reason,
-            risk=asked.risk,
-            tool=asked.tool,
-            proposed_params=asked.proposed_params,
-            due_at=asked.due_at,
-            approvals_required=asked.approvals_required,
-        )
+        with transaction.atomic(savepoint=False):
+            request = cls.objects.create(
+                run=run,
+                step=step,
+                queue=asked.queue,
+                reason=asked.reason,
+                risk=asked.risk,
+                tool=asked.tool,
+                proposed_params=asked.proposed_params,
+                due_at=asked.due_at,
+                approvals_required=asked.approvals_required,
+            )
+            seal(request)
+        return request
 
     @property
     def awaits_second(self) -> bool:
@@ -188,6 +193,7 @@ class ApprovalRequest(models.Model):
                 },
                 actor=f"user:{user.get_username()}",
             )
+            seal(self)
         self.first_approved_by, self.first_approved_at = user, now
         self.first_params, self.first_conditions = params, list(conditions)
 
@@ -209,6 +215,7 @@ class ApprovalRequest(models.Model):
                     "reasons": list(reasons),
                 },
             )
+            seal(self)
         self.approvals_required = count
 
     def shown(self) -> dict[str, Any]:
@@ -235,6 +242,7 @@ class ApprovalRequest(models.Model):
                     **(data or {}),
                 }
                 TimelineEvent.append(self.run_id, verb, event, actor=actor)
+                seal(self)
         if not count:
             current = ApprovalRequest.objects.values_list("status", flat=True).get(pk=self.pk)
             raise InvalidTransition("approval", self.pk, current, target)
@@ -310,7 +318,9 @@ def params_diff(before: Any, after: Any) -> dict:
     return {k: [before.get(k), after.get(k)] for k in keys if before.get(k) != after.get(k)}
 
 
-class Takeover(models.Model):
+class Takeover(SealedModel):
+    """A person holding a run: sealed when it begins (the insert) and when it ends."""
+
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="takeovers")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     started_at = models.DateTimeField(default=timezone.now)
@@ -376,6 +386,7 @@ class Takeover(models.Model):
             TimelineEvent.append(
                 run.pk, Verb.TAKEOVER_ENDED, data, actor=f"user:{user.get_username()}"
             )
+            seal(takeover)
 
 
 class DecisionVerb(models.TextChoices):
@@ -393,10 +404,16 @@ class DecisionVerb(models.TextChoices):
     REASSIGN = "reassign", "Reassign"
 
 
-class HumanDecision(models.Model):
-    """Every human action on a run, bound to exactly what the person saw (`shown`)."""
+class HumanDecision(SealedModel):
+    """Every human action on a run, bound to exactly what the person saw (`shown`).
+
+    Written once and sealed on the run's timeline in the same transaction (SealedModel); a
+    decision never changes (the database refuses UPDATE and DELETE). A confirmation that an
+    unknown outcome happened also seals the ledger row the person settled (its receipt and
+    `confirmed_by`)."""
 
     Verb = DecisionVerb
+    append_only = True
 
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="decisions")
     step = models.ForeignKey(
@@ -428,6 +445,18 @@ class HumanDecision(models.Model):
     class Meta:
         constraints = [_choices_check("verb", DecisionVerb, "decision_verb_valid")]
         indexes = [models.Index(fields=["user", "-created_at"], name="decision_user_idx")]
+
+    def save(self, *args, **kwargs):
+        adding = self._state.adding
+        with transaction.atomic(savepoint=False):
+            super().save(*args, **kwargs)
+            if adding and self.verb == DecisionVerb.CONFIRM_HAPPENED and self.snapshot_id:
+                settled = SideEffect.objects.filter(
+                    snapshot_id=self.snapshot_id,
+                    confirmed_by__startswith="user:",
+                    status=SideEffect.Status.COMMITTED,
+                )
+                seal_rows(SideEffect, settled.order_by("pk").values_list("pk", flat=True))
 
     @property
     def conditions_text(self) -> str:
@@ -631,14 +660,17 @@ class RuleChange(models.TextChoices):
     MOVED = "moved", "Moved"
 
 
-class RuleVersion(models.Model):
+class RuleVersion(SealedModel):
     """One row per change of an EscalationRule, written in the transaction of the change.
 
     `data` is the rule as it was after the change; `before` as it was before (None on create),
-    so an auditor reads who changed what without diffing rows.
+    so an auditor reads who changed what without diffing rows. Written once: the version and
+    the rule row it describes are both sealed on the records chain as it is saved, so a rule
+    row changed afterwards no longer matches its seal.
     """
 
     Change = RuleChange
+    append_only = True
 
     rule = models.ForeignKey(EscalationRule, on_delete=models.PROTECT, related_name="versions")
     version = models.PositiveIntegerField()
@@ -660,6 +692,13 @@ class RuleVersion(models.Model):
     def __str__(self) -> str:
         return f"rule {self.rule_id} v{self.version} ({self.change})"
 
+    def save(self, *args, **kwargs):
+        adding = self._state.adding
+        with transaction.atomic(savepoint=False):
+            super().save(*args, **kwargs)
+            if adding:
+                seal_rows(EscalationRule, [self.rule_id])
+
     @property
     def changes(self) -> list[tuple[str, Any, Any]]:
         """(field, before, after) for every setting this version changed."""
@@ -672,9 +711,10 @@ class RuleVersion(models.Model):
         ]
 
 
-class ToolPause(models.Model):
+class ToolPause(SealedModel):
     """An admin's circuit breaker on a tool: while a pause is open (resumed_at is null), steps
-    that would call the tool wait instead, and no call is made."""
+    that would call the tool wait instead, and no call is made. Sealed on the records chain
+    when it opens and when it is resumed (`resume`)."""
 
     tool = models.CharField(max_length=150)
     reason = models.TextField()
@@ -698,6 +738,20 @@ class ToolPause(models.Model):
 
     def __str__(self) -> str:
         return f"pause of {self.tool} ({'open' if self.resumed_at is None else 'resumed'})"
+
+    def resume(self, user, now=None) -> bool:
+        """Close the pause (who, when) and seal it; False when it was closed already. Called
+        last in its transaction (after the runs it wakes are locked)."""
+        now = now or timezone.now()
+        with transaction.atomic(savepoint=False):
+            closed = ToolPause.objects.filter(pk=self.pk, resumed_at__isnull=True).update(
+                resumed_at=now, resumed_by=user
+            )
+            if closed:
+                seal(self)
+        if closed:
+            self.resumed_at, self.resumed_by = now, user
+        return bool(closed)
 
     @classmethod
     def active_for(cls, tool: str) -> ToolPause | None:
@@ -774,7 +828,7 @@ class MetadataLoosened(Exception):
         super().__init__(", ".join(fields))
 
 
-class ToolMetadataOverride(models.Model):
+class ToolMetadataOverride(SealedModel):
     """An admin's decision over a tool's own metadata (risk, side effect, dedupes by key).
 
     Every change is a new row and no row ever changes (a trigger refuses UPDATE and DELETE): the
@@ -782,8 +836,13 @@ class ToolMetadataOverride(models.Model):
     empty (`risk` "", the booleans None) keeps the tool's own value, so a row with none set
     clears the decision: the tool's own metadata applies again. Each row also keeps the tool's
     own metadata and what was in force just before it, so it reads as old → new on its own.
-    The engine sees the decisions through runs.tools.get (approvals.local_metadata).
+    The engine sees the decisions through runs.tools.get (approvals.local_metadata). Each row
+    is sealed on the records chain as it is written.
     """
+
+    append_only = True
+    # decide()'s writers queue on this transaction-level advisory lock ("tool").
+    HISTORY_LOCK = 0x746F6F6C
 
     tool = models.CharField(max_length=150)
     risk = models.CharField(max_length=10, choices=Risk.choices, blank=True, default="")
@@ -868,8 +927,9 @@ class ToolMetadataOverride(models.Model):
         """Record an admin's decision over `tool` (as its code registered it); all fields
         empty clears the decision. Returns (decision in force, changed).
 
-        1. Lock the history against other writers (readers are not blocked), so `before` is
-           what was really in force and the stamp the engine's caches compare only grows.
+        1. Lock the history against other writers (an advisory lock every writer takes;
+           readers are not blocked), so `before` is what was really in force and the stamp the
+           engine's caches compare only grows.
         2. `expected` (the id of the decision the admin's form showed, 0 for none) must still
            be the newest row: MetadataConflict otherwise.
         3. The same decision again writes nothing (a repeated POST changes nothing).
@@ -888,7 +948,7 @@ class ToolMetadataOverride(models.Model):
         own = metadata_of(tool)
         with transaction.atomic():
             with connection.cursor() as cursor:
-                cursor.execute(f"LOCK TABLE {cls._meta.db_table} IN SHARE ROW EXCLUSIVE MODE")
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [cls.HISTORY_LOCK])
             current = cls.in_force(tool.name)
             if expected is not None and (current.pk if current else 0) != expected:
                 raise MetadataConflict(current)
@@ -1297,3 +1357,4 @@ def known_queues() -> list[str]:
 
 
 from approvals.models.bulk import BulkAction, BulkActionItem  # noqa: E402, F401
+from approvals.models.records import AuditRecord, AuditRecordHead  # noqa: E402, F401

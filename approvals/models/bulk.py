@@ -4,17 +4,22 @@ A preview freezes the set: one BulkActionItem per matched run, with the run's `l
 as it was shown and what will happen to it (or why it is skipped). Executing carries the
 pending items out one transaction each; an item is marked in the same transaction as the action
 on its run, so a worker killed midway leaves every run either acted on and marked, or neither.
+
+Both are sealed (runs/seal.py): the job on the records chain when it is created, when its items
+are written (its seal then covers the frozen set: each item's run, step, version, plan and
+evidence), when it starts and when it is done; an item on its run's timeline when it is handled.
 """
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
 from runs.models import Run, Step
+from runs.seal import SealedModel, seal, seal_rows
 
 # How many runs one bulk action may cover (the preview says so when more match).
 MAX_RUNS = 1000
@@ -42,7 +47,7 @@ class BulkItemStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class BulkAction(models.Model):
+class BulkAction(SealedModel):
     Verb = BulkVerb
     Status = BulkStatus
 
@@ -75,8 +80,11 @@ class BulkAction(models.Model):
         """previewed → running, once (False: it was started already)."""
         now = timezone.now()
         fields = {"status": BulkStatus.RUNNING, "started_at": now, "heartbeat_at": now}
-        if not BulkAction.objects.filter(pk=self.pk, status=BulkStatus.PREVIEWED).update(**fields):
-            return False
+        with transaction.atomic(savepoint=False):
+            job = BulkAction.objects.filter(pk=self.pk, status=BulkStatus.PREVIEWED)
+            if not job.update(**fields):
+                return False
+            seal(self)
         for name, value in fields.items():
             setattr(self, name, value)
         return True
@@ -88,11 +96,15 @@ class BulkAction(models.Model):
     def finish_if_done(self) -> bool:
         """running → done once no item is pending (one statement, so two workers agree)."""
         pending = BulkActionItem.objects.filter(bulk_action=self, status=BulkItemStatus.PENDING)
-        return bool(
-            BulkAction.objects.filter(pk=self.pk, status=BulkStatus.RUNNING)
-            .exclude(models.Exists(pending))
-            .update(status=BulkStatus.DONE, finished_at=timezone.now())
-        )
+        with transaction.atomic(savepoint=False):
+            done = (
+                BulkAction.objects.filter(pk=self.pk, status=BulkStatus.RUNNING)
+                .exclude(models.Exists(pending))
+                .update(status=BulkStatus.DONE, finished_at=timezone.now())
+            )
+            if done:
+                seal(self)
+        return bool(done)
 
     @property
     def capped(self) -> bool:
@@ -109,8 +121,21 @@ class BulkAction(models.Model):
         return counts
 
 
+class BulkItemQuerySet(models.QuerySet):
+    def bulk_create(self, objs, *args, **kwargs):
+        """Write a preview's items, then seal their jobs again: each job's seal then covers
+        its frozen set of items (one seal per job, in the same transaction)."""
+        with transaction.atomic(savepoint=False):
+            created = super().bulk_create(objs, *args, **kwargs)
+            jobs = sorted({item.bulk_action_id for item in created})
+            seal_rows(BulkAction, jobs)
+        return created
+
+
 class BulkActionItem(models.Model):
     Status = BulkItemStatus
+
+    objects = BulkItemQuerySet.as_manager()
 
     bulk_action = models.ForeignKey(BulkAction, on_delete=models.CASCADE, related_name="items")
     position = models.PositiveIntegerField()
@@ -142,6 +167,8 @@ class BulkActionItem(models.Model):
         """Mark the item handled (inside the transaction that acted on its run, so the two
         commit together)."""
         fields = {"status": status, "reason": reason[:2000], "finished_at": timezone.now()}
-        BulkActionItem.objects.filter(pk=self.pk).update(decision=decision, **fields)
+        with transaction.atomic(savepoint=False):
+            BulkActionItem.objects.filter(pk=self.pk).update(decision=decision, **fields)
+            seal(self)
         for name, value in {**fields, "decision": decision}.items():
             setattr(self, name, value)

@@ -11,11 +11,15 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from ninja.openapi.docs import DocsBase
 
+from runs.invisible import escape_json_fully
+
 METHODS = ("get", "post", "put", "patch", "delete")
 
 
 def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False)
+    # The identifier pattern lists the invisible characters it refuses: shown as \uXXXX escapes
+    # (the same JSON), or the page would carry bidi overrides and blanks into the reader's view.
+    return escape_json_fully(json.dumps(value, indent=2, sort_keys=False, ensure_ascii=False))
 
 
 def _operations(schema: dict) -> list[dict]:

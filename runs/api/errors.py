@@ -14,7 +14,6 @@ import io
 import json
 import logging
 import math
-import unicodedata
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse
@@ -25,6 +24,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 from pydantic_core import PydanticCustomError
 
+from runs import invisible
 from taskpilots.env import env_int
 
 logger = logging.getLogger("taskpilots.api")
@@ -134,15 +134,86 @@ def _too_large() -> ApiError:
     return ApiError(413, "body_too_large", f"The body is larger than {MAX_BODY_BYTES} bytes.")
 
 
+class JsonRefused(ApiError):
+    """JSON text refused by `parse_json_text` (400). `reason` and `params` say what, so that the
+    console can say it in the reader's language; `message` is the API's English."""
+
+    def __init__(
+        self, code: str, message: str, *, field: str | None = None, reason: str = "", **params
+    ):
+        super().__init__(400, code, message, field=field)
+        self.reason = reason or code
+        self.params = params
+
+
+class _NotFinite(ValueError):
+    pass
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise ValueError(f"number {text} is out of range")
+        raise _NotFinite(text)
     return value
 
 
 def _no_constants(name: str):
-    raise ValueError(f"{name} is not valid JSON")
+    raise _NotFinite(name)
+
+
+class _Duplicated(dict):
+    """An object in which a key appeared twice: `check_json_value` refuses it with its path.
+    (json keeps the last value; a person reading the body may see the first.)"""
+
+    duplicate = ""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict:
+    found = dict(pairs)
+    if len(found) == len(pairs):
+        return found
+    seen: set[str] = set()
+    for key, _value in pairs:
+        if key in seen:
+            duplicated = _Duplicated(found)
+            duplicated.duplicate = key
+            return duplicated
+        seen.add(key)
+    return found  # pragma: no cover (a length difference means a key came twice)
+
+
+def parse_json_text(text: str, *, what: str = "The body") -> Any:
+    """JSON text from an untrusted sender, as data, or `JsonRefused`: the one parser of the API's
+    bodies and the console's JSON fields.
+
+    Refused: invalid syntax; NaN, Infinity and numbers out of a double's range (PostgreSQL's
+    JSON has none of them); a key twice in one object; nesting deeper than MAX_JSON_DEPTH
+    (also where it is deep enough to exhaust the parser's recursion); NUL characters and unpaired
+    surrogates (PostgreSQL stores neither); strings and keys over their length limits.
+    """
+    try:
+        data = json.loads(
+            text,
+            parse_float=_finite_float,
+            parse_constant=_no_constants,
+            object_pairs_hook=_object,
+        )
+    except RecursionError:
+        # Thousands of levels: far past the limit, whatever the parser managed to read.
+        raise _too_deep(None) from None
+    except _NotFinite as exc:
+        raise JsonRefused(
+            "invalid_json",
+            f"{what} is not valid JSON: {exc} is not a finite JSON number.",
+            reason="not_finite",
+            value=str(exc)[:40],
+        ) from None
+    except ValueError as exc:
+        raise JsonRefused(
+            "invalid_json", f"{what} is not valid JSON: {exc}", reason="syntax", error=str(exc)
+        ) from None
+    check_json_value(data)
+    return data
 
 
 def parse_json_body(raw: bytes) -> Any:
@@ -152,27 +223,40 @@ def parse_json_body(raw: bytes) -> Any:
         raise ApiError(
             400, "invalid_utf8", f"The body is not valid UTF-8 (byte {exc.start})."
         ) from None
-    try:
-        data = json.loads(text, parse_float=_finite_float, parse_constant=_no_constants)
-    except (ValueError, RecursionError) as exc:
-        raise ApiError(400, "invalid_json", f"The body is not valid JSON: {exc}") from None
-    check_json_value(data)
-    return data
+    return parse_json_text(text)
+
+
+def _too_deep(where: str | None) -> JsonRefused:
+    return JsonRefused(
+        "too_deep",
+        f"JSON is nested deeper than {MAX_JSON_DEPTH} levels.",
+        field=where,
+        limit=MAX_JSON_DEPTH,
+    )
 
 
 def _check_string(value: str, path: list, *, limit: int, what: str) -> None:
     where = field_path(path)
     if "\x00" in value:
-        raise ApiError(400, "nul_byte", f"{what} contains a NUL character.", field=where)
+        raise JsonRefused(
+            "nul_byte", f"{what} contains a NUL character.", field=where, reason="nul_byte"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise ApiError(
-            400, "invalid_utf8", f"{what} contains an unpaired surrogate.", field=where
+        raise JsonRefused(
+            "invalid_utf8",
+            f"{what} contains an unpaired surrogate.",
+            field=where,
+            reason="surrogate",
         ) from None
     if len(value) > limit:
-        raise ApiError(
-            400, "string_too_long", f"{what} is longer than {limit} characters.", field=where
+        raise JsonRefused(
+            "string_too_long",
+            f"{what} is longer than {limit} characters.",
+            field=where,
+            reason="key_too_long" if what == "A key" else "string_too_long",
+            limit=limit,
         )
 
 
@@ -182,11 +266,14 @@ def check_json_value(data: Any) -> None:
     while stack:
         value, path, depth = stack.pop()
         if isinstance(value, dict | list) and depth > MAX_JSON_DEPTH:
-            raise ApiError(
-                400,
-                "too_deep",
-                f"JSON is nested deeper than {MAX_JSON_DEPTH} levels.",
-                field=field_path(path),
+            raise _too_deep(field_path(path))
+        if isinstance(value, _Duplicated):
+            where = field_path([*path, value.duplicate])
+            raise JsonRefused(
+                "duplicate_key",
+                f"The key {value.duplicate!r} appears twice in one object; send it once.",
+                field=where,
+                key=value.duplicate[:100],
             )
         if isinstance(value, dict):
             for key, item in value.items():
@@ -220,36 +307,11 @@ def reject_nul(value: str) -> str:
 # --------------------------------------------------------------------------------------------
 # Identifiers: keys, names and references a person reads or a machine matches exactly.
 
-# The code points of Unicode categories Cc (controls) and Cf (format: zero-width characters,
-# bidirectional overrides, tag characters...) in Unicode 15.1, the version of Python 3.12 and
-# 3.13. They are invisible or reorder what is shown: a key with U+202E renders reversed, and
-# one with U+200B looks like another key but is not. tests/runs/test_api.py checks this table
-# against `unicodedata`; `check_identifier` asks `unicodedata` itself.
-INVISIBLE_RANGES = (
-    (0x0000, 0x001F),
-    (0x007F, 0x009F),
-    (0x00AD, 0x00AD),
-    (0x0600, 0x0605),
-    (0x061C, 0x061C),
-    (0x06DD, 0x06DD),
-    (0x070F, 0x070F),
-    (0x0890, 0x0891),
-    (0x08E2, 0x08E2),
-    (0x180E, 0x180E),
-    (0x200B, 0x200F),
-    (0x202A, 0x202E),
-    (0x2060, 0x2064),
-    (0x2066, 0x206F),
-    (0xFEFF, 0xFEFF),
-    (0xFFF9, 0xFFFB),
-    (0x110BD, 0x110BD),
-    (0x110CD, 0x110CD),
-    (0x13430, 0x1343F),
-    (0x1BCA0, 0x1BCA3),
-    (0x1D173, 0x1D17A),
-    (0xE0001, 0xE0001),
-    (0xE0020, 0xE007F),
-)
+# The characters an identifier may not hold (runs/invisible.py: default-ignorable code points,
+# controls, format characters, line and paragraph separators, blank symbols). They are invisible
+# or reorder what is shown: a key with U+202E renders reversed, and one with U+200B or U+3164
+# looks like another key but is not. The API and the console check the same table.
+INVISIBLE_RANGES = invisible.IDENTIFIER_FORBIDDEN_RANGES
 # The same rule as a JSON-schema pattern (the characters themselves, escaped by JSON). Unpaired
 # surrogates are refused too (400), but are left out: a pattern holding them is not valid
 # Unicode, and valid UTF-8 JSON cannot carry them anyway.
@@ -263,16 +325,15 @@ IDENTIFIER_PATTERN = (
 
 
 def check_identifier(value: str) -> str:
-    """Identifiers may not hold control or format characters (Unicode Cc/Cf): 422."""
+    """Identifiers may not hold invisible, control or format characters: 422."""
     value = reject_nul(value)
-    for char in value:
-        if unicodedata.category(char) in ("Cc", "Cf"):
-            name = unicodedata.name(char, "a control character")
-            raise PydanticCustomError(
-                "invisible_character",
-                "contains U+{code} ({name}), an invisible or control character",
-                {"code": f"{ord(char):04X}", "name": name},
-            )
+    char = invisible.first_forbidden_in_identifier(value)
+    if char is not None:
+        raise PydanticCustomError(
+            "invisible_character",
+            "contains {character}, an invisible or control character",
+            {"character": invisible.character_name(char)},
+        )
     return value
 
 

@@ -158,20 +158,28 @@ def _may_read(client: ApiClient, run: Run) -> bool:
 
 
 def _key_conflict(client: ApiClient, key: str, run: Run, why: str) -> ApiError:
+    if not _may_read(client, run):
+        # One answer whatever differs (another client's key, its workflow or its input): a
+        # client that may not read the run must not learn, by trying inputs, what it holds.
+        return ApiError(
+            409,
+            "business_key_conflict",
+            f"business_key {key!r} is already in use; use a new business_key for a different "
+            "request.",
+            field="business_key",
+        )
     what = {
         "workflow": "for another workflow",
         "input": "with different input",
         "taken": "by another client",
     }[why]
-    extra = {"run_id": str(run.pk)} if _may_read(client, run) else {}
-    shown = f" (run {run.pk})" if extra else ""
     return ApiError(
         409,
         "business_key_conflict",
-        f"business_key {key!r} was already used {what}{shown}; use a new business_key for a "
-        "different request.",
+        f"business_key {key!r} was already used {what} (run {run.pk}); use a new business_key "
+        "for a different request.",
         field="business_key",
-        **extra,
+        run_id=str(run.pk),
     )
 
 

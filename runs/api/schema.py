@@ -1,14 +1,19 @@
 """What the API's OpenAPI schema states beyond the field types: every rule the server enforces
 that a schema can express, so a client (or a fuzzer) that follows the schema is never refused.
 
-- Identifiers: no control or format characters (the pattern of runs/api/errors.py).
-- Free text and every string inside free JSON (`input`, `payload`, `edited_params`): no NUL,
-  at most 32 768 characters (keys: 200), as the body guard refuses.
+- Identifiers: no invisible, control or format characters (the pattern of runs/api/errors.py,
+  from the table in runs/invisible.py).
+- Free text, every other string of a request (filters, condition values) and every string
+  inside free JSON (`input`, `payload`, `edited_params`): no NUL, at most 32 768 characters
+  (keys: 200), as the body guard refuses.
 - Integers: a JSON number with no fraction (`1.0`) is an integer, as JSON Schema says.
 - Date-times: ISO 8601 strings only (`created_before=0.5` is not a date).
 - Cursors: their exact format.
 - Workflows: the registered names and, per name, the registered versions.
-- Errors: every status the server may answer (411, 413, 415, 405, 431…), in one shape.
+- Bulk actions: what each action needs (a comment to settle outcomes or cancel, the answer
+  about an engineer to release, exactly one target to reassign), and days that exist.
+- Errors: every status the server may answer (411, 413, 415, 405, 431…), in one shape, and
+  for the endpoints with codes of their own, which codes a 422 carries.
 """
 
 from __future__ import annotations
@@ -181,7 +186,79 @@ def refine(schema: dict, *, workflows: dict[str, list[int]]) -> dict:
     if outcome is not None:
         outcome["if"] = {"properties": {"happened": {"const": True}}, "required": ["happened"]}
         outcome["then"] = {"required": ["proof"], "properties": {"proof": {"pattern": NOT_BLANK}}}
+    preview = components.get("BulkPreviewIn")
+    if preview is not None:
+        preview["allOf"] = BULK_ACTION_NEEDS
+    for name, component in components.items():
+        if name.endswith("In"):  # what a client sends (the body guard refuses NUL anywhere)
+            _no_nul_in_strings(component)
+    for path, methods in (schema.get("paths") or {}).items():
+        for method, operation in methods.items():
+            codes = ERROR_CODES_422.get((method, path.removeprefix(API_PREFIX)))
+            responses = operation.get("responses") or {}
+            response = responses.get(422) or responses.get("422")
+            if codes and response is not None:
+                response["description"] = "Unprocessable Content: " + codes
     return schema
+
+
+API_PREFIX = "/api/v1"
+
+
+def _non_blank(name: str) -> dict:
+    # Present and not blank (the server strips it: "  " is no value).
+    return {"required": [name], "properties": {name: {"type": "string", "pattern": NOT_BLANK}}}
+
+
+def _when_action(actions: tuple[str, ...], then: dict) -> dict:
+    return {
+        "if": {"properties": {"action": {"enum": list(actions)}}, "required": ["action"]},
+        "then": then,
+    }
+
+
+# approvals/bulk.py clean_params: refused with 422 `invalid` naming the field.
+BULK_ACTION_NEEDS = [
+    _when_action(("confirm_happened", "confirm_not_happened", "cancel"), _non_blank("comment")),
+    _when_action(
+        ("release",),
+        {"required": ["needed_engineer"], "properties": {"needed_engineer": {"type": "boolean"}}},
+    ),
+    _when_action(("reassign",), {"oneOf": [_non_blank("to"), _non_blank("to_queue")]}),
+]
+
+
+# The 422 codes of endpoints that have codes of their own besides the schema's (`missing_field`,
+# `unknown_field`, `invalid_field`, `invalid_type`, `invalid_characters`).
+ERROR_CODES_422 = {
+    ("post", "/bulk-actions/preview"): (
+        "`invalid` (a filter or the action's parameters the server refuses; `field` names it, "
+        "e.g. `filters.date_to` or `comment`), `unknown_user`, or a code of the schema's."
+    ),
+    ("post", "/bulk-actions/{bulk_id}/execute"): "`unknown_user`, or a code of the schema's.",
+    ("post", "/runs"): (
+        "`unknown_workflow`, `invalid_input` (the workflow's own validator), or a code of the "
+        "schema's."
+    ),
+    ("post", "/approvals/{approval_id}/decision"): (
+        "`invalid_params` (edits the tool's input schema refuses; `field` is "
+        "`edited_params.<parameter>`), `invalid_conditions`, `unknown_user`, `missing_field`, "
+        "or a code of the schema's."
+    ),
+}
+
+
+def _no_nul_in_strings(node: Any) -> None:
+    """Every string of a request without a pattern, format or fixed values gets NO_NUL."""
+    if isinstance(node, dict):
+        fixed = {"pattern", "format", "enum", "const", "$ref"} & node.keys()
+        if node.get("type") == "string" and not fixed:
+            node["pattern"] = NO_NUL
+        for value in node.values():
+            _no_nul_in_strings(value)
+    elif isinstance(node, list):
+        for item in node:
+            _no_nul_in_strings(item)
 
 
 def _point_at_json_object(node: Any) -> Any:

@@ -12,7 +12,7 @@ import pytest
 
 from approvals import actions
 from approvals.models import ApprovalRequest, EscalationRule
-from runs import engine, tools, workflows
+from runs import audit, engine, tools, workflows
 from runs.models import Run, SideEffect, Step, TimelineEvent, digest
 from runs.tools import python_tool
 from runs.workflows import Workflow, approval, side_effect
@@ -124,6 +124,7 @@ def test_an_edited_retry_needs_the_approval_the_new_amount_requires(
     named = effect.snapshot.human_decision
     assert named["approval"] == asked.pk and named["approvers"] == ["bob", "cat"]
     assert named["required"] == 2 and named["params_digest"] == digest(effect.snapshot.params)
+    assert audit.verify_run(run).ok  # the chain, the seals and the coverage
 
 
 def test_an_edit_past_the_threshold_needs_a_second_person(sandbox, people, two_above_1000):
@@ -145,6 +146,7 @@ def test_an_edit_past_the_threshold_needs_a_second_person(sandbox, people, two_a
     actions.decide_approval(asked.pk, bob, "approved")
     engine.run_until_quiet(run.pk)
     assert refunds(sandbox) == [50000]
+    assert audit.verify_run(run).ok
 
 
 def test_a_call_no_workflow_step_asked_about_goes_to_people_by_rule(sandbox, people):

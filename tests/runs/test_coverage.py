@@ -5,15 +5,17 @@ application's rights could — are named."""
 
 from __future__ import annotations
 
+import io
 from decimal import Decimal
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from approvals import actions
 from approvals.models import ApprovalRequest, EscalationRule
-from runs import engine
+from runs import audit, engine
 from runs.coverage import check_events
-from runs.models import SideEffect, TimelineEvent, digest
+from runs.models import Run, SideEffect, TimelineEvent, digest
 from tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -93,3 +95,25 @@ def test_a_call_under_an_approval_that_was_never_decided_is_named(sandbox, peopl
     named = {"id": pending.pk, "params_digest": "x", "required": 1, "approvers": ["ann"]}
     plant(run, key="tp-undecided", approval=named)
     assert "does not show approved" in problems(run)[0][1]
+
+
+def test_verify_audit_names_the_planted_effect_in_the_database_and_in_an_export(
+    sandbox, people, tmp_path
+):
+    covered, _ = refund(sandbox, people)
+    asked, _ = engine.start_run("test.refund", {"amount": 2000, "payment": "pay_2"})
+    asked = engine.run_until_quiet(asked.pk)
+    planted = plant(asked, key="tp-planted")
+    report = audit.verify_queryset_runs(Run.objects.filter(pk__in=[covered.pk, asked.pk]))
+    [problem] = report.problems
+    assert (problem.run_id, problem.seq) == (str(asked.pk), planted.seq)
+    assert "committed without an approval" in problem.message
+    export = tmp_path / "audit.jsonl"
+    export.write_text(
+        "".join(audit.export_jsonl(Run.objects.filter(pk__in=[covered.pk, asked.pk])))
+    )
+    out = io.StringIO()
+    with pytest.raises(CommandError):
+        call_command("verify_audit", "--file", str(export), stdout=out, stderr=io.StringIO())
+    assert f"seq {planted.seq}" in out.getvalue() and "tp-planted" in out.getvalue()
+    assert audit.verify_run(covered).ok

@@ -26,6 +26,12 @@ class Command(BaseCommand):
         parser.add_argument("--target", default="", help="target resource (prefix)")
         parser.add_argument("--actor", default="", help="a user name or an actor such as api:x")
         parser.add_argument("--outcome", default="", choices=["", *audit_outcomes()])
+        parser.add_argument(
+            "--records",
+            action="store_true",
+            help="also the records chain: rule versions and rules, tool pauses, metadata "
+            "decisions and bulk jobs, with their sealed content (JSON Lines only)",
+        )
 
     def handle(self, *args, **options):
         from approvals.audit_search import AuditQuery
@@ -56,7 +62,15 @@ class Command(BaseCommand):
             self.stderr.write(f"… {runs_done} runs, {events} events exported")
 
         if options["format"] == "jsonl":
-            lines = audit.export_jsonl(runs, exported_by="shell", query=query, progress=progress)
+            lines = audit.export_jsonl(
+                runs,
+                exported_by="shell",
+                query=query,
+                progress=progress,
+                records=options["records"],
+            )
+        elif options["records"]:
+            raise CommandError("--records needs --format jsonl (CSV is for people to read).")
         else:
             lines = audit.export_csv(runs)
         if options["output"] == "-":

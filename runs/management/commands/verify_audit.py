@@ -10,9 +10,10 @@ from runs import audit
 
 class Command(BaseCommand):
     help = (
-        "Recompute the hash-chained timelines (every run, one run, or an exported JSON Lines "
-        "file offline) and name the first broken event of each run. Exits 1 if anything was "
-        "altered, inserted or removed."
+        "Recompute the hash-chained timelines and the records chain (every run and the records "
+        "chain, one run, or an exported JSON Lines file offline), check every sealed row "
+        "against its latest seal, and name the first broken event or row of each chain. Exits "
+        "1 if anything was altered, inserted or removed."
     )
     # --file must work with no database at all; the system checks would open a connection.
     requires_system_checks: list[str] = []
@@ -33,15 +34,16 @@ class Command(BaseCommand):
         else:
             from runs.models import Run
 
-            runs = Run.objects.all()
             if run:
                 try:
-                    runs = runs.filter(pk=uuid.UUID(run))
+                    runs = Run.objects.filter(pk=uuid.UUID(run))
                 except ValueError:
                     raise CommandError(f"{run!r} is not a run id.") from None
                 if not runs.exists():
                     raise CommandError(f"No run {run}.")
-            report = audit.verify_queryset_runs(runs, progress=progress)
+                report = audit.verify_queryset_runs(runs, progress=progress)
+            else:
+                report = audit.verify_database(progress=progress)
         for problem in report.problems:
             self.stdout.write(f"BROKEN {problem}")
         if not report.ok:

@@ -26,17 +26,23 @@ DEFAULT_RULES = [
 
 
 def forwards(apps, schema_editor):
+    from runs import seal
+
     EscalationRule = apps.get_model("approvals", "EscalationRule")
     RuleVersion = apps.get_model("approvals", "RuleVersion")
     # Two-person rules with a threshold keep their meaning: one approver at or below it.
-    EscalationRule.objects.filter(approvers_required=2).exclude(amount_param="").update(
-        approvers_below=1
-    )
+    kept = EscalationRule.objects.filter(approvers_required=2).exclude(amount_param="")
+    changed = list(kept.values_list("pk", flat=True))
+    kept.update(approvers_below=1)
     for fields in DEFAULT_RULES:
         rule, created = EscalationRule.objects.get_or_create(name=fields["name"], defaults=fields)
         if created:
             data = {name: getattr(rule, name) for name in FIELDS}
             RuleVersion.objects.create(rule=rule, version=rule.version, change="created", data=data)
+    # Sealed as the rows are now (runs/seal.py): the new rules and their versions, and the
+    # rules this migration changed.
+    seal.seal_rows(EscalationRule, changed, get_model=apps.get_model)
+    seal.backfill(apps.get_model)
     # The rows' deferred key checks now, not at commit: a later migration may alter the tables
     # in this same transaction (tests migrate back and forth in one).
     schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
@@ -46,12 +52,17 @@ def backwards(apps, schema_editor):
     EscalationRule = apps.get_model("approvals", "EscalationRule")
     RuleVersion = apps.get_model("approvals", "RuleVersion")
     names = [r["name"] for r in DEFAULT_RULES]
-    RuleVersion.objects.filter(rule__name__in=names).delete()
-    EscalationRule.objects.filter(name__in=names).delete()
+    rules = list(EscalationRule.objects.filter(name__in=names).values_list("pk", flat=True))
+    # Rule versions are append-only (approvals 0020): this migration takes back its own.
+    trigger = "ALTER TABLE approvals_ruleversion {} TRIGGER approvals_ruleversion_append_only"
+    schema_editor.execute(trigger.format("DISABLE"))
+    RuleVersion.objects.filter(rule_id__in=rules).delete()
+    EscalationRule.objects.filter(pk__in=rules).delete()
     schema_editor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    schema_editor.execute(trigger.format("ENABLE"))
 
 
 class Migration(migrations.Migration):
-    dependencies = [("approvals", "0020_approval_gate_rules")]
+    dependencies = [("approvals", "0021_approval_gate_rules")]
 
     operations = [migrations.RunPython(forwards, backwards)]

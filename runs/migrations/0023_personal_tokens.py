@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("runs", "0021_status_domains"),
+        ("runs", "0022_audit_truncate_guard"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -1,13 +1,13 @@
 # Approval rules for the gate in front of every side effect (runs.engine.gate, approvals/gate.py):
 # the `approve` action, thresholds in a currency and by records touched, and how many approvers
-# are needed at or below a threshold. The rules TaskPilots ships with: 0021.
+# are needed at or below a threshold. The rules TaskPilots ships with: 0022.
 from django.db import migrations, models
 
 ACTIONS = ["retry", "wait", "degrade", "compensate", "escalate", "fail", "approve"]
 
 
 class Migration(migrations.Migration):
-    dependencies = [("approvals", "0019_failure_idx_tool_paused")]
+    dependencies = [("approvals", "0020_sealed_records")]
 
     operations = [
         migrations.RemoveConstraint(model_name="escalationrule", name="rule_action_valid"),
