@@ -1086,7 +1086,8 @@ class Step(models.Model):
                 "tool": tool,
                 **({"routing": routing} if routing else {}),
             },
-            **({"routing": routing} if routing else {}),
+            # The gate's question replaces a failure the step may have had: not an error.
+            **({"routing": routing, "error_class": ""} if routing else {}),
         )
 
     def escalate(

@@ -84,12 +84,14 @@ def env_list(name: str, default: list[str] | None = None) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def env_rates(name: str) -> dict[str, str]:
+def env_rates(name: str, default: str = "") -> dict[str, str]:
     """`CODE=rate,CODE=rate` (ISO 4217 codes, positive decimal rates) as {code: rate text}."""
     from decimal import Decimal, InvalidOperation
 
     rates: dict[str, str] = {}
-    for item in env_list(name):
+    given = os.environ.get(name)
+    items = [i.strip() for i in (default if given is None else given).split(",") if i.strip()]
+    for item in items:
         code, _, rate = item.partition("=")
         code = code.strip().upper()
         try:

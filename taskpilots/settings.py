@@ -339,6 +339,15 @@ CELERY_BEAT_SCHEDULE = {
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- TaskPilots' own knobs.
+# Approximate values of the major currencies in USD, so that an approval threshold in one of
+# them ("above 10,000 USD") applies to amounts in the others out of the box. They move: a
+# deployment whose thresholds matter sets TASKPILOTS_CURRENCY_RATES from its own source.
+DEFAULT_CURRENCY_RATES = (
+    "USD=1,EUR=1.08,GBP=1.27,CHF=1.12,JPY=0.0067,CNY=0.14,HKD=0.128,SGD=0.74,CAD=0.73,"
+    "AUD=0.66,NZD=0.6,SEK=0.095,NOK=0.093,DKK=0.145,PLN=0.25,CZK=0.043,INR=0.012,KRW=0.00073,"
+    "BRL=0.19,MXN=0.055,ZAR=0.054,KWD=3.25"
+)
+
 TASKPILOTS = {
     # How long a worker may hold a step before the sweeper takes it back: the safety net behind
     # the heartbeat (runs/engine/liveness.py).
@@ -396,9 +405,9 @@ TASKPILOTS = {
     "PUBLIC_URL": env_str("TASKPILOTS_PUBLIC_URL", "") or "",
     # What one unit of each currency is worth in a common unit, for approval rules whose
     # threshold names a currency ("two approvers above 1,000 USD"): "USD=1,EUR=1.08,JPY=0.0067".
-    # A call in a currency not listed here counts as above every such threshold (a person
-    # decides rather than a guess).
-    "CURRENCY_RATES": env_rates("TASKPILOTS_CURRENCY_RATES"),
+    # A call in a currency not listed here counts as above every such threshold (people decide
+    # rather than a guess). The default is approximate: set your own (empty: none at all).
+    "CURRENCY_RATES": env_rates("TASKPILOTS_CURRENCY_RATES", DEFAULT_CURRENCY_RATES),
     # Webhook channels post to public addresses only; these hosts (names or IP literals, as the
     # URL writes them) are exempt, e.g. an internal chat server (approvals/notifications.py).
     "NOTIFY_ALLOWED_HOSTS": env_list("TASKPILOTS_NOTIFY_ALLOWED_HOSTS", []),

@@ -8,6 +8,8 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from approvals import viewer_time
+
 WINDOWS = {"24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
 DEFAULT_WINDOW = "7d"
 MAX_CUSTOM_DAYS = 366
@@ -59,7 +61,11 @@ def parse_window(params, *, now: datetime | None = None) -> Window:
         raise BadWindow(_("The end date is before the start date."))
     if (end_day - start_day).days > MAX_CUSTOM_DAYS:
         raise BadWindow(_("A custom window can span at most a year."))
-    tz = timezone.get_current_timezone()
-    start = timezone.make_aware(start_day, tz)
-    end = timezone.make_aware(end_day + timedelta(days=1), tz)
+    try:  # the first and last days of the calendar have no start or end (9999-12-31)
+        start = viewer_time.day_bounds(start_day.date())[0]
+        end = viewer_time.day_bounds(end_day.date())[1]
+    except viewer_time.DayOutOfRange as exc:
+        raise BadWindow(
+            _("%(day)s is outside the dates the metrics cover.") % {"day": exc.day.isoformat()}
+        ) from None
     return Window("custom", start, end)

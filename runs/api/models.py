@@ -33,13 +33,17 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
+from django.utils.translation import gettext_lazy
 
 
 class ApiScope(models.TextChoices):
-    RUNS_READ = "runs:read", "Read runs"
-    RUNS_WRITE = "runs:write", "Start and cancel runs"
-    EVENTS_WRITE = "events:write", "Deliver events"
-    APPROVALS_WRITE = "approvals:write", "Act as a named user: decide approvals, settle outcomes"
+    RUNS_READ = "runs:read", gettext_lazy("Read runs")
+    RUNS_WRITE = "runs:write", gettext_lazy("Start and cancel runs")
+    EVENTS_WRITE = "events:write", gettext_lazy("Deliver events")
+    APPROVALS_WRITE = (
+        "approvals:write",
+        gettext_lazy("Act as a person: decide approvals, settle outcomes, bulk actions"),
+    )
 
 
 def _hash_secret(secret: str) -> str:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import unicodedata
-
 from django.db import IntegrityError, transaction
 
 from runs import workflows as workflow_registry
 from runs.engine.dispatch import enqueue
+from runs.invisible import character_name, first_forbidden_in_identifier
 from runs.models import Run, digest, to_json_value
 from runs.verbs import Verb
 from runs.workflows import Workflow
@@ -110,11 +109,12 @@ def check_session_ref(value) -> None:
         raise StartError("session_context_ref must be a string")
     if len(value) > SESSION_REF_MAX:
         raise StartError(f"session_context_ref is longer than {SESSION_REF_MAX} characters")
-    for char in value:
-        if unicodedata.category(char) in ("Cc", "Cf"):
-            raise StartError(
-                f"session_context_ref contains U+{ord(char):04X}, an invisible or control character"
-            )
+    char = first_forbidden_in_identifier(value)
+    if char is not None:  # the API's definition of an identifier (runs/invisible.py)
+        raise StartError(
+            f"session_context_ref contains {character_name(char)}, an invisible or control "
+            "character"
+        )
 
 
 def _same_start(

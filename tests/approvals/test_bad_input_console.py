@@ -6,6 +6,7 @@ exist."""
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.core.cache import cache
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.urls import reverse
 
@@ -499,3 +501,25 @@ def test_the_new_form_errors_read_in_chinese(client, admin_user, sandbox):
     response = client.post(url, body, **HTMX, **zh)
     assert response.status_code == 422
     assert "在同一个对象中出现了两次" in text_of(response)
+
+
+def test_a_metrics_window_ending_on_the_last_day_of_the_calendar_is_a_400(client, auditor_user):
+    client.force_login(auditor_user)
+    window = "window=custom&start=9999-12-30&end=9999-12-31"
+    page = client.get(f"/console/metrics/?{window}")
+    assert page.status_code == 400
+    assert "9999-12-31 is outside the dates the metrics cover." in text_of(page)
+    response = client.get(f"/console/metrics.json?{window}")
+    assert response.status_code == 400 and response.json()["error"]["code"] == "bad_window"
+
+
+def test_an_export_to_the_last_day_of_the_calendar_says_so(db):
+    with pytest.raises(CommandError, match="outside the dates runs can be searched by"):
+        call_command("export_audit", "--to", "9999-12-31", stdout=io.StringIO())
+
+
+@pytest.mark.parametrize("char", ["\u3164", "\u2800", "\u034f", "\u2028", "\u202e"])
+def test_an_in_process_start_refuses_an_invisible_session_reference(db, char):
+    with pytest.raises(engine.StartError, match="session_context_ref contains U\\+"):
+        engine.start_run("test.kb", {"q": "x"}, session_context_ref=f"chat{char}1")
+    assert not Run.objects.exists()

@@ -18,7 +18,7 @@ from approvals.models import ApprovalRequest, HumanDecision
 from approvals.models.bulk import BulkAction
 from runs import engine
 from runs.api.errors import MAX_JSON_DEPTH
-from runs.api.models import ApiClient, ApiScope
+from runs.api.models import ApiClient, ApiScope, PersonalToken
 from runs.invisible import (
     DEFAULT_IGNORABLE_RANGES,
     IDENTIFIER_FORBIDDEN_RANGES,
@@ -31,9 +31,10 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def api(db):
-    _, credentials = ApiClient.issue("billing-agent", ApiScope.values)
-    return Api(bearer(credentials.token))
+def api(support_user):
+    # A support person's own token: the bulk actions and decisions below are a person's.
+    _, issued = PersonalToken.issue(support_user, "scripts", ApiScope.values)
+    return Api(bearer(issued.token))
 
 
 def counts() -> dict[str, int]:

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import sys
 import uuid
-from datetime import datetime
 
 from django.core.management.base import BaseCommand, CommandError
 
+from approvals import viewer_time
 from runs import audit
 
 
@@ -99,7 +99,8 @@ def _date(value: str | None):
     if not value:
         return None
     try:
-        day = datetime.strptime(value, "%Y-%m-%d").date()
+        return viewer_time.parse_day(value)
+    except viewer_time.DayOutOfRange as exc:
+        raise CommandError(f"{value!r} is outside the dates runs can be searched by.") from exc
     except ValueError:
         raise CommandError(f"{value!r} is not a date (YYYY-MM-DD).") from None
-    return day
