@@ -27,6 +27,21 @@ def pytest_sessionstart(session):
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """The test database as production has it: created and migrated by the owner (the
+    configured DATABASE_URL's user), then `manage.py setup_app_role` grants its application
+    role, and every connection — this process's, and the workers, gunicorn and commands the
+    tests start — acts as that role (tests/dbroles.py). A missing grant fails the tests."""
+    from tests import dbroles
+
+    with django_db_blocker.unblock():
+        dbroles.use_app_role()
+    yield
+    with django_db_blocker.unblock():
+        dbroles.back_to_owner()  # pytest-django drops the test database as the owner
+
+
+@pytest.fixture(scope="session")
 def sandbox_process(tmp_path_factory):
     """The simulated external systems, as their own process, for the whole session."""
     from taskpilots.sandbox.client import start_sandbox

@@ -94,7 +94,8 @@ def baseline_commits_per_s(processes: int, seconds: float = 3.0) -> float:
 
     dsn = database_url()
     table = f"bench_baseline_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    # The table is the owner's (the application's role may not create one); the peers insert.
+    with psycopg.connect(database_url(owner=True), autocommit=True) as conn:
         conn.execute(f"CREATE TABLE {table} (id bigserial primary key, payload text)")
     try:
         start_at = time.time() + 3.0
@@ -116,7 +117,7 @@ def baseline_commits_per_s(processes: int, seconds: float = 3.0) -> float:
             timeout=seconds + 60,
         )
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
+        with psycopg.connect(database_url(owner=True), autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
     return sum(r["commits"] for r in results) / max(r["elapsed_s"] for r in results)
 

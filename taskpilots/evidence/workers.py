@@ -29,10 +29,23 @@ from taskpilots.env import format_database_url
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def database_url(name: str | None = None) -> str:
-    """The URL of the database this process is connected to (the test database in tests), or of
-    another database `name` on the same server."""
-    return format_database_url(connection.settings_dict, name)
+def database_url(name: str | None = None, *, owner: bool = False) -> str:
+    """The URL of the database this process is connected to (the test database in tests), for
+    the processes it starts, or of another database `name` on the same server (the scratch
+    databases of bench and drill, which are the owner's: created, migrated and dropped by it).
+
+    In the test suite this process logs in as the owner and acts as the application role
+    (tests/dbroles.py: `APP_ROLE` and `-c role=…`); the workers, gunicorn and commands it starts
+    on this database log in as that role itself, unless `owner` (a benchmark's scratch table)."""
+    db = connection.settings_dict
+    login = db.get("APP_ROLE") if name is None and not owner else None
+    options = dict(db.get("OPTIONS") or {})
+    acting = db.get("APP_ROLE", {}).get("USER")
+    if acting and options.get("options"):
+        options["options"] = options["options"].replace(f"-c role={acting}", "").strip()
+        if not options["options"]:
+            del options["options"]
+    return format_database_url({**db, **(login or {}), "OPTIONS": options}, name)
 
 
 class WorkerProcess:

@@ -21,6 +21,7 @@ from runs import engine, tools
 from taskpilots.evidence import bench_flows  # noqa: F401  (registers bench.five)
 from tests.approvals.conftest import Clock
 from tests.approvals.console_helpers import fast_passwords  # noqa: F401  (autouse)
+from tests.dbroles import as_owner
 
 pytestmark = pytest.mark.django_db
 committed = pytest.mark.django_db(transaction=True)
@@ -146,7 +147,7 @@ def test_when_the_decisions_cannot_be_read_the_last_ones_stay(clock, admin_user,
 def test_a_failed_read_in_the_saving_transaction_does_not_break_it(caplog):
     tools.get("mail.send")  # read once (on the side) before the table goes
     with transaction.atomic():
-        with connection.cursor() as cursor:  # as before the migration
+        with as_owner(), connection.cursor() as cursor:  # as before the migration
             cursor.execute("ALTER TABLE approvals_toolmetadataoverride RENAME TO moved_away")
         CACHE.refresh(here=True)
         assert "does not exist" in caplog.text and "own metadata applies" in caplog.text

@@ -20,6 +20,7 @@ from django.test import Client
 
 from runs.api.auth import sign
 from runs.api.models import SIGNING_VERSION, ApiClient, ApiScope
+from tests.dbroles import as_owner
 
 pytestmark = pytest.mark.django_db
 
@@ -48,8 +49,9 @@ def legacy_secret(client_id: str, salt: str) -> str:
 
 
 def migrate(target: tuple[str, str]) -> None:
-    executor = MigrationExecutor(connection)
-    executor.migrate([target])
+    with as_owner():  # migrations are the owner's (tests/dbroles.py)
+        executor = MigrationExecutor(connection)
+        executor.migrate([target])
 
 
 def test_a_client_issued_before_salted_hmac_still_verifies_after_the_migration():

@@ -39,6 +39,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from tests.dbroles import as_owner
+
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("runs", "approvals", "taskpilots")
 MODEL = re.compile(r"^(Run|Step|SideEffect|Wait|ApprovalRequest|Takeover)(Model)?$")
@@ -284,7 +286,9 @@ WATCHED = [
 
 @pytest.fixture
 def change_log(transactional_db):
-    with connection.cursor() as cursor:
+    # Triggers and the log table are the owner's to make (tests/dbroles.py); the application's
+    # role writes the log through them.
+    with as_owner(), connection.cursor() as cursor:
         cursor.execute(LOG_SQL)
         for table in WATCHED:
             cursor.execute(
@@ -294,7 +298,7 @@ def change_log(transactional_db):
     try:
         yield _read_log
     finally:
-        with connection.cursor() as cursor:
+        with as_owner(), connection.cursor() as cursor:
             for table in WATCHED:
                 cursor.execute(f"DROP TRIGGER IF EXISTS audit_test_log ON {table}")
             cursor.execute("DROP FUNCTION IF EXISTS audit_test_log_change() CASCADE")

@@ -254,8 +254,8 @@ def test_a_seal_in_the_chain_cannot_be_edited_to_match(story):
             [json.dumps(seal.seal_data(row)), chain, seq],
         )
     _code, out = verify("--run", chain)
-    assert broken(out) == [f"BROKEN run {chain} seq {seq}: data was changed (it no longer "
-                           "matches its data_digest)"], out  # fmt: skip
+    expected = f"BROKEN run {chain} seq {seq}: data was changed (it no longer matches its "
+    assert broken(out) == [expected + "data_digest)"], out
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,13 +16,21 @@ from django.db import connection
 from runs import audit
 from runs.models import Run, SideEffect, Snapshot, TimelineEvent
 from tests.approvals.console_helpers import approval_run, start
+from tests.dbroles import as_owner
 
 pytestmark = pytest.mark.django_db
 
 
 @contextmanager
 def trigger_disabled():
-    """Tamper like someone with raw database access: the append-only trigger is off."""
+    """Tamper like someone with raw database access: the append-only trigger is off (as the
+    owner: the application's role may not touch triggers, tests/dbroles.py)."""
+    with as_owner(), _trigger_off():
+        yield connection.cursor()
+
+
+@contextmanager
+def _trigger_off():
     with connection.cursor() as cursor:
         # Django's foreign keys are deferred; ALTER TABLE refuses while checks are pending.
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
@@ -31,7 +39,7 @@ def trigger_disabled():
         )
         cursor.execute("ALTER TABLE runs_snapshot DISABLE TRIGGER runs_snapshot_append_only")
     try:
-        yield connection.cursor()
+        yield
     finally:
         with connection.cursor() as cursor:
             cursor.execute(

@@ -71,6 +71,7 @@ def test_a_cut_hole_resets_the_connection_and_lets_new_ones_through(proxy):
 def test_a_hole_after_commit_lands_the_commit_and_holds_its_answer(proxy):
     # What a worker partitioned on its COMMIT sees: nothing, although the commit happened.
     with psycopg.connect(format_database_url(connection.settings_dict), autocommit=True) as direct:
+        direct.execute("SET ROLE NONE")  # the probe table is the owner's (tests/dbroles.py)
         direct.execute("CREATE TABLE IF NOT EXISTS blackhole_probe (n int)")
         with _connect(proxy) as conn:
             fd = conn.pgconn.socket

@@ -19,6 +19,7 @@ from runs.models import (
     TimelineEvent,
     TransitionError,
 )
+from tests.dbroles import as_owner
 from tests.factories import (
     RunFactory,
     SideEffectFactory,
@@ -246,11 +247,13 @@ class TestImmutability:
     def test_the_database_refuses_raw_updates_and_deletes(self, table):
         pk = SnapshotFactory().pk if table == "runs_snapshot" else TimelineEventFactory().pk
         column = "tool" if table == "runs_snapshot" else "verb"
+        # As the owner: the application's role may not even try (tests/runs/test_app_role.py).
         for sql in (
             f"UPDATE {table} SET {column} = 'x' WHERE id = %s",
             f"DELETE FROM {table} WHERE id = %s",
         ):
             with (
+                as_owner(),
                 pytest.raises(IntegrityError, match="append-only"),
                 transaction.atomic(),
                 connection.cursor() as cursor,
@@ -263,6 +266,7 @@ class TestImmutability:
         run = RunFactory()
         run.record("test.step", {})
         with (
+            as_owner(),
             pytest.raises(IntegrityError, match="never deleted"),
             transaction.atomic(),
             connection.cursor() as cursor,
