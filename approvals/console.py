@@ -208,7 +208,9 @@ def _reason_filter(reason: str) -> Q:
 def awaits_approval() -> Q:
     """A parked step that waits for people's approval: an approval step, or a side effect
     the gate stopped (runs.engine.gate: its routing's action is `approve`)."""
-    return Q(kind="approval") | Q(routing__action="approve")
+    # Containment, not a key lookup: a routing without an action is false here, never NULL
+    # (which would drop it from an exclude() as well).
+    return Q(kind="approval") | Q(routing__contains={"action": "approve"})
 
 
 def inbox_queryset(user, *, queue="", workflow="", reason="", owner="") -> QuerySet[Run]:

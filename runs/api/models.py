@@ -27,6 +27,7 @@ import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -70,12 +71,44 @@ class IssuedCredentials:
     signing_secret: str
 
 
+class Credential:
+    """What an API client and a person's token share: a hashed secret, compared in constant
+    time; revoking (once: a repeated call changes nothing); the time of last use."""
+
+    secret_hash: str
+    revoked_at: Any
+    last_used_at: Any
+    scopes: Any
+
+    def check_secret(self, secret: str) -> bool:
+        return hmac.compare_digest(_hash_secret(secret), self.secret_hash)
+
+    def has_scope(self, scope: str) -> bool:
+        return scope in (self.scopes or [])
+
+    def revoke(self) -> bool:
+        """Revoke it; returns False when it already was."""
+        now = timezone.now()
+        rows = type(self)._default_manager.filter(pk=self.pk, revoked_at__isnull=True)
+        count = rows.update(revoked_at=now)
+        if count:
+            self.revoked_at = now
+        return bool(count)
+
+    def touch(self) -> None:
+        """Record use at most once a minute (no write per request)."""
+        now = timezone.now()
+        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
+            type(self)._default_manager.filter(pk=self.pk).update(last_used_at=now)
+            self.last_used_at = now
+
+
 class ApiClientQuerySet(models.QuerySet):
     def active(self):
         return self.filter(revoked_at__isnull=True)
 
 
-class ApiClient(models.Model):
+class ApiClient(Credential, models.Model):
     Scope = ApiScope
 
     name = models.SlugField(max_length=100, unique=True)
@@ -119,9 +152,6 @@ class ApiClient(models.Model):
     def is_active(self) -> bool:
         return self.revoked_at is None
 
-    def has_scope(self, scope: str) -> bool:
-        return scope in (self.scopes or [])
-
     @staticmethod
     def clean_scopes(scopes) -> list[str]:
         """Normalise a scope list; unknown names are an error, not silently ignored."""
@@ -163,9 +193,6 @@ class ApiClient(models.Model):
             signing_secret=self.signing_secrets()[0],
         )
 
-    def check_secret(self, secret: str) -> bool:
-        return hmac.compare_digest(_hash_secret(secret), self.secret_hash)
-
     def signing_secrets(self) -> list[str]:
         """The current signing secret first, then those under SECRET_KEY_FALLBACKS."""
         keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
@@ -173,21 +200,6 @@ class ApiClient(models.Model):
             _derive_signing_secret(key, self.client_id, self.signing_salt, self.signing_version)
             for key in keys
         ]
-
-    def revoke(self) -> bool:
-        """Revoke the client; returns False when it already was (repeated calls change nothing)."""
-        now = timezone.now()
-        count = ApiClient.objects.filter(pk=self.pk, revoked_at__isnull=True).update(revoked_at=now)
-        if count:
-            self.revoked_at = now
-        return bool(count)
-
-    def touch(self) -> None:
-        """Record use at most once a minute (no write per request)."""
-        now = timezone.now()
-        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
-            ApiClient.objects.filter(pk=self.pk).update(last_used_at=now)
-            self.last_used_at = now
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,7 +233,7 @@ class PersonalTokenQuerySet(models.QuerySet):
         )
 
 
-class PersonalToken(models.Model):
+class PersonalToken(Credential, models.Model):
     """A person's API credential. `personal`: the person's own (`tpu_…`), sent as the bearer
     token. `delegation`: issued by the person to one API client (`tpd_…`), which sends it in
     `X-TaskPilots-On-Behalf-Of` beside its own bearer token; it expires within the hour."""
@@ -310,24 +322,3 @@ class PersonalToken(models.Model):
         token.secret_hash = _hash_secret(secret)
         token.save()
         return token, IssuedToken(token.token_id, f"{token.token_id}.{secret}", expires_at)
-
-    def check_secret(self, secret: str) -> bool:
-        return hmac.compare_digest(_hash_secret(secret), self.secret_hash)
-
-    def has_scope(self, scope: str) -> bool:
-        return scope in (self.scopes or [])
-
-    def revoke(self) -> bool:
-        now = timezone.now()
-        count = PersonalToken.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
-            revoked_at=now
-        )
-        if count:
-            self.revoked_at = now
-        return bool(count)
-
-    def touch(self) -> None:
-        now = timezone.now()
-        if self.last_used_at is None or (now - self.last_used_at).total_seconds() > 60:
-            PersonalToken.objects.filter(pk=self.pk).update(last_used_at=now)
-            self.last_used_at = now

@@ -5,20 +5,17 @@ model call for a recorded turn."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.utils import timezone
 
 from approvals import actions
 from approvals.models import ApprovalRequest
 from runs import engine
 from runs.models import Run, SideEffect, Step, TimelineEvent
-from taskpilots.celery import app as celery_app
 from taskpilots.demo import agent as demo  # noqa: F401  (registers demo.agent in this process too)
-from tests.worker import Workers, wait_for
+from tests.worker import private_workers, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -35,16 +32,8 @@ CASE = {
 
 @pytest.fixture
 def workers(transactional_db, sandbox):
-    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
-    previous_queue = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = queue
-    settings.TASKPILOTS["DISPATCH"] = "celery"
-    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": MODULES})
-    yield pool
-    pool.close()
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    celery_app.conf.task_default_queue = previous_queue
-    pool.delete_queue()
+    with private_workers({"TASKPILOTS_WORKFLOW_MODULES": MODULES}) as pool:
+        yield pool
 
 
 def parked(run_id):

@@ -6,7 +6,6 @@ sandbox's ledger one mail."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 from django.conf import settings
@@ -16,9 +15,8 @@ from approvals.models import HumanDecision
 from approvals.models.bulk import BulkAction, BulkActionItem
 from runs import engine
 from runs.models import Run, TimelineEvent
-from taskpilots.celery import app as celery_app
 from tests.approvals.bulk_helpers import outage_parked_runs
-from tests.worker import Workers, wait_for
+from tests.worker import private_workers, wait_for
 
 pytestmark = [
     pytest.mark.worker,
@@ -32,17 +30,8 @@ RUNS = 60
 
 @pytest.fixture
 def workers(transactional_db, sandbox):
-    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
-    previous_queue = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = queue
-    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "taskpilots.demo.tools,tests.runs.flows"})
-    yield pool
-    for worker in pool.started:
-        print(f"--- worker {worker.name} ---\n" + "".join(worker.output[-60:]))
-    pool.close()
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    celery_app.conf.task_default_queue = previous_queue
-    pool.delete_queue()
+    with private_workers(dispatch=False) as pool:
+        yield pool
 
 
 def finished(job) -> int:

@@ -6,11 +6,9 @@ distinct, authenticated approvers the rules require for it."""
 from __future__ import annotations
 
 import json
-import uuid
 from decimal import Decimal
 
 import pytest
-from django.conf import settings
 from django.test import Client
 from django.urls import reverse
 
@@ -18,9 +16,8 @@ from approvals.models import ApprovalRequest, EscalationRule
 from runs import engine
 from runs.api.models import ApiClient, ApiScope, PersonalToken
 from runs.models import Run, Step
-from taskpilots.celery import app as celery_app
 from tests.factories import UserFactory
-from tests.worker import Workers, wait_for
+from tests.worker import private_workers, wait_for
 
 pytestmark = [
     pytest.mark.worker,
@@ -31,19 +28,9 @@ pytestmark = [
 
 @pytest.fixture
 def worker(transactional_db, sandbox):
-    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
-    previous_queue = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = queue
-    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "taskpilots.demo.tools,tests.runs.flows"})
-    settings.TASKPILOTS["DISPATCH"] = "celery"
-    pool.start(concurrency=2)
-    yield pool
-    for process in pool.started:
-        print(f"--- worker {process.name} ---\n" + "".join(process.output[-60:]))
-    pool.close()
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    celery_app.conf.task_default_queue = previous_queue
-    pool.delete_queue()
+    with private_workers() as pool:
+        pool.start(concurrency=2)
+        yield pool
 
 
 @pytest.fixture

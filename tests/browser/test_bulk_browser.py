@@ -6,7 +6,6 @@ has each retried mail exactly once."""
 from __future__ import annotations
 
 import time
-import uuid
 
 import pytest
 from django.conf import settings
@@ -16,10 +15,9 @@ from approvals.models import HumanDecision
 from approvals.models.bulk import BulkAction
 from runs import engine
 from runs.models import Run, TimelineEvent
-from taskpilots.celery import app as celery_app
 from tests.approvals.bulk_helpers import outage_parked_runs
 from tests.browser.conftest import log_in
-from tests.worker import Workers, wait_for
+from tests.worker import private_workers, wait_for
 
 pytestmark = [
     pytest.mark.browser,
@@ -34,15 +32,8 @@ RUNS = 200
 
 @pytest.fixture
 def workers(transactional_db, sandbox):
-    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
-    previous_queue = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = queue
-    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "taskpilots.demo.tools,tests.runs.flows"})
-    yield pool
-    pool.close()
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    celery_app.conf.task_default_queue = previous_queue
-    pool.delete_queue()
+    with private_workers(dispatch=False) as pool:
+        yield pool
 
 
 def test_support_retries_200_outage_parked_runs_in_one_bulk_action(

@@ -13,7 +13,6 @@ import importlib
 import os
 import signal
 import time
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -24,9 +23,8 @@ from runs import engine, tools
 from runs.engine import ledger
 from runs.engine.liveness import ClaimLost, Heartbeat, fence
 from runs.models import Run, SideEffect, Step, TimelineEvent, Worker
-from taskpilots.celery import app as celery_app
 from tests.runs import flows
-from tests.worker import Workers, wait_for
+from tests.worker import private_workers, wait_for
 
 REPLY_INPUT = {"message": "Where is my refund?", "email": "ann@example.com", "ticket": "T-1"}
 
@@ -224,28 +222,14 @@ class TestAPausedWorkerIsFenced:
 
 @pytest.fixture
 def workers(transactional_db, sandbox):
-    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
-    previous_queue = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = queue
-    settings.TASKPILOTS["DISPATCH"] = "celery"
-    pool = Workers(
-        queue,
+    with private_workers(
         {
-            "TASKPILOTS_WORKFLOW_MODULES": "taskpilots.demo.tools,tests.runs.flows",
             "TASKPILOTS_LEASE_SECONDS": "60",
             # A settle window of 5 s: a lookup that finds nothing is trusted after that.
             "TASKPILOTS_TOOL_TIMEOUT_SECONDS": "2",
-        },
-    )
-    yield pool
-    for worker in pool.started:
-        print(f"--- worker {worker.name} ---\n" + "".join(worker.output[-60:]))
-        if worker.alive:
-            os.killpg(worker.process.pid, signal.SIGCONT)
-    pool.close()
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    celery_app.conf.task_default_queue = previous_queue
-    pool.delete_queue()
+        }
+    ) as pool:
+        yield pool
 
 
 def _settled(run_id):

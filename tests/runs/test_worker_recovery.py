@@ -6,7 +6,6 @@ every side effect landed exactly once, or that the run waits for a person with t
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
 import pytest
@@ -15,8 +14,7 @@ from django.utils import timezone
 
 from runs import engine
 from runs.models import Run, SideEffect, Step, TimelineEvent
-from taskpilots.celery import app as celery_app
-from tests.worker import Workers, wait_for
+from tests.worker import private_workers, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
@@ -25,19 +23,8 @@ REPLY_INPUT = {"message": "Where is my refund?", "email": "ann@example.com", "ti
 
 @pytest.fixture
 def workers(transactional_db, sandbox):
-    queue = f"tp-test-{uuid.uuid4().hex[:10]}"
-    previous_queue = celery_app.conf.task_default_queue
-    celery_app.conf.task_default_queue = queue
-    settings.TASKPILOTS["DISPATCH"] = "celery"
-    pool = Workers(queue, {"TASKPILOTS_WORKFLOW_MODULES": "taskpilots.demo.tools,tests.runs.flows"})
-    yield pool
-    # Shown by pytest only when the test failed: what each worker said.
-    for worker in pool.started:
-        print(f"--- worker {worker.name} ---\n" + "".join(worker.output[-60:]))
-    pool.close()
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    celery_app.conf.task_default_queue = previous_queue
-    pool.delete_queue()
+    with private_workers() as pool:
+        yield pool
 
 
 def settled(run_id):
