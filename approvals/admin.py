@@ -11,18 +11,19 @@ from approvals.models import (
 )
 from runs.admin import ReadOnlyAdmin
 
+# Approval requests, takeovers and rules are sealed (runs/seal.py): they change only through
+# their verbs (the console, the API, the engine), which seal each change. Here they are read.
+
 
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(admin.ModelAdmin):
+class ApprovalRequestAdmin(ReadOnlyAdmin):
     list_display = ["id", "run", "queue", "risk", "status", "decision", "due_at", "decided_by"]
     list_filter = ["status", "decision", "queue", "risk"]
-    raw_id_fields = ["run", "step", "decided_by"]
 
 
 @admin.register(Takeover)
-class TakeoverAdmin(admin.ModelAdmin):
+class TakeoverAdmin(ReadOnlyAdmin):
     list_display = ["id", "run", "user", "started_at", "ended_at"]
-    raw_id_fields = ["run", "user"]
 
 
 @admin.register(HumanDecision)
@@ -32,10 +33,10 @@ class HumanDecisionAdmin(ReadOnlyAdmin):
 
 
 @admin.register(EscalationRule)
-class EscalationRuleAdmin(admin.ModelAdmin):
+class EscalationRuleAdmin(ReadOnlyAdmin):
+    """Edited on the console's rules page, where every change is versioned and sealed."""
+
     list_display = ["position", "name", "enabled", "failure_class", "tool", "action", "queue"]
-    list_editable = ["enabled"]
-    list_display_links = ["name"]
 
 
 @admin.register(ToolMetadataOverride)

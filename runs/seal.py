@@ -40,8 +40,9 @@ from django.db import models, transaction
 from django.db.models import Q
 
 from runs.models import ImmutableRecord, SideEffectStatus, TimelineEvent, digest
+from runs.verbs import Verb
 
-SEALED = "record.sealed"
+SEALED = Verb.RECORD_SEALED
 # What a seal keeps of each column's digest: enough to say which columns changed (the digest of
 # the whole content is the proof).
 FIELD_DIGEST_CHARS = 16

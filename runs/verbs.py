@@ -82,6 +82,8 @@ class Verb(StrEnum):
     APPROVAL_REJECTED = "approval.rejected"
     APPROVAL_EXPIRED = "approval.expired"
     APPROVAL_CANCELLED = "approval.cancelled"
+    # A sealed row's digest (runs/seal.py): a decision, an approval, a takeover, a settlement.
+    RECORD_SEALED = "record.sealed"
     TAKEOVER_STARTED = "takeover.started"
     TAKEOVER_ENDED = "takeover.ended"
     # One run's part of a bulk action (approvals/bulk.py), after the action's own events.
