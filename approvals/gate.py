@@ -11,10 +11,10 @@ How many (`requirement`):
   approval: high-value or high-risk writes and writes touching many records go to a person by
   rule, not only where a workflow author remembered an approval step.
 
-A rule's threshold is measured on the parameters that will be sent, never on earlier ones: the
-amount in the rule's currency (TASKPILOTS_CURRENCY_RATES converts; a currency it cannot convert
-counts as above), the number of records touched (a count, or the length of a list). A value that
-cannot be read counts as above: the careful side.
+A rule's threshold is measured on the parameters that will be sent, never on earlier ones
+(approvals/thresholds.py): the amount in the rule's currency (TASKPILOTS_CURRENCY_RATES
+converts; a currency it cannot convert counts as above), the number of records touched (a
+count, or the length of a list). A value that cannot be read counts as above: the careful side.
 
 Which approvals cover a call (`grants`): the run's approved requests for the tool, each with the
 digest of the parameters it approved and its distinct approvers, that no other step's call has
@@ -24,10 +24,8 @@ executed (an approval covers one call, and its retries under the same key).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.conf import settings
 from django.db import connection
 
 from approvals.models import ApprovalRequest, EscalationRule, HumanDecision, RuleAction
@@ -44,79 +42,6 @@ _RULES_DIGEST_SQL = (
     "SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r.id), '')) "
     "FROM approvals_escalationrule r WHERE r.action = 'approve' AND r.enabled"
 )
-
-
-# --------------------------------------------------------------------------------------------
-# Measuring a call
-
-
-def _number(value: Any) -> Decimal | None:
-    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
-        return None
-    try:
-        number = Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        return None
-    return number if number.is_finite() else None
-
-
-def convert(amount: Decimal, currency: str, to: str) -> Decimal | None:
-    """`amount` of `currency` in `to`, by the configured rates; None when either is unknown."""
-    if currency == to:
-        return amount
-    rates = settings.TASKPILOTS.get("CURRENCY_RATES") or {}
-    if currency not in rates or to not in rates:
-        return None
-    return amount * Decimal(rates[currency]) / Decimal(rates[to])
-
-
-def amount_of(rule: EscalationRule, params: dict, tool: Tool | None) -> Decimal | None:
-    """The call's amount in the rule's currency, or None when it cannot be told (then the
-    threshold counts as passed)."""
-    name = rule.amount_param or (tool.amount_param if tool is not None else "")
-    amount = _number(params.get(name)) if name else None
-    if amount is None or not rule.amount_currency:
-        return amount
-    currency_param = (tool.currency_param if tool is not None else "") or "currency"
-    currency = params.get(currency_param)
-    if currency is None and tool is not None:
-        currency = tool.default_currency or None
-    if not isinstance(currency, str):
-        return None
-    return convert(amount, currency.strip().upper(), rule.amount_currency.upper())
-
-
-def records_of(rule: EscalationRule, params: dict, tool: Tool | None) -> int | None:
-    name = rule.records_param or (tool.records_param if tool is not None else "")
-    value = params.get(name) if name else None
-    if isinstance(value, list | dict):
-        return len(value)
-    number = _number(value)
-    return int(number) if number is not None and number == int(number) else None
-
-
-def _measures(rule: EscalationRule, tool: Tool | None, param: str, declared: str) -> bool:
-    """Whether the rule can measure this call: it names the parameter, or the tool declares it.
-    A rule for this very tool that cannot measure it counts it as above (careful); a general
-    rule simply does not apply to tools without such a parameter."""
-    return bool(param or (tool is not None and declared) or rule.tool)
-
-
-def above_threshold(rule: EscalationRule, params: dict, tool: Tool | None) -> bool:
-    """Whether the call passes any of the rule's thresholds (amount, records)."""
-    if rule.amount_param or rule.amount_above is not None:
-        declared = tool.amount_param if tool is not None else ""
-        if _measures(rule, tool, rule.amount_param, declared):
-            amount = amount_of(rule, params, tool)
-            if amount is None or amount > (rule.amount_above or 0):
-                return True
-    if rule.records_above is not None:
-        declared = tool.records_param if tool is not None else ""
-        if _measures(rule, tool, rule.records_param, declared):
-            count = records_of(rule, params, tool)
-            if count is None or count > rule.records_above:
-                return True
-    return False
 
 
 # --------------------------------------------------------------------------------------------

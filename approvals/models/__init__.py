@@ -14,6 +14,7 @@ from django.db import IntegrityError, connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from approvals.thresholds import above_threshold
 from runs import tools as tool_registry
 from runs.conditions import describe as describe_condition
 from runs.models import (
@@ -594,8 +595,6 @@ class EscalationRule(models.Model):
         """How many distinct people must approve a call with these parameters."""
         if not self.has_threshold:
             return self.approvers_required
-        from approvals.gate import above_threshold
-
         if above_threshold(self, params if isinstance(params, dict) else {}, tool):
             return self.approvers_required
         return self.approvers_below
