@@ -82,6 +82,10 @@ def declared_approval(claim: Claim, tools: tuple[str, ...]) -> str:
 def requirement(
     claim: Claim, tool: Tool, params: dict, *, fallback_of: str = "", cached: bool = False
 ) -> Requirement:
+    if claim.step.spec.get("compensates"):
+        # Undoing a committed effect (a person's reject or cancel, or a rule, started it):
+        # asking for approval to undo would leave in place what the run must take back.
+        return Requirement()
     return people().requirement(
         workflow=claim.run.workflow,
         step=claim.step.name,
