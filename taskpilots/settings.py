@@ -189,7 +189,9 @@ MAILERS = {
             "timeout": env_int("EMAIL_TIMEOUT", 10, minimum=1),
         }
         if _email_host
-        else {"timeout": 10},
+        # The console backend takes no options (a timeout made every notification fail under
+        # make run); the local MTA gets a timeout.
+        else ({} if _dev_mail else {"timeout": 10}),
     }
 }
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "taskpilots@localhost")

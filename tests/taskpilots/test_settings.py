@@ -213,3 +213,23 @@ def test_the_web_process_reads_without_jit_and_other_processes_keep_the_servers_
     with psycopg.connect(env["DATABASE_URL"]) as conn:
         server = conn.execute("SHOW jit").fetchone()[0]
     assert _show_jit("import django; django.setup()", env) == server
+
+
+def test_mail_is_sent_under_make_runs_settings():
+    # make run (TASKPILOTS_DEV=1, no EMAIL_HOST) prints mail to the console: the console backend
+    # was once given SMTP's timeout option, and every notification failed.
+    env = {**_production_env(), "TASKPILOTS_DEV": "1", "DATABASE_URL": "postgres://x@127.0.0.1/x"}
+    env.pop("EMAIL_HOST", None)
+    env.pop("SECRET_KEY", None)
+    code = (
+        "import django; django.setup(); from django.core.mail import send_mail; "
+        "print('sent', send_mail('SLA', 'body', 'tp@localhost', ['ops@example.com']))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "taskpilots.settings"},
+        capture_output=True,
+        text=True,
+    )
+    assert "sent 1" in result.stdout, result.stderr[-2000:]
