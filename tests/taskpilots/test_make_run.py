@@ -42,6 +42,9 @@ _NOT_INHERITED = {
 }
 
 
+DEMO_PASSWORD = "make-run-test-password"
+
+
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: object, **kwargs: object) -> None:
         return None
@@ -80,6 +83,9 @@ class Launch:
             PORT=str(self.port),
             # The sandbox's default port may be taken by a developer's own make run.
             TASKPILOTS_SANDBOX_URL=f"http://127.0.0.1:{free_port()}",
+            # The demo users' password the test logs in with, whatever the shell exported for
+            # its own make run (the README invites setting it).
+            TASKPILOTS_DEMO_PASSWORD=DEMO_PASSWORD,
         )
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
@@ -174,7 +180,7 @@ def test_make_run_serves_the_app_and_ctrl_c_stops_everything_with_status_0(
     assert health["broker"] == "ok", health
     status, _ = launch.get("/accounts/login/")
     assert status == 200, launch.output()
-    assert launch.log_in("support", "taskpilots-demo") == "/console/", launch.output()
+    assert launch.log_in("support", DEMO_PASSWORD) == "/console/", launch.output()
     postmaster = embedded.status(launch.var)
     assert postmaster is not None, "devrun did not use the embedded PostgreSQL in its var dir"
 
