@@ -446,6 +446,12 @@ class _ExportReader:
         try:
             record = json.loads(line)
         except ValueError:
+            if not self.seen_header and line.startswith(CSV_HEADER):
+                return self._problem(
+                    number,
+                    "this is a CSV export, which is for people and cannot be verified: export "
+                    "JSON Lines (export_audit --format jsonl, or the JSONL link) and verify that",
+                )
             return self._problem(number, "not valid JSON")
         kind = record.get("type") if isinstance(record, dict) else None
         if not self.seen_header:
@@ -775,6 +781,10 @@ def _cell(value: Any) -> str:
     else:
         text = escape_json(json.dumps(value, ensure_ascii=False))
     return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+# How a CSV export's first line begins (export_csv): verify_export recognises one.
+CSV_HEADER = "run,workflow,seq,at,actor,verb,data"
 
 
 def export_csv(runs) -> Iterator[str]:

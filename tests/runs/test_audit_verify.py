@@ -262,6 +262,9 @@ def test_export_filters_and_csv(runs, tmp_path):
                  stderr=io.StringIO())  # fmt: skip
     rows = csv_path.read_text(encoding="utf-8").splitlines()
     assert rows[0].startswith("run,workflow,seq,at,actor,verb,data")
+    # A CSV is for people: verifying one says so, rather than reporting a broken chain.
+    code, out, err = verify("--file", str(csv_path))
+    assert code != 0 and "this is a CSV export" in out + err and "jsonl" in out + err
     assert rows[0].endswith(",hash,external_id")
     assert len(rows) == 1 + TimelineEvent.objects.filter(run=reply).count()
     import csv
