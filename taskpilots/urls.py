@@ -12,6 +12,8 @@ from taskpilots.api import api
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/", permanent=False)),
+    # Browsers ask for /favicon.ico whatever the page's <link rel="icon"> says.
+    path("favicon.ico", views.favicon),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", prometheus, name="prometheus-metrics"),
     path("accounts/login/", LockoutLoginView.as_view(), name="login"),

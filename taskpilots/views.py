@@ -3,7 +3,9 @@ from __future__ import annotations
 import time
 
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.templatetags.static import static
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -38,3 +40,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
     body["ok"] = body["database"] == "ok" and body["broker"] == "ok"
     body["elapsed_ms"] = round((time.monotonic() - started) * 1000, 1)
     return JsonResponse(body, status=200 if body["ok"] else 503)
+
+
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """Browsers ask for /favicon.ico whatever a page's <link rel="icon"> says: the icon it names."""
+    return redirect(static("favicon.svg"), permanent=True)
