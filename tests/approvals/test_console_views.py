@@ -186,6 +186,11 @@ def test_run_list_searches_by_id_key_workflow_status_and_date(client, sandbox, s
         return {r.pk for r in client.get(RUNS, params).context["page"].object_list}
 
     assert found(q=str(approval.pk)) == {approval.pk}
+    # The short id lists show ("0e911daf…") finds the run too, with or without the ellipsis.
+    short = str(approval.pk)[:8]
+    assert found(q=f"{short}…") == {approval.pk} and found(q=short.upper()) == {approval.pk}
+    assert found(q=str(approval.pk)[:13]) == {approval.pk}
+    assert found(q="0123456") == set()  # too short to be an id's beginning: a business key's
     assert found(q="order-88412") == {keyed.pk}
     assert found(q="order-") == {keyed.pk}
     assert found(status="needs_human") == {approval.pk}
