@@ -28,6 +28,7 @@ channel was saved cannot redirect a send. Hosts named in TASKPILOTS_NOTIFY_ALLOW
 from __future__ import annotations
 
 import contextlib
+import difflib
 import ipaddress
 import json
 import logging
@@ -51,7 +52,12 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from approvals.forms import validate_identifier
-from approvals.models import NotificationChannel, NotificationCursor, NotificationDelivery
+from approvals.models import (
+    NotificationChannel,
+    NotificationCursor,
+    NotificationDelivery,
+    routed_queues,
+)
 from runs.models import Run, TimelineEvent
 from runs.verbs import Verb
 from taskpilots.httpclient import SharedClient
@@ -510,14 +516,43 @@ class ChannelForm(forms.ModelForm):
             )
         }
 
+    new_queue = forms.BooleanField(
+        required=False,
+        label=gettext_lazy("It is a new queue"),
+        help_text=gettext_lazy(
+            "Tick to save a channel for a queue no rule or workflow sends runs to yet."
+        ),
+    )
+
     def clean_queue(self):
         # A queue is matched exactly: a name with an invisible character would never notify.
         queue = self.cleaned_data.get("queue", "")
         validate_identifier(queue)
         return queue
 
+    def _check_queue_exists(self, data: dict) -> None:
+        """A channel for a queue nothing routes to ("supprot") would never notify anyone, and
+        would then be offered as a place to move runs to: refused unless it is a new queue."""
+        queue = data.get("queue")
+        if not queue or data.get("new_queue"):
+            return
+        routed = routed_queues()
+        if queue in routed:
+            return
+        close = difflib.get_close_matches(queue, sorted(routed), n=1)
+        hint = _(" Did you mean “%(name)s”?") % {"name": close[0]} if close else ""
+        self.add_error(
+            "queue",
+            _(
+                "No rule or workflow sends runs to the queue “%(queue)s”.%(hint)s Tick “It is a "
+                "new queue” to save it anyway."
+            )
+            % {"queue": queue, "hint": hint},
+        )
+
     def clean(self):
         data = super().clean()
+        self._check_queue_exists(data)
         kind, target = data.get("kind"), (data.get("target") or "").strip()
         if not target:
             return data

@@ -1355,5 +1355,17 @@ def known_queues() -> list[str]:
     return sorted(q for q in queues if q)
 
 
+def routed_queues() -> set[str]:
+    """The queues runs can be sent to: the rules' (and their SLA's next queue), the approval
+    steps' of registered workflows, and the engine's own `ops` and `support`."""
+    from runs import workflows as workflow_registry
+
+    rules = EscalationRule.objects.order_by().values_list("queue", "escalate_to")
+    queues = {"ops", "support", *(q for pair in rules for q in pair)}
+    for definition in workflow_registry.all_workflows():
+        queues.update(s.queue for s in definition.steps if s.kind == "approval")
+    return {q for q in queues if q}
+
+
 from approvals.models.bulk import BulkAction, BulkActionItem  # noqa: E402, F401
 from approvals.models.records import AuditRecord, AuditRecordHead  # noqa: E402, F401

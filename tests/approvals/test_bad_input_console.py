@@ -342,6 +342,20 @@ def test_a_channel_for_a_queue_name_with_an_invisible_character_is_refused(
     assert not NotificationChannel.objects.exists()
 
 
+def test_a_channel_for_a_queue_nothing_routes_to_is_refused_unless_new(client, admin_user):
+    # "supprot" was saved without a word, never notified anyone, and was then offered as a
+    # queue to move runs to.
+    client.force_login(admin_user)
+    data = {"queue": "supprot", "kind": "email", "target": "a@example.com", "enabled": "on"}
+    response = client.post(CHANNELS, data)
+    assert response.status_code == 422
+    assert "No rule or workflow sends runs to the queue “supprot”." in text_of(response)
+    assert "Did you mean “support”?" in text_of(response)
+    assert not NotificationChannel.objects.exists()
+    assert client.post(CHANNELS, {**data, "new_queue": "on"}).status_code == 302
+    assert NotificationChannel.objects.get().queue == "supprot"
+
+
 def test_a_public_address_and_an_allowed_host_are_accepted(client, admin_user, settings, dns):
     client.force_login(admin_user)
     data = {"queue": "ops", "kind": "webhook", "enabled": "on"}
