@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import importlib
+import logging
 
 from django.conf import settings
 
@@ -22,3 +24,21 @@ def load_lazily(name: str) -> bool:
             importlib.import_module(module)
             return len(importlib.sys.modules) != before
     return False
+
+
+_all_loaded = False
+
+
+def load_all_lazily() -> None:
+    """Import every lazily registered module once in this process: for the pages and schemas
+    that list every workflow and tool, which must list the same ones in every web process
+    (they once depended on which process had happened to start a lazy workflow). A module
+    whose optional dependency is missing is left out, as at any other use of it."""
+    global _all_loaded
+    if _all_loaded:
+        return
+    for module in dict.fromkeys(settings.TASKPILOTS["LAZY_MODULES"].values()):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    _all_loaded = True
+    logging.getLogger("taskpilots.engine").debug("lazily registered modules loaded")

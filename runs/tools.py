@@ -318,8 +318,11 @@ def registered(name: str) -> Tool:
 
 
 def all_tools() -> dict[str, Tool]:
-    """Every tool this process knows, those of lazy sources as far as they are known without
-    connecting anywhere."""
+    """Every tool this process knows — the lazily registered modules' too (runs.registry) —
+    those of lazy sources as far as they are known without connecting anywhere."""
+    from runs.registry import load_all_lazily
+
+    load_all_lazily()
     for load in list(_SOURCES.values()):
         load(False)
     if _local_metadata is None:

@@ -303,6 +303,10 @@ def get(name: str, version: int | None = None) -> Workflow:
 
 
 def all_workflows() -> list[Workflow]:
+    """Every registered workflow, the lazily registered ones included (runs.registry)."""
+    from runs.registry import load_all_lazily
+
+    load_all_lazily()
     return sorted(_WORKFLOWS.values(), key=lambda w: (w.name, w.version))
 
 

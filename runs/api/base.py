@@ -11,13 +11,11 @@ timeline as `api:<client name>`.
 
 from __future__ import annotations
 
-import contextlib
 from datetime import datetime
 from functools import wraps
 from typing import Annotated, Any
 from uuid import UUID
 
-from django.conf import settings
 from django.http import JsonResponse
 from ninja import Field, NinjaAPI, Schema
 from pydantic import AfterValidator, BeforeValidator, ConfigDict
@@ -55,11 +53,6 @@ class TaskPilotsApi(NinjaAPI):
 
 def _registered_workflows() -> dict[str, list[int]]:
     """Every workflow a start may name, with its versions (lazily registered ones included)."""
-    for name in settings.TASKPILOTS.get("LAZY_MODULES", {}):
-        if not name.endswith("."):
-            # Importing may fail where an optional dependency is missing; the schema must not.
-            with contextlib.suppress(Exception):
-                workflow_registry.get(name)
     found: dict[str, list[int]] = {}
     for workflow in workflow_registry.all_workflows():
         found.setdefault(workflow.name, []).append(workflow.version)
