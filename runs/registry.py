@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 
 from django.conf import settings
+
+logger = logging.getLogger("taskpilots.engine")
 
 
 def autodiscover() -> None:
@@ -38,7 +39,10 @@ def load_all_lazily() -> None:
     if _all_loaded:
         return
     for module in dict.fromkeys(settings.TASKPILOTS["LAZY_MODULES"].values()):
-        with contextlib.suppress(ImportError):
+        try:
             importlib.import_module(module)
+        except ImportError:
+            pass  # an optional extra is not installed: its workflows are not offered
+        except Exception:  # a listing page must not fail for one module's error
+            logger.exception("importing %s (lazily registered workflows) failed", module)
     _all_loaded = True
-    logging.getLogger("taskpilots.engine").debug("lazily registered modules loaded")
