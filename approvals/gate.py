@@ -38,7 +38,7 @@ APPROVE_VERBS = (HumanDecision.Verb.APPROVE, HumanDecision.Verb.APPROVE_WITH_EDI
 # The approve rules as one value: changes with any change of any enabled approve rule. The
 # hot path guards its statement on it (runs.engine.inline), so rules this process cached are
 # used only while they are still the rules in force.
-_RULES_DIGEST_SQL = (
+RULES_DIGEST_SQL = (
     "SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r.id), '')) "
     "FROM approvals_escalationrule r WHERE r.action = 'approve' AND r.enabled"
 )
@@ -66,12 +66,21 @@ def approve_rules(*, cached: bool = False) -> _Rules:
     if cached and known is not None:
         return known
     with connection.cursor() as cursor:
-        cursor.execute(_RULES_DIGEST_SQL)
+        cursor.execute(RULES_DIGEST_SQL)
         current = cursor.fetchone()[0]
     if known is None or known.digest != current:
         rules = EscalationRule.objects.filter(enabled=True, action=RuleAction.APPROVE)
         known = _cached = _Rules(current, tuple(rules))
     return known
+
+
+def rules_seen(digest: Any) -> None:
+    """The digest of the rules in force as a statement of the engine read it: rules this process
+    cached under another digest are dropped (read again at their next use), so the hot path
+    clears calls by the rules of the worker's last statement, and its guard seldom refuses."""
+    global _cached
+    if _cached is not None and digest is not None and _cached.digest != digest:
+        _cached = None
 
 
 def requirement(
@@ -110,7 +119,7 @@ def requirement(
         rules.append(rule.describe())
         if needed > approvers:
             approvers, queue, sla = needed, rule.queue, rule.approval_sla_seconds
-    guard = (f"({_RULES_DIGEST_SQL}) = %s", [read.digest]) if cached else None
+    guard = (f"({RULES_DIGEST_SQL}) = %s", [read.digest]) if cached else None
     return Requirement(approvers, tuple(reasons), tuple(rules), queue, sla, guard)
 
 

@@ -44,6 +44,12 @@ class People:
     def scopes_for(self, user: Any) -> frozenset[str]:
         return permissions.api_scopes(user)
 
+    def rules_statement(self) -> str:
+        return gate.RULES_DIGEST_SQL
+
+    def rules_seen(self, value: Any) -> None:
+        gate.rules_seen(value)
+
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         breaches = 0
         for run_id in sla.overdue_runs(now, batch):

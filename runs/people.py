@@ -149,6 +149,14 @@ class People(Protocol):
     def scopes_for(self, user: Any) -> frozenset[str]:
         """The API scopes a person's role allows their tokens (runs.api.auth)."""
 
+    def rules_statement(self) -> str | None:
+        """A SQL scalar: the digest of the approval rules in force, read by the engine's
+        one-round-trip statements (runs.engine.inline) so the rules a worker has cached are
+        those of its last statement; None when no rule can ask for approval."""
+
+    def rules_seen(self, value: Any) -> None:
+        """What `rules_statement` read: cached rules with another digest are dropped."""
+
     def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[Grant]:
         """The run's decided approvals of `tools` that may still cover a call of step
         `step_id`, newest first: approved, and not executed by another step's call."""
@@ -185,6 +193,12 @@ class NoPeople:
     def scopes_for(self, user: Any) -> frozenset[str]:
         # No roles without the people's side: a person reads runs, nothing more.
         return frozenset({"runs:read"}) if user.is_active else frozenset()
+
+    def rules_statement(self) -> None:
+        return None
+
+    def rules_seen(self, value: Any) -> None:
+        return None
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         return {}

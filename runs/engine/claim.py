@@ -61,6 +61,7 @@ class Claim:
     # While the claim's own batch is being built (runs.engine.inline): where its pause and its
     # intent are among the batch's parts.
     pause_index: int | None = None
+    rules_index: int | None = None
     intent_parts: tuple | None = None
     # Every open pause as of the claim's round trip ({tool: Pause}), when it read them: what a
     # read executed ahead of its own claim goes by (runs.engine.inline).

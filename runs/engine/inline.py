@@ -57,7 +57,7 @@ ORDINARY = "ordinary"
 _RUN_FIELDS = Run._meta.concrete_fields
 _SELECT_RUN = (
     f"SELECT {', '.join(f'r.{f.column}' for f in _RUN_FIELDS)}, "
-    "EXISTS (SELECT 1 FROM runs_step s WHERE s.run_id = r.id){pauses} "
+    "EXISTS (SELECT 1 FROM runs_step s WHERE s.run_id = r.id){pauses}{rules} "
     "FROM runs_run r WHERE r.id = %s"
 )
 
@@ -81,14 +81,18 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
     decides)."""
     if not conf("HOT_PATH"):
         return ORDINARY
-    pauses = _pauses_sql()
-    select = _SELECT_RUN.format(pauses=f", ({pauses})" if pauses else "")
+    pauses, rules = _pauses_sql(), people().rules_statement()
+    select = _SELECT_RUN.format(
+        pauses=f", ({pauses})" if pauses else "", rules=f", ({rules})" if rules else ""
+    )
     row = execute_one(select, [run_id], writes=False)
     if row is None:
         return None
     fields = len(_RUN_FIELDS)
     run, has_steps = _run_from_row(row[:fields]), row[fields]
     paused = _paused_from(row[fields + 1]) if pauses else {}
+    if rules:  # the approval rules as of this read: the gate clears the first call by them
+        people().rules_seen(row[-1])
     if run.status not in Run.RUNNABLE:
         return None
     if run.status != Run.Status.PENDING or has_steps:
@@ -217,8 +221,10 @@ def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Cla
     step.id = STEP_IDS.next()
     claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
     run.enter_stage_in(batch, definition.stage)
-    pauses = _pauses_sql()
+    pauses, rules = _pauses_sql(), people().rules_statement()
     claim.pause_index = None if pauses is None else batch.value(pauses, [])
+    # The approval rules as of this statement, for the gate's next hot-path clearance.
+    claim.rules_index = None if rules is None else batch.value(rules, [])
     call = _prepare_call(claim) if definition.kind == StepKind.SIDE_EFFECT else None
     if call is not None:
         step.idempotency_key = call[1].idempotency_key
@@ -259,6 +265,8 @@ def _claimed(claim: Claim, values: list) -> Claim:
         if isinstance(step, Step):
             step._state.adding = False
     claim.run.stage = claim.step.stage or claim.run.stage
+    if claim.rules_index is not None:
+        people().rules_seen(values[claim.rules_index])
     if claim.pause_index is not None:
         claim.paused = _paused_from(values[claim.pause_index])
         if claim.step.kind in (StepKind.READ, StepKind.SIDE_EFFECT) and claim.step.tool:

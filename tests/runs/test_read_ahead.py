@@ -169,3 +169,22 @@ def test_a_pause_that_commits_after_the_workers_last_look_refuses_the_statement(
     step = Step.objects.get(run=run, name="first")
     assert step.routing.get("paused_tool") == "ahead.lookup"
     assert step.status != Step.Status.SUCCEEDED
+
+
+def test_a_read_ahead_is_called_once_when_the_approval_rules_changed_since_the_last_statement():
+    # The statement that records a read ahead also writes the next call's intent, cleared by
+    # the approval rules this process cached (runs.engine.gate); it checks they are still the
+    # rules in force. Rules changed since the worker's last statement once refused it, and the
+    # ordinary path then called the read a second time: now every statement reads the rules'
+    # digest, and the first one a fresh run makes refreshes what the worker cached.
+    from approvals.models import EscalationRule
+
+    engine.run_until_quiet(engine.start_run("test.ahead", {"n": 5})[0].pk)  # rules cached
+    CALLS.clear()
+    EscalationRule.objects.create(
+        position=1, name="every CRM export: a person", tool="crm.export", action="approve"
+    )
+    run, _ = engine.start_run("test.ahead", {"n": 6})
+    engine.run_until_quiet(run.pk)
+    assert [c["step"] for c in CALLS] == ["first", "second"]
+    assert Run.objects.get(pk=run.pk).status == Run.Status.SUCCEEDED
