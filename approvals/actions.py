@@ -230,7 +230,7 @@ def _require_approvers(run: Run, step: Step, approval: ApprovalRequest, params: 
         workflow=run.workflow, step=step.name, tool=tool, params=params, declared=declared
     )
     if need.approvers > approval.approvals_required:
-        approval.require_approvers(need.approvers, reasons=need.reasons)
+        approval.require_approvers(need.approvers, reasons=need.reasons, because=need.rules)
 
 
 def _what_is_approved(approval, decision, edited_params, conditions) -> tuple[str, dict, list]:

@@ -30,6 +30,7 @@ from approvals.models import (
     DecisionVerb,
     HumanDecision,
     SoftClaim,
+    Takeover,
     known_queues,
 )
 from approvals.permissions import (
@@ -96,8 +97,11 @@ EFFECT_STATUS_LABELS = {
     SideEffect.Status.NOT_COMMITTED: gettext_lazy("Did not happen"),
     SideEffect.Status.COMPENSATED: gettext_lazy("Undone"),
 }
+# A two-person approval one person gave and a second has not (an inbox filter, not a cause).
+SECOND_APPROVAL = "second_approval"
 REASON_LABELS = {
     "approval": gettext_lazy("Approval"),
+    SECOND_APPROVAL: gettext_lazy("Waiting for a second approver"),
     FailureClass.TRANSIENT: gettext_lazy("Kept failing"),
     FailureClass.OUTAGE: gettext_lazy("System outage"),
     FailureClass.INVALID_INPUT: gettext_lazy("Invalid data"),
@@ -204,7 +208,25 @@ def _reason_filter(reason: str) -> Q:
     )
     if reason == "approval":
         return Q(Exists(parked.filter(awaits_approval())))
+    if reason == SECOND_APPROVAL:
+        return Q(Exists(_two_person_pending().filter(first_approved_by__isnull=False)))
     return Q(Exists(parked.filter(error_class=reason).exclude(awaits_approval())))
+
+
+def _two_person_pending() -> QuerySet[ApprovalRequest]:
+    return ApprovalRequest.objects.filter(
+        run=OuterRef("pk"), status=ApprovalRequest.Status.PENDING, approvals_required__gt=1
+    )
+
+
+def _approvals_given_subquery():
+    """A pending two-person approval's progress as one JSON value ({required, first}; NULL
+    when the run waits for no such approval): the inbox's "1 of 2 approvals"."""
+    return Subquery(
+        _two_person_pending().values(
+            info=JSONObject(required="approvals_required", first="first_approved_by_id")
+        )[:1]
+    )
 
 
 def awaits_approval() -> Q:
@@ -236,7 +258,7 @@ def inbox_queryset(user, *, queue="", workflow="", reason="", owner="") -> Query
         runs = runs.filter(~Exists(claimed))
     return (
         runs.select_related("owner")
-        .annotate(current=_current_step_subquery())
+        .annotate(current=_current_step_subquery(), two_person=_approvals_given_subquery())
         .order_by(F("attention_due_at").asc(nulls_last=True), "created_at", "id")
     )
 
@@ -433,6 +455,7 @@ def build_run_context(run: Run, user) -> RunContext:
     failure_class = (current.error_class if current else "") or routing.get("failure_class", "")
     acts = may_act(user, run)
     actions = available_actions(run, current, approval, effects) if acts else set()
+    actions -= not_yours_to_approve(run, approval, user)
     ctx = RunContext(
         run=run,
         steps=steps,
@@ -644,6 +667,23 @@ def amount_of(params: Any) -> str:
         _("%(amount)s (no currency in the call: the payment system applies its default)"),
         amount=escape(shown),
     )
+
+
+def not_yours_to_approve(run: Run, approval: ApprovalRequest | None, user) -> set[str]:
+    """The approval actions this person may not take on a two-person request, so the page does
+    not offer them (approvals.actions.check_may_approve_twoperson refuses them anyway): the
+    first approver, the person who started the run and one who took it over approve nothing;
+    the second approver approves the first approver's parameters as they are."""
+    if approval is None or approval.approvals_required < 2 or user is None:
+        return set()
+    name = user.get_username()
+    if (
+        approval.first_approved_by_id == user.pk
+        or run.principal == f"user:{name}"
+        or Takeover.objects.filter(run=run, user=user).exists()
+    ):
+        return {"approve", "approve_edits"}
+    return {"approve_edits"} if approval.awaits_second else set()
 
 
 def available_actions(run, current, approval, effects) -> set[str]:

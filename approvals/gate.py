@@ -48,6 +48,21 @@ RULES_DIGEST_SQL = (
 # How many people
 
 
+def _because(rule: EscalationRule, approvers: int) -> dict[str, Any]:
+    """Why a rule asks for people, as the approval request keeps it (the run page says which
+    rule, in which version, with which threshold)."""
+    because = {**rule.describe(), "approvers": approvers}
+    if rule.amount_param or rule.amount_above is not None:
+        because["amount"] = {
+            "param": rule.amount_param,
+            "above": str(rule.amount_above) if rule.amount_above is not None else None,
+            "currency": rule.amount_currency,
+        }
+    if rule.records_above is not None:
+        because["records"] = {"param": rule.records_param, "above": rule.records_above}
+    return because
+
+
 @dataclass(frozen=True)
 class _Rules:
     digest: str
@@ -105,7 +120,7 @@ def requirement(
             queue, sla = rule.queue, rule.approval_sla_seconds
             if approvers > 1:
                 reasons.append(rule.name)
-                rules.append(rule.describe())
+                rules.append(_because(rule, approvers))
     read = approve_rules(cached=cached)
     for rule in read.rules:
         if not rule.matches(
@@ -116,7 +131,7 @@ def requirement(
         if needed <= 0:
             continue
         reasons.append(rule.name)
-        rules.append(rule.describe())
+        rules.append(_because(rule, needed))
         if needed > approvers:
             approvers, queue, sla = needed, rule.queue, rule.approval_sla_seconds
     guard = (f"({RULES_DIGEST_SQL}) = %s", [read.digest]) if cached else None

@@ -81,12 +81,16 @@ EXTERNAL_MISMATCH = "external_mismatch"
 # TaskPilots paused a tool whose API drifted (`tool.paused`): to the queue of the rule that
 # routed the drift (by default the admins'), who fix the adapter and resume the tool.
 TOOL_PAUSED = "tool_paused"
+# One person gave the first of two approvals (`approval.first_approved`): the approval's queue
+# hears that a second, different person is needed.
+SECOND_APPROVER = "second_approver"
 NOTIFYING_VERBS = (
     Verb.RUN_NEEDS_HUMAN,
     Verb.RUN_SLA_BREACHED,
     Verb.SIDE_EFFECT_EXTERNAL_MISMATCH,
     Verb.TOOL_PAUSED,
     Verb.RUN_REQUEUED,
+    Verb.APPROVAL_FIRST_APPROVED,
 )
 
 
@@ -128,6 +132,10 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
     if verb == Verb.TOOL_PAUSED:
         return record(
             run_id, TOOL_PAUSED, data.get("queue", ""), seq, extra=data, channels=channels
+        )
+    if verb == Verb.APPROVAL_FIRST_APPROVED:
+        return record(
+            run_id, SECOND_APPROVER, data.get("queue", ""), seq, extra=data, channels=channels
         )
     return []
 
@@ -233,6 +241,11 @@ def build_payload(run_id, event: str, queue: str, extra: dict) -> dict[str, Any]
         text = (
             f"[{queue}] {extra.get('tool', '')} shows key {str(extra.get('key', ''))[:255]} "
             f"{kind} from what the ledger of {name} recorded as committed."
+        )
+    elif event == SECOND_APPROVER:
+        text = (
+            f"[{queue}] {name}: {extra.get('by', '')} approved the {extra.get('step', '')} "
+            f"call; a second person, not {extra.get('by', '')}, must approve it before it is made."
         )
     elif event == TOOL_PAUSED:
         text = (

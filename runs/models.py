@@ -2251,6 +2251,7 @@ class TimelineEvent(ImmutableModel):
                         "side_effect.external_mismatch",
                         "tool.paused",
                         "run.requeued",
+                        "approval.first_approved",
                     ]
                 ),
             ),

@@ -108,6 +108,9 @@ class Approval:
     proposed_params: dict
     due_at: datetime | None
     approvals_required: int = 1  # distinct people who must approve (the matching rule's)
+    # The rules that asked for people, each {rule_id, rule, version, approvers, amount?,
+    # records?}: what the run page shows as why (approvals.gate).
+    because: tuple = ()
 
 
 class People(Protocol):

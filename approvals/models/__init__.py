@@ -80,6 +80,9 @@ class ApprovalRequest(models.Model):
     first_approved_at = models.DateTimeField(null=True, blank=True)
     first_params = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)
     first_conditions = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
+    # Why more than one person, or anybody, must approve: the rules that asked, each
+    # {rule_id, rule, version, approvers, amount?, records?} (approvals.gate), for the run page.
+    approvers_because = models.JSONField(default=list, blank=True, encoder=DjangoJSONEncoder)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -140,6 +143,7 @@ class ApprovalRequest(models.Model):
                 proposed_params=asked.proposed_params,
                 due_at=asked.due_at,
                 approvals_required=asked.approvals_required,
+                approvers_because=list(asked.because),
             )
             seal(request)
         return request
@@ -184,6 +188,7 @@ class ApprovalRequest(models.Model):
                 {
                     "approval": self.pk,
                     "step": self.step.name,
+                    "queue": self.queue,
                     "by": user.get_username(),
                     "approvals_required": self.approvals_required,
                     "comment": comment,
@@ -198,12 +203,12 @@ class ApprovalRequest(models.Model):
         self.first_approved_by, self.first_approved_at = user, now
         self.first_params, self.first_conditions = params, list(conditions)
 
-    def require_approvers(self, count: int, *, reasons=()) -> None:
+    def require_approvers(self, count: int, *, reasons=(), because=()) -> None:
         """More distinct people must approve than the request asked for (the parameters being
         approved pass a rule's threshold). The caller holds the run, step and request locks."""
         with transaction.atomic(savepoint=False):
             ApprovalRequest.objects.filter(pk=self.pk, status=self.Status.PENDING).update(
-                approvals_required=count
+                approvals_required=count, approvers_because=list(because)
             )
             TimelineEvent.append(
                 self.run_id,
@@ -216,6 +221,7 @@ class ApprovalRequest(models.Model):
                     "reasons": list(reasons),
                 },
             )
+            self.approvers_because = list(because)
             seal(self)
         self.approvals_required = count
 

@@ -129,6 +129,7 @@ def check(claim: Claim, tool: Tool, params: dict, *, fallback_of: str = ""):
             if need.sla_seconds
             else None,
             approvals_required=need.approvers,
+            because=need.rules,
         )
     )
 

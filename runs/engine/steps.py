@@ -154,6 +154,7 @@ def execute_approval(claim: Claim) -> Outcome:
     )
     sla = definition.sla or (timedelta(seconds=rule.approval_sla_seconds) if rule else None)
     approvers = rule.approvers_for(params, tool) if rule else 1
+    because: tuple = ()
     if tool is not None:
         need = people().requirement(
             workflow=claim.run.workflow,
@@ -162,7 +163,7 @@ def execute_approval(claim: Claim) -> Outcome:
             params=params,
             declared=claim.step.name,
         )
-        approvers = need.approvers
+        approvers, because = need.approvers, need.rules
     return AskApproval(
         Approval(
             queue=definition.queue,
@@ -172,6 +173,7 @@ def execute_approval(claim: Claim) -> Outcome:
             proposed_params=params,
             due_at=timezone.now() + sla if sla else None,
             approvals_required=max(1, approvers),
+            because=because,
         )
     )
 
