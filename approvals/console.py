@@ -831,6 +831,9 @@ def _step_suggestion(ctx: RunContext) -> SafeString:
 
 
 def _approval_suggestion(ctx: RunContext, tool: str) -> SafeString:
+    approval = ctx.approval
+    if approval is not None and approval.approvals_required > 1:
+        return _two_person_suggestion(ctx, approval, tool)
     if not ctx.to_compensate:
         return say(
             _(
@@ -851,6 +854,40 @@ def _approval_suggestion(ctx: RunContext, tool: str) -> SafeString:
         ),
         tool=tool,
         count=len(ctx.to_compensate),
+    )
+
+
+def _two_person_suggestion(ctx: RunContext, approval: ApprovalRequest, tool: str) -> SafeString:
+    """What the suggestion says on a two-person request, to the person reading it."""
+    if "approve" not in ctx.actions and ctx.can_act:
+        viewer = getattr(ctx.viewer, "pk", None)
+        if viewer is not None and approval.first_approved_by_id == viewer:
+            return say(
+                _("You approved this %(tool)s call; wait for a second person to approve it."),
+                tool=tool,
+            )
+        return say(
+            _(
+                "This %(tool)s call needs two people other than you; ask two colleagues to "
+                "approve it."
+            ),
+            tool=tool,
+        )
+    if approval.awaits_second:
+        return say(
+            _(
+                "%(who)s approved this %(tool)s call. Check it below, then approve it as it is "
+                "(the second of two approvals) or reject it."
+            ),
+            who=approval.first_approved_by.get_username(),
+            tool=tool,
+        )
+    return say(
+        _(
+            "Check the proposed %(tool)s call below, then approve it (the first of two "
+            "approvals), approve it with corrected parameters, or reject it."
+        ),
+        tool=tool,
     )
 
 

@@ -85,12 +85,14 @@ def test_the_first_approver_is_not_offered_approve_again(people):
     approve(login(ann), run)
     page = detail(login(ann), run)
     assert "You approved this call" in page and "It waits for a second approver" in page
+    assert "wait for a second person to approve it" in page
     assert "TaskPilots will call" not in page
     assert "Approve as the second approver" not in page and "Approve with changes" not in page
     assert "Reject" in page  # they may still change their mind
     second = detail(login(bob), run)
     assert "Approve as the second approver" in second
     assert "ann approved first" in second
+    assert "approve it as it is (the second of two approvals)" in second
     assert "Approve with changes" not in second  # the second approves ann's parameters as-is
     assert approve(login(bob), run).status_code == 302
     assert engine.run_until_quiet(run.pk).status == Run.Status.SUCCEEDED and len(PAID) == 1
