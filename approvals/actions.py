@@ -39,6 +39,7 @@ from runs import tools as tool_registry
 from runs.conditions import ConditionError, parse_text
 from runs.conditions import validate as validate_conditions
 from runs.engine import begin_compensation, enqueue
+from runs.engine.compensation import undoable
 from runs.models import Receipt, Run, SideEffect, Snapshot, Step, Wait, digest, to_json_value
 
 D = ApprovalRequest.Decision
@@ -765,11 +766,20 @@ def cancel_run(
             _decision(run, user, "cancel", comment=reason)
             Takeover.end(run, user, f"cancelled: {reason}")
         committed = SideEffect.objects.filter(run=run, status=SideEffect.Status.COMMITTED)
-        if compensate and committed.exists():
+        if compensate and committed.exists() and not _only_by_hand_left(step, committed):
             begin_compensation(run, f"cancelled: {reason}", actor=actor)
         else:
             run.cancel(reason, actor=actor)
     return run
+
+
+def _only_by_hand_left(step: Step | None, committed) -> bool:
+    """The run's compensation already ran and left it to a person (no step is left; what is
+    still committed has no compensating tool): cancelling closes it rather than asking a person
+    about the same effects again. The page said so before the person cancelled."""
+    if step is not None:
+        return False
+    return not any(undoable(tool) for tool in committed.values_list("tool", flat=True))
 
 
 def move_to_queue(run_id, user, *, queue: str, comment: str = "", expected_version=None) -> Run:

@@ -39,6 +39,7 @@ from approvals.permissions import (
 )
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
+from runs.engine.compensation import BY_HAND_QUEUE, undoable
 from runs.engine.context import build_context, prior_results_summary
 from runs.models import (
     FailureClass,
@@ -419,6 +420,11 @@ class RunContext:
     idle: str = ""
     # A result found by key that is not what the snapshot expected, side by side (changed_side).
     changed: dict | None = None
+    # The committed side effects split by what cancelling or rejecting does to them: undone by
+    # their tool's compensating tool, or left for a person to undo by hand (no such tool).
+    to_undo: list[SideEffect] = field(default_factory=list)
+    by_hand: list[SideEffect] = field(default_factory=list)
+    by_hand_queue: str = ""
 
 
 def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
@@ -477,6 +483,9 @@ def build_run_context(run: Run, user) -> RunContext:
         viewer=user,
     )
     ctx.changed = changed_side(current, effects)
+    for effect in ctx.to_compensate:
+        (ctx.to_undo if undoable(effect.tool) else ctx.by_hand).append(effect)
+    ctx.by_hand_queue = BY_HAND_QUEUE
     ctx.suggestion = suggest_next_action(ctx)
     ctx.idle = idle_sentence(ctx)
     return ctx
@@ -797,6 +806,26 @@ def _taken_over(ctx: RunContext) -> SafeString:
     )
 
 
+def _stepless_suggestion(ctx: RunContext) -> SafeString:
+    """A run with no step left that still waits for a person: its compensation finished, and
+    what nothing could undo waits for someone to undo by hand."""
+    run = ctx.run
+    if run.status != Run.Status.NEEDS_HUMAN:
+        return say(_("No step is waiting; nothing to do."))
+    if not ctx.by_hand:
+        return say(_("No step is waiting: cancel the run to close it."))
+    listed = ", ".join(f"{e.tool} ({e.external_id or e.idempotency_key})" for e in ctx.by_hand)
+    return say(
+        _(
+            "TaskPilots undid what it could, but it cannot undo %(effects)s. The run waits in "
+            "the %(queue)s queue for a person: undo them by hand in their systems, then cancel "
+            "the run to close it."
+        ),
+        effects=listed,
+        queue=run.queue or BY_HAND_QUEUE,
+    )
+
+
 def _next_declared(ctx: RunContext) -> str:
     return next((item.name for item in ctx.timeline if item.step is None), "")
 
@@ -808,7 +837,7 @@ def _step_suggestion(ctx: RunContext) -> SafeString:
     if run.status in (Run.Status.PENDING, Run.Status.RUNNING):
         return say(_("The run is moving on its own; nothing to do."))
     if step is None:
-        return say(_("No step is waiting; nothing to do."))
+        return _stepless_suggestion(ctx)
     tool = (ctx.pending.tool if ctx.pending else "") or step.tool or step.name
     if ctx.approval is not None:
         return _approval_suggestion(ctx, tool)

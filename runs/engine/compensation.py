@@ -7,6 +7,17 @@ from runs.engine.dispatch import enqueue
 from runs.models import Run, SideEffect, Step, StepKind, TimelineEvent, to_json_value
 from runs.verbs import Verb
 
+# Where a run waits when its compensation leaves side effects nothing could undo.
+BY_HAND_QUEUE = "support"
+
+
+def undoable(tool_name: str) -> bool:
+    """Whether TaskPilots can undo this tool's side effects (its compensating tool)."""
+    try:
+        return bool(tool_registry.get(tool_name).compensating_tool)
+    except tool_registry.UnknownTool:
+        return False
+
 
 def begin_compensation(run: Run, reason: str, *, actor: str = "system") -> None:
     """Undo the run's committed side effects, newest first, each as a keyed side-effect step.
@@ -116,7 +127,7 @@ def finish_compensation(run: Run) -> None:
         run.ask_human(
             f"Compensation finished, but these side effects have no compensating "
             f"tool and must be undone by hand: {listed}",
-            queue="support",
+            queue=BY_HAND_QUEUE,
         )
         return
     run.mark_compensated()

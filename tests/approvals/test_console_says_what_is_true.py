@@ -225,3 +225,52 @@ def test_a_waiting_run_says_what_it_waits_for(client, sandbox, support_user):
     assert "The run waits for the event payment.settled (until " in text
     assert "will try again by itself" not in text
     assert Run.objects.get(pk=run.pk).status == "waiting"
+
+
+# Mails, refunds, then asks: cancelling undoes the refund, and the sent mail cannot be undone.
+workflows.register(
+    Workflow("test.mail_refund_then_ask", 1, [
+        side_effect("mail", "mail.send",
+                    params=lambda ctx: {"to": "a@example.com", "subject": "Hi", "body": "Hi"}),
+        side_effect("refund", "payments.refund",
+                    params=lambda ctx: {"payment_id": ctx.input["payment"], "amount": 20.0}),
+        approval("approve", tool="mail.send", reason="A person checks the mail",
+                 params=lambda ctx: {"to": "a@example.com", "subject": "Bye", "body": "Bye"}),
+    ]),
+    replace=True,
+)  # fmt: skip
+
+
+def test_cancel_says_what_is_undone_and_what_a_person_must_undo(client, sandbox, support_user):
+    """Issue 33 §4: the cancel panel promised the mail would be undone; it cannot be. Before:
+    which effects TaskPilots undoes and which wait for a person. After: what waits, for whom,
+    and cancelling again closes the run instead of asking a person about the same mail."""
+    client.force_login(support_user)
+    run = engine.run_until_quiet(start("test.mail_refund_then_ask", {"payment": "pay_1"}).pk)
+    assert run.status == "needs_human"
+    panel = visible_text(client.get(detail(run)))
+    assert "TaskPilots will undo these, newest first: payments.refund" in panel
+    assert "TaskPilots cannot undo these (their tools have no undo)" in panel
+    assert "for a person to undo them by hand. mail.send" in panel
+    assert "will be undone: mail.send" not in panel
+
+    assert act(client, run, "cancel", comment="customer withdrew").status_code == 200
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "needs_human" and run.queue == "support"
+    refund = SideEffect.objects.get(run=run, tool="payments.refund")
+    mail = SideEffect.objects.get(run=run, tool="mail.send")
+    assert refund.status == "compensated" and mail.status == "committed"
+    after = visible_text(client.get(detail(run)))
+    assert "No step is waiting; nothing to do." not in after
+    assert "TaskPilots undid what it could, but it cannot undo mail.send" in after
+    assert "waits in the support queue for a person" in after
+    assert "Cancel once you have undone them by hand" in after
+
+    mails = len(sandbox.ledger("mail"))
+    payments = len(sandbox.ledger("payments"))
+    assert act(client, run, "cancel", comment="mail apologised for by hand").status_code == 200
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "cancelled"
+    assert SideEffect.objects.get(pk=mail.pk).status == "committed"  # still done, and says so
+    # Closing it sent nothing: no second void, no mail.
+    assert len(sandbox.ledger("mail")) == mails and len(sandbox.ledger("payments")) == payments
