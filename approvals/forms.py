@@ -233,6 +233,8 @@ class RunSearchForm(forms.Form):
 
 class ActionForm(forms.Form):
     expected_version = forms.IntegerField(min_value=0, widget=forms.HiddenInput)
+    # What a person acts on, as the page showed it (approvals.live.actionable_state).
+    expected_state = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
     comment = forms.CharField(
         label=_("Comment"),
         required=False,

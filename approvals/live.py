@@ -35,8 +35,8 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from approvals.models import HumanDecision, SoftClaim
-from runs.models import Run
+from approvals.models import ApprovalRequest, HumanDecision, SoftClaim
+from runs.models import Run, SideEffect, Step
 
 PRESENCE_TTL = 30  # seconds a viewer counts as present after their last poll
 PRESENCE_REFRESH = 10  # a viewer's entry is rewritten at most this often
@@ -88,6 +88,53 @@ def run_stamp(run_id) -> tuple | None:
         cursor.execute(_sql(_RUN_STAMP), [run_id])
         row = cursor.fetchone()
     return tuple(row) if row else None
+
+
+_ACTIONABLE = (
+    "SELECT r.status, r.owner_id, r.queue,"
+    " (SELECT s.id || ':' || s.status FROM {steps} s WHERE s.run_id = r.id"
+    "  AND s.status IN ({unfinished}) ORDER BY s.position LIMIT 1),"
+    " (SELECT a.id || ':' || coalesce(a.first_approved_by_id, 0) || ':' || a.approvals_required"
+    "  FROM {approvals} a WHERE a.run_id = r.id AND a.status = 'pending' ORDER BY a.id LIMIT 1),"
+    " (SELECT count(*) FROM {effects} e WHERE e.run_id = r.id AND e.status = 'committed')"
+    " FROM {runs} r WHERE r.id = %s"
+)
+
+
+def actionable_state(run_id) -> str | None:
+    """A digest of what a person acts on in a run: its status, owner and queue, the step it
+    stopped at (and that step's status), the open approval (and its first approver) and the
+    side effects a cancel would undo. An outage's probes move the run's version every few
+    seconds but leave this as it was: a page showing it is not stale (the live bar), and an
+    action taken from it still applies (approvals.views.run_action). One statement."""
+    unfinished = ", ".join(f"'{status}'" for status in sorted(Step.UNFINISHED))
+    sql = _ACTIONABLE.format(
+        runs=Run._meta.db_table,
+        steps=Step._meta.db_table,
+        approvals=ApprovalRequest._meta.db_table,
+        effects=SideEffect._meta.db_table,
+        unfinished=unfinished,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [run_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return hashlib.sha256(repr(tuple(row)).encode()).hexdigest()[:16]
+
+
+def decided_by_another(run: Run, opened_at: datetime | None, user) -> HumanDecision | None:
+    """The latest decision another person took on the run since the page was opened."""
+    last = (
+        HumanDecision.objects.filter(run=run)
+        .exclude(user=user)
+        .select_related("user")
+        .order_by("-id")
+        .first()
+    )
+    if last is not None and (opened_at is None or last.created_at >= opened_at):
+        return last
+    return None
 
 
 def etag_for(request: HttpRequest, *parts) -> str:
@@ -215,26 +262,18 @@ def claim_warning_held(claim: SoftClaim) -> SafeString:
     )
 
 
-def what_changed(run: Run, opened_at: datetime | None) -> SafeString:
-    """The stale-page banner: who did what when, if a person did since the page was opened;
-    else the run's new state."""
+def what_changed(run: Run, decision: HumanDecision) -> SafeString:
+    """The stale-page banner: which other person did what when, and where the run is now."""
     from approvals.console import RUN_STATUS_LABELS, VERB_LABELS, label, say, viewer_time
 
     status = escape(label(RUN_STATUS_LABELS, run.status).lower())
-    decisions = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id")
-    last = decisions.first()
-    if last is not None and (opened_at is None or last.created_at >= opened_at):
-        return say(
-            _(
-                "This run changed since you opened it: %(user)s %(verb)s at %(time)s; it is now "
-                "%(status)s. Reload to see it."
-            ),
-            user=last.user.get_username(),
-            verb=escape(label(VERB_LABELS, last.verb)),
-            time=escape(viewer_time.format_timestamp(last.created_at)),
-            status=status,
-        )
     return say(
-        _("This run changed since you opened it; it is now %(status)s. Reload to see it."),
+        _(
+            "This run changed since you opened it: %(user)s %(verb)s at %(time)s; it is now "
+            "%(status)s. Reload to see it."
+        ),
+        user=decision.user.get_username(),
+        verb=escape(label(VERB_LABELS, decision.verb)),
+        time=escape(viewer_time.format_timestamp(decision.created_at)),
         status=status,
     )

@@ -70,10 +70,20 @@ def run_live(request: HttpRequest, run_id) -> HttpResponse:
 
 
 def _render_bar(request, run_id, others, shown: int | None, *, error: str = "") -> HttpResponse:
+    """The bar. The page is stale only when what a person acts on moved (live.actionable_state:
+    an outage's probes do not count) because another person acted since it was opened: the
+    banner says who did what, and the page's actions wait for a reload. When the run moved on
+    by itself, or by this person's own action, the bar asks the page to refresh its main area
+    instead (static/js/console.js; not while the person is typing in a form there)."""
     run = get_object_or_404(Run, pk=run_id)
-    stale = shown is not None and run.lock_version != shown
+    moved = (
+        shown is not None
+        and run.lock_version != shown
+        and request.GET.get("s", request.POST.get("s")) != live.actionable_state(run.pk)
+    )
     opened = _int_param(request, "t")
     opened_at = datetime.fromtimestamp(opened, tz=UTC) if opened else None
+    other = live.decided_by_another(run, opened_at, request.user) if moved else None
     claim = live.active_claim(run.pk)
     context = {
         "run": run,
@@ -81,8 +91,9 @@ def _render_bar(request, run_id, others, shown: int | None, *, error: str = "") 
         "claim": claim,
         "mine": bool(claim and claim.user_id == request.user.pk),
         "may_claim": can_act(request.user) and not run.is_terminal,
-        "stale": stale,
-        "changed": live.what_changed(run, opened_at) if stale else "",
+        "stale": other is not None,
+        "refresh": moved and other is None,
+        "changed": live.what_changed(run, other) if other is not None else "",
         "now": timezone.now(),
         "error": error,
     }

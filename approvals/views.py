@@ -141,8 +141,10 @@ def _get_run(run_id) -> Run:
     return get_object_or_404(Run.objects.select_related("owner"), pk=run_id)
 
 
-def _action_forms(ctx: console.RunContext, bound: dict | None = None) -> dict[str, Any]:
-    version = {"expected_version": ctx.run.lock_version}
+def _action_forms(
+    ctx: console.RunContext, bound: dict | None = None, state: str | None = None
+) -> dict[str, Any]:
+    version = {"expected_version": ctx.run.lock_version, "expected_state": state or ""}
     approval = {"approval": ctx.approval.pk} if ctx.approval else {}
     step = {"step": ctx.current.pk} if ctx.current else {}
     forms: dict[str, Any] = {}
@@ -163,13 +165,15 @@ def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, A
     ctx = console.build_run_context(run, request.user)
     tab = request.GET.get("tab", "steps")
     tab = tab if tab in TABS else "steps"
+    state = live.actionable_state(run.pk)
     context = {
         "ctx": ctx,
         "run": run,
-        "forms": _action_forms(ctx, extra.pop("bound", None)),
+        "forms": _action_forms(ctx, extra.pop("bound", None), state),
         "tab": tab,
         "now": timezone.now(),
         "live": run.status in Run.RUNNABLE,
+        "state": state,
     }
     if tab == "rehydration":
         document = run.rehydration()
@@ -401,6 +405,7 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
     form = _bind(spec, request, run)
     if not form.is_valid():
         return _answer(request, run, status=422, error=_("Check the form."), bound={action: form})
+    _as_still_shown(run, form.cleaned_data)
     held = live.claim_held_by_other(run, request.user)
     if held and request.POST.get("despite_claim") != "1":
         # A soft claim warns, it does not refuse: the forms come back carrying the confirmation.
@@ -431,6 +436,17 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
             next=console.what_happens_next(run, request.user),
         )
     return _answer(request, run, status=200, success=message)
+
+
+def _as_still_shown(run: Run, data: dict) -> None:
+    """A page whose run moved only in ways a person does not act on (an outage's probes:
+    live.actionable_state is as the page showed it) acts on the run as it is now. The action
+    still checks the version under the run's lock, so a change after this read is refused."""
+    shown = data.get("expected_state")
+    if data.get("expected_version") == run.lock_version or not shown:
+        return
+    if shown == live.actionable_state(run.pk):
+        data["expected_version"] = run.lock_version
 
 
 def _fresh(run: Run) -> Run:

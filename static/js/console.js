@@ -30,6 +30,19 @@
   });
 })();
 
+// Whether the person is writing in one of the page's forms (a refresh would throw it away).
+function editing(root) {
+  var active = document.activeElement;
+  if (active && root.contains(active) && /^(INPUT|TEXTAREA|SELECT)$/.test(active.tagName)) {
+    return true;
+  }
+  var fields = root.querySelectorAll(".action-form textarea, .action-form input[type=text]");
+  for (var i = 0; i < fields.length; i++) {
+    if (fields[i].value !== fields[i].defaultValue) return true;
+  }
+  return false;
+}
+
 // The live bar (templates/console/_live_bar.html) says when the run changed since this page
 // was rendered: the page's action buttons are then disabled until it is reloaded (the server's
 // version check stays the final guard).
@@ -39,6 +52,10 @@
     var main = document.getElementById("run-main");
     if (!main) return;
     var stale = document.querySelector("#live [data-live-stale]") !== null;
+    if (!stale && document.querySelector("#live [data-live-refresh]") && !editing(main)) {
+      // The run moved on by itself or by this person's own action: show it as it is now.
+      htmx.trigger(main, "tp-refresh");
+    }
     main.classList.toggle("is-stale", stale);
     var buttons = main.querySelectorAll(".actions .action-form button[type=submit]");
     for (var i = 0; i < buttons.length; i++) {

@@ -3,6 +3,7 @@ changed, who else is viewing a run, soft claims, and the stale-page banner."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -12,11 +13,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals import actions, live
-from approvals.models import ClaimHeld, SoftClaim
+from approvals.models import ApprovalRequest, ClaimHeld, SoftClaim
+from runs import engine
 from runs.models import InvalidTransition, Run
 from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is autouse)
     approval_run,
     fast_passwords,
+    fresh,
+    start,
     visible_text,
 )
 from tests.factories import RunFactory, UserFactory
@@ -25,6 +29,7 @@ pytestmark = pytest.mark.django_db
 
 HX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "inbox-live"}
 BAR = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "live"}
+MAIN = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-main"}
 # What every logged-in request reads before the view: its session, its user, the user's groups.
 AUTH_TABLES = ("django_session", "auth_user", "auth_group")
 
@@ -327,7 +332,7 @@ def test_a_stale_page_learns_who_changed_the_run(client, sandbox, support_user, 
     page = client.get(reverse("console:run-detail", args=[run.pk])).content.decode()
     version = Run.objects.get(pk=run.pk).lock_version
     assert f'id="live-version" name="v" value="{version}"' in page
-    assert 'hx-include="#live-version, #live-opened"' in page
+    assert 'hx-include="#live-version, #live-opened, #live-state"' in page
     assert (
         "data-live-stale" not in client.get(bar_url(run, version=version), **BAR).content.decode()
     )
@@ -346,3 +351,62 @@ def test_a_live_run_refresh_is_a_304_until_the_run_moves(client, support_user):
     assert same.status_code == 304 and len(own_queries(ctx)) == 1
     Run.objects.get(pk=run.pk).wait("timer")
     assert client.get(url, HTTP_IF_NONE_MATCH=first["ETag"], **headers).status_code == 200
+
+
+def _shown_state(page: str) -> str:
+    return re.search(r'id="live-state" name="s" value="([0-9a-f]+)"', page).group(1)
+
+
+def test_an_outages_probes_leave_the_page_as_it_was(client, sandbox, support_user):
+    """Issue 33 §4: every probe of a waiting run moved its version, so the page said it had
+    changed and disabled its actions (a Cancel then timed out). Probes change nothing a person
+    acts on: no banner, and an action taken from the page applies."""
+    sandbox.inject("mail", "outage", seconds=600)
+    run = start("test.reply", {"message": "hi", "email": "a@example.com", "ticket": "T-1"})
+    assert fresh(run).status == "waiting"
+    client.force_login(support_user)
+    page = client.get(reverse("console:run-detail", args=[run.pk])).content.decode()
+    version, state = fresh(run).lock_version, _shown_state(page)
+    for seconds in (40, 80):  # two probes, each still down
+        engine.sweep(now=timezone.now() + timedelta(seconds=seconds))
+        engine.run_until_quiet(run.pk)
+    assert fresh(run).lock_version > version and fresh(run).status == "waiting"
+    bar = client.get(bar_url(run, version=version) + f"&s={state}", **BAR).content.decode()
+    assert "data-live-stale" not in bar and "data-live-refresh" not in bar
+    url = reverse("console:run-action", args=[run.pk, "cancel"])
+    body = {"expected_version": version, "expected_state": state, "comment": "not needed"}
+    assert (
+        client.post(url, body, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="run-main").status_code == 200
+    )
+    assert fresh(run).status == "cancelled"
+    sandbox.clear_faults()
+
+
+def test_a_page_whose_state_moved_is_refused_an_old_action(client, sandbox, support_user):
+    """The tolerance is for moves nobody acts on: once the state moved, the old page's action
+    is refused as before (409), whatever state it claims."""
+    run = approval_run()
+    client.force_login(support_user)
+    page = client.get(reverse("console:run-detail", args=[run.pk])).content.decode()
+    version, state = fresh(run).lock_version, _shown_state(page)
+    actions.take_over(run.pk, support_user, comment="", expected_version=version)
+    url = reverse("console:run-action", args=[run.pk, "cancel"])
+    body = {"expected_version": version, "expected_state": state, "comment": "x"}
+    assert (
+        client.post(url, body, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="run-main").status_code == 409
+    )
+    assert fresh(run).status == "taken_over"
+
+
+def test_ones_own_action_refreshes_the_page_without_a_banner(client, sandbox, support_user):
+    run = approval_run()
+    client.force_login(support_user)
+    opened = int(timezone.now().timestamp()) - 1
+    page = client.get(reverse("console:run-detail", args=[run.pk])).content.decode()
+    version, state = fresh(run).lock_version, _shown_state(page)
+    request = ApprovalRequest.objects.get(run=run, status="pending")
+    actions.decide_approval(request.pk, support_user, "approved", expected_version=version)
+    engine.run_until_quiet(run.pk)
+    bar = client.get(bar_url(run, version=version, opened=opened) + f"&s={state}", **BAR)
+    text = bar.content.decode()
+    assert "data-live-stale" not in text and "data-live-refresh" in text

@@ -4,11 +4,16 @@ reload, and a page left open learns that the other acted before its buttons are 
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 from playwright.sync_api import expect
 
+from approvals.models import EscalationRule
+from runs import engine
 from runs.models import Run
-from tests.approvals.console_helpers import approval_run
+from tests.approvals.console_helpers import approval_run, start
 from tests.browser.conftest import log_in
 from tests.factories import UserFactory
 
@@ -73,4 +78,41 @@ def test_two_people_see_each_other_claim_and_go_stale(page, second_page, sandbox
     expect(ann.get_by_role("button", name="Approve", exact=True)).to_be_disabled()
     ann.reload()
     expect(ann.locator("#live .stale-banner")).to_have_count(0)
+    assert not page.console_errors
+
+
+def test_probes_and_ones_own_action_raise_no_banner(page, sandbox):
+    """Issue 33 §4: an outage's probes (every few seconds) and one's own action made the page
+    say the run had changed and disabled its actions. Now: no banner, the actions stay usable,
+    and after one's own approval the page simply shows where the run went."""
+    UserFactory(username="ann", groups=["support"])
+    EscalationRule.objects.create(
+        position=20, name="Wait out an outage", failure_class="outage", action="wait",
+        wait_window_seconds=900, probe_interval_seconds=30, queue="ops",
+    )  # fmt: skip
+    sandbox.inject("mail", "outage", seconds=600)
+    waiting = start("test.reply", {"message": "hi", "email": "a@example.com", "ticket": "T-1"})
+    log_in(page, "ann")
+    page.goto(f"/console/runs/{waiting.pk}/")
+    before = Run.objects.get(pk=waiting.pk).lock_version
+    for seconds in (40, 80):
+        engine.sweep(now=timezone.now() + timedelta(seconds=seconds))
+        engine.run_until_quiet(waiting.pk)
+    assert Run.objects.get(pk=waiting.pk).lock_version > before
+    page.wait_for_timeout(4_000)  # past the bar's next poll (every 3 s)
+    expect(page.locator("#live .stale-banner")).to_have_count(0)
+    page.get_by_text("Cancel the run…").click()
+    page.locator("form[data-action=cancel] textarea").fill("not needed any more")
+    page.get_by_role("button", name="Yes, cancel the run").click()
+    expect(page.locator(".run-head .status")).to_contain_text("Cancelled")
+    sandbox.clear_faults()
+
+    run = approval_run()
+    page.goto(f"/console/runs/{run.pk}/")
+    page.get_by_role("button", name="Approve", exact=True).click()
+    expect(page.locator("#flash")).to_contain_text("Approved")
+    engine.run_until_quiet(run.pk)
+    page.wait_for_timeout(4_000)
+    expect(page.locator("#live .stale-banner")).to_have_count(0)
+    expect(page.locator(".run-head .status")).not_to_contain_text("Needs a person")
     assert not page.console_errors
