@@ -88,7 +88,7 @@ def _check_version(run: Run, expected_version: int | None) -> None:
             else ""
         )
         raise DecisionConflict(
-            f"This run changed since you opened it (it is now {run.get_status_display().lower()})"
+            f"This run changed since you opened it (its status is now “{run.get_status_display()}”)"
             f"{who}. Reload to see where it stands."
         )
 

@@ -95,7 +95,7 @@ EFFECT_STATUS_LABELS = {
     SideEffect.Status.INTENDED: gettext_lazy("About to be sent"),
     SideEffect.Status.COMMITTED: gettext_lazy("Done"),
     SideEffect.Status.UNKNOWN: gettext_lazy("Outcome unknown"),
-    SideEffect.Status.NOT_COMMITTED: gettext_lazy("Did not happen"),
+    SideEffect.Status.NOT_COMMITTED: gettext_lazy("This call did not go through"),
     SideEffect.Status.COMPENSATED: gettext_lazy("Undone"),
 }
 # A two-person approval one person gave and a second has not (an inbox filter, not a cause).
@@ -442,10 +442,24 @@ def _upcoming(run: Run, steps: list[Step]) -> list[dict]:
     return [d for d in declared[last_index + 1 :] if d["name"] not in recorded]
 
 
-def _prior_results(run: Run, steps: list[Step], before: Step | None) -> dict[str, str]:
+def readable_results(summary: Any) -> Any:
+    """A snapshot's earlier results ({step: canonical JSON text, cut}) as values to show as
+    JSON: each text read back when it is whole JSON, kept as text when it was cut."""
+    if not isinstance(summary, dict):
+        return summary
+    shown = {}
+    for name, text in summary.items():
+        try:
+            shown[name] = json.loads(text) if isinstance(text, str) else text
+        except ValueError:
+            shown[name] = text
+    return shown
+
+
+def _prior_results(run: Run, steps: list[Step], before: Step | None) -> dict[str, Any]:
     """The earlier results as the engine summarises them in a snapshot (runs/engine/context.py)."""
     earlier = [s for s in steps if before is None or s.position < before.position]
-    return prior_results_summary(build_context(run, earlier).results)
+    return readable_results(prior_results_summary(build_context(run, earlier).results))
 
 
 def build_run_context(run: Run, user) -> RunContext:
@@ -590,6 +604,8 @@ def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
     """A failed step says why (a rejection names who and when, with their comment); a step
     skipped without a reason says the run stopped before it."""
     step = item.step
+    if step is not None and item.state == "done":
+        return _done_by_hand(step, decisions)
     if step is None or item.state not in ("failed", "skipped"):
         return ""
     if item.state == "failed":
@@ -610,6 +626,25 @@ def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
     if step.status == Step.Status.SKIPPED and step.last_error:
         return say(_("Skipped: “%(reason)s”"), reason=_shorten(step.last_error, 200))
     return say(_("Not done: the run stopped before this step."))
+
+
+def _done_by_hand(step: Step, decisions: list[HumanDecision]) -> str:
+    """A step a person did outside TaskPilots says who, when, and the result they gave (the
+    reference they entered), beside any call of TaskPilots' own that did not go through."""
+    done = next(
+        (d for d in decisions if d.verb == DecisionVerb.COMPLETE_BY_HAND and d.step_id == step.pk),
+        None,
+    )
+    if done is None:
+        return ""
+    result = done.after if done.after not in (None, "", {}) else step.result
+    shown = _shorten(json.dumps(result, ensure_ascii=False, sort_keys=True, default=str), 240)
+    return say(
+        _("Done by hand by %(user)s at %(when)s; the result they gave: %(result)s"),
+        user=done.user.get_username(),
+        when=_when(done.created_at),
+        result=shown,
+    )
 
 
 def _shorten(text: str, limit: int) -> str:
@@ -643,7 +678,7 @@ def _pending(run, steps, current, approval) -> Pending | None:
             target=snapshot.target_resource,
             params=snapshot.params,
             permissions=snapshot.permissions,
-            prior_results=snapshot.prior_results_summary,
+            prior_results=readable_results(snapshot.prior_results_summary),
             idempotency_key=snapshot.idempotency_key,
             snapshot=snapshot,
             created_at=snapshot.created_at,
@@ -1199,19 +1234,21 @@ def what_happens_next(run: Run, user) -> SafeString:
 def conflict_message(run: Run) -> SafeString:
     """“Already decided by X at T”: the latest human decision, or the run's current state."""
     last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
-    status = escape(label(RUN_STATUS_LABELS, run.status).lower())
+    status = escape(label(RUN_STATUS_LABELS, run.status))
     if last is not None:
         return say(
             _(
-                "Someone else acted first: %(user)s %(verb)s at %(time)s. The run is now "
-                "%(status)s; here is where it stands."
+                "Someone else acted first: %(user)s %(verb)s at %(time)s. The run's status is "
+                "now “%(status)s”; here is where it stands."
             ),
             user=last.user.get_username(),
             verb=escape(label(VERB_LABELS, last.verb)),
             time=escape(_format_time(last.created_at)),
             status=status,
         )
-    return say(_("This run changed since you opened it; it is now %(status)s."), status=status)
+    return say(
+        _("This run changed since you opened it; its status is now “%(status)s”."), status=status
+    )
 
 
 def _format_time(value) -> str:

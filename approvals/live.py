@@ -266,11 +266,11 @@ def what_changed(run: Run, decision: HumanDecision) -> SafeString:
     """The stale-page banner: which other person did what when, and where the run is now."""
     from approvals.console import RUN_STATUS_LABELS, VERB_LABELS, label, say, viewer_time
 
-    status = escape(label(RUN_STATUS_LABELS, run.status).lower())
+    status = escape(label(RUN_STATUS_LABELS, run.status))
     return say(
         _(
-            "This run changed since you opened it: %(user)s %(verb)s at %(time)s; it is now "
-            "%(status)s. Reload to see it."
+            "This run changed since you opened it: %(user)s %(verb)s at %(time)s; its status is "
+            "now “%(status)s”. Reload to see it."
         ),
         user=decision.user.get_username(),
         verb=escape(label(VERB_LABELS, decision.verb)),

@@ -270,7 +270,10 @@ def _escalate(run, step, route, failure_class, reason, held_by) -> None:
         step.escalate(
             failure_class=failure_class, error=reason, routing=route.routing, held_by=held_by
         )
-    run.count_failure(escalate=failure_class != FailureClass.UNKNOWN_OUTCOME)
+    if failure_class != FailureClass.UNKNOWN_OUTCOME:
+        # An unknown outcome's failed call was counted where it failed (the ledger, or the
+        # claim whose worker died in it): one call, one failure.
+        run.count_failure(escalate=True)
     run.ask_human(
         reason[:2000],
         queue=route.queue,

@@ -274,3 +274,46 @@ def test_cancel_says_what_is_undone_and_what_a_person_must_undo(client, sandbox,
     assert SideEffect.objects.get(pk=mail.pk).status == "committed"  # still done, and says so
     # Closing it sent nothing: no second void, no mail.
     assert len(sandbox.ledger("mail")) == mails and len(sandbox.ledger("payments")) == payments
+
+
+def test_an_unknown_outcome_counts_its_one_failed_call_once(client, sandbox, support_user):
+    """Issue 33 §4: "FAILURES 2" on a run whose one call failed with an unknown outcome."""
+    run = fresh(unknown_outcome_run(sandbox))
+    assert run.status == "needs_human" and run.failure_count == 1
+    client.force_login(support_user)
+    text = visible_text(client.get(detail(run)))
+    assert "Failures 1 " in text
+
+
+def test_a_step_done_by_hand_says_so_and_keeps_the_reference(client, sandbox, support_user):
+    """Issue 33 §4: a step done by hand showed "Done" beside its call's "Did not happen" and
+    dropped the id the person entered."""
+    from tests.approvals.bulk_helpers import outage_parked_runs
+
+    run = outage_parked_runs(sandbox, 1)[0]
+    client.force_login(support_user)
+    result = '{"id": "msg_by_hand_7", "status": "sent"}'
+    assert act(client, run, "complete", result=result, comment="sent from Gmail").status_code == 200
+    text = visible_text(client.get(detail(engine.run_until_quiet(run.pk))))
+    assert "Done by hand by sam-support at" in text
+    assert '"id": "msg_by_hand_7"' in text
+    assert "This call did not go through" in text and "Did not happen" not in text
+
+
+def test_what_earlier_steps_found_is_shown_as_json_not_as_quoted_text(
+    client, sandbox, support_user
+):
+    run = engine.run_until_quiet(start("test.read_then_ask", {"email": "a@example.com"}).pk)
+    client.force_login(support_user)
+    text = visible_text(client.get(detail(run)))
+    found = text[text.index("What earlier steps found") :]
+    assert '"lookup": {' in found and '\\"' not in found
+
+
+def test_a_filtered_empty_inbox_does_not_say_nothing_is_waiting(client, sandbox, support_user):
+    approval_run()
+    client.force_login(support_user)
+    text = visible_text(client.get(reverse("console:inbox"), {"reason": "outage"}))
+    assert "Nothing is waiting for a person." not in text
+    assert "No waiting run matches these filters. 1 run waits for a person in all." in text
+    assert "Clear the filters" in text

@@ -299,9 +299,10 @@ def test_tabs_render_as_fragments(client, sandbox, support_user):
 def test_a_running_run_polls_and_a_paused_one_does_not(client, sandbox, support_user):
     run = approval_run()
     client.force_login(support_user)
-    assert 'hx-trigger="every 2s"' not in client.get(detail(run)).content.decode()
+    # A paused run refreshes only when its live bar asks it to (tp-refresh); a running one polls.
+    assert 'hx-trigger="tp-refresh"' in client.get(detail(run)).content.decode()
     Run.objects.filter(pk=run.pk).update(status="running")
-    assert 'hx-trigger="every 2s"' in client.get(detail(run)).content.decode()
+    assert 'hx-trigger="every 2s, tp-refresh"' in client.get(detail(run)).content.decode()
 
 
 def test_a_refund_shows_its_amount_with_the_currency(client, sandbox, support_user):

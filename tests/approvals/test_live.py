@@ -327,7 +327,7 @@ def test_a_stale_page_learns_who_changed_the_run(client, sandbox, support_user, 
     assert stale.status_code == 200 and "data-live-stale" in stale.content.decode()
     text = visible_text(stale)
     assert "This run changed since you opened it: alex-admin took over at" in text
-    assert "it is now taken over" in text.lower() and "Reload" in text
+    assert "its status is now “Taken over”" in text and "Reload" in text
     # The run page carries the version it shows to the bar, so a fresh page is not stale.
     page = client.get(reverse("console:run-detail", args=[run.pk])).content.decode()
     version = Run.objects.get(pk=run.pk).lock_version
