@@ -649,8 +649,12 @@ def recent_failures(limit: int = 20) -> list[Step]:
 def _failure_label(step: Step) -> str:
     known = step.error_class in FailureClass.values
     cls = FailureClass(step.error_class).label if known else step.error_class
-    seen = step.finished_at or step.started_at or step.created_at
-    times = ngettext("%(n)s time, last %(when)s", "%(n)s times, last %(when)s", step.times) % {
+    # When it last failed: its last attempt began then (finished_at is when a person, or a
+    # later attempt, resolved it).
+    seen = step.started_at or step.created_at
+    times = ngettext(
+        "%(n)s time, last failed %(when)s", "%(n)s times, last failed %(when)s", step.times
+    ) % {
         "n": step.times,
         "when": format_timestamp(seen),
     }

@@ -287,3 +287,26 @@ def test_the_tester_lists_each_past_failure_once(client, admin_user, sandbox):
     assert response.context["tester"].fields["failure"].choices[1][0] == steps[-1].pk
     text = response.content.decode()
     assert text.count("test.reply · send_reply · mail.send") == 1
+
+
+def test_the_testers_last_time_is_when_it_failed_not_when_it_was_resolved(
+    client, admin_user, sandbox
+):
+    """Issue 33 §6: the "last" time was when a person resolved the failure."""
+    from datetime import timedelta
+
+    from approvals.rules import _failure_label, recent_failures
+    from approvals.viewer_time import format_timestamp
+
+    sandbox.inject("mail", "429", action="send", count=6)
+    run, _ = engine.start_run(
+        "test.reply", {"message": "Hi", "email": "late@example.com", "ticket": "T-1"}
+    )
+    engine.run_until_quiet(run.pk)
+    step = Step.objects.get(run=run, name="send_reply")
+    failed = step.started_at
+    resolved = failed + timedelta(hours=3)
+    Step.objects.filter(pk=step.pk).update(finished_at=resolved)
+    label = _failure_label(next(s for s in recent_failures() if s.pk == step.pk))
+    assert f"last failed {format_timestamp(failed)}" in label
+    assert format_timestamp(resolved) not in label
