@@ -3,7 +3,9 @@ the console opens with real paused runs — approvals waiting, an unknown outcom
 outage wait, invalid data, the demo agent's approval — next to completed and compensated runs.
 
 The runs are real: started through the engine, executed by the running Celery worker against the
-running sandbox. Re-running finds the demo runs already there and does nothing.
+running sandbox. Re-running finds the demo runs already there and does nothing; `again` seeds
+another set beside them (business keys and payment ids carry the set's number: demo-2-…), so a
+demo that has been clicked through can start afresh without touching the audit trail.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from taskpilots.sandbox.client import SandboxClient
 
 Say = Callable[[str], None]
 PREFIX = "demo-"
+# The set being seeded: "" for the first, "2-", "3-"… for the ones `again` adds (seed sets it).
+_set = ""
 CUSTOMERS = ["ann", "bo", "chen", "dara", "eli", "fay", "gus", "hana", "ivo", "jun"]
 MESSAGES = [
     "I was charged twice for my order, please refund one of them.",
@@ -40,9 +44,9 @@ def _start(workflow: str, key: str, input: dict) -> Run:
     run, _ = engine.start_run(
         workflow,
         input,
-        business_key=PREFIX + key,
+        business_key=PREFIX + _set + key,
         principal="agent:demo",
-        session_context_ref=f"demo/{key}",
+        session_context_ref=f"demo/{_set}{key}",
     )
     return run
 
@@ -79,10 +83,16 @@ def _lead(email: str, name: str, company: str, employees: int) -> dict:
     return {"email": email, "name": name, "company": company, "employees": employees}
 
 
-def seed(say: Say = print) -> int:
-    if Run.objects.filter(business_key__startswith=PREFIX).exists():
-        say("demo runs already present: nothing to seed")
+def seed(say: Say = print, *, again: bool = False) -> int:
+    """Seed the demo runs; returns how many demo runs there are now (0: nothing seeded)."""
+    global _set
+    sets = _sets_seeded()
+    if sets and not again:
+        say("demo runs already present: nothing to seed (seed_demo --again adds another set)")
         return 0
+    _set = f"{sets + 1}-" if sets else ""
+    if _set:
+        say(f"seeding demo set {sets + 1} beside the {sets} already present")
     sandbox = _sandbox()
     admin = get_user_model().objects.filter(username="admin").first()
     settled = _seed_completed(say)
@@ -91,6 +101,17 @@ def seed(say: Say = print) -> int:
     _settle_and_cancel(settled, admin, say)
     _seed_outage(sandbox, say)
     return _report(say)
+
+
+def _sets_seeded() -> int:
+    """How many demo sets are present: the first has keys demo-reply-0…, set n demo-n-reply-0."""
+    keys = Run.objects.filter(business_key__startswith=PREFIX, business_key__endswith="reply-0")
+    return keys.count()
+
+
+def _pay(name: str) -> str:
+    """A demo payment id of this set (each set refunds its own payments)."""
+    return f"pay_demo_{_set}{name}"
 
 
 def _sandbox() -> SandboxClient:
@@ -118,7 +139,7 @@ def _seed_completed(say: Say) -> list[Run]:
         _start(
             "refund.approval",
             f"refund-small-{n}",
-            {"payment_id": f"pay_demo_{n}", "amount": amount},
+            {"payment_id": _pay(str(n)), "amount": amount},
         )
         for n, amount in enumerate([25.0, 60.0, 80.0])
     ]
@@ -156,12 +177,12 @@ def _seed_paused(sandbox: SandboxClient, say: Say) -> None:
         _start(
             "refund.approval",
             "refund-approval-1",
-            {"payment_id": "pay_demo_big1", "amount": 240.0, "reason": "damaged"},
+            {"payment_id": _pay("big1"), "amount": 240.0, "reason": "damaged"},
         ),
         _start(
             "refund.approval",
             "refund-approval-2",
-            {"payment_id": "pay_demo_big2", "amount": 480.0, "reason": "never delivered"},
+            {"payment_id": _pay("big2"), "amount": 480.0, "reason": "never delivered"},
         ),
     ]
     sandbox.inject("crm", "commit_then_500", action="create", count=1)
@@ -186,7 +207,7 @@ def _start_agent(say: Say) -> Run | None:
             {
                 "message": "My order arrived broken, please refund it.",
                 "customer": "kim@example.com",
-                "payment": "pay_demo_agent",
+                "payment": _pay("agent"),
                 "amount": 120.0,
                 "ticket": "T-2001",
                 "days_since_purchase": 10,
@@ -215,7 +236,9 @@ def _settle_and_cancel(settled: list[Run], admin, say: Say) -> None:
             actions.cancel_run(second.pk, admin, reason="Customer withdrew the request")
         except (actions.ActionRefused, actions.DecisionConflict) as exc:
             say(f"  could not cancel {second.business_key}: {exc}")
-    _wait([first, second], lambda r: r.is_terminal, say, "the end")
+    # Without an admin the second refund is not cancelled: it waits for its settlement.
+    ending = [first, second] if admin is not None else [first]
+    _wait(ending, lambda r: r.is_terminal, say, "the end")
 
 
 def _seed_outage(sandbox: SandboxClient, say: Say) -> None:

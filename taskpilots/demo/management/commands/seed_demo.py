@@ -12,6 +12,13 @@ class Command(BaseCommand):
         "workflows, executed by the running worker against the running sandbox."
     )
 
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--again",
+            action="store_true",
+            help="Seed another set of demo runs beside the ones present (keys demo-2-…).",
+        )
+
     def handle(self, *args, **options):
         if not (settings.DEBUG or settings.TASKPILOTS.get("DEV")):
             import os
@@ -22,6 +29,6 @@ class Command(BaseCommand):
                     "write demo runs with DEBUG off and TASKPILOTS_DEV unset."
                 )
         try:
-            seed(say=lambda line: self.stdout.write(line))
+            seed(say=lambda line: self.stdout.write(line), again=options["again"])
         except SeedError as exc:
             raise CommandError(str(exc)) from None
