@@ -901,6 +901,12 @@ FIGURE_KEYS = (
 def _figures(run_ids) -> dict:
     seed = metrics.seed_figures(run_ids)
     return {key: seed[key]["value"] for key in FIGURE_KEYS} | {
+        # How each figure reads, for the table: its label, unit and counts (the JSON keeps the
+        # plain values above, as the dashboard's JSON has them).
+        "figure_details": {
+            key: {name: seed[key][name] for name in ("label", "unit", "counts")}
+            for key in FIGURE_KEYS
+        },
         "auto_recovered": seed["auto_recovery_rate"]["counts"][0],
         "runs_with_faults": seed["auto_recovery_rate"]["counts"][1],
         # Per resume (approval, wake-up, release, reclaimed lease): the duplicates after it.

@@ -39,6 +39,37 @@ KEYS = (
     "stale_writes",
     "elapsed_s",
 )
+# What the table's less obvious lines mean (the figures carry their own labels).
+LEGEND = (
+    "needs_human: runs still waiting for a person when the drill ended (its stand-in person "
+    "answers approvals, confirms unknown outcomes and retries after outages as they come, so "
+    "usually 0).",
+    "human_takeover_rate: runs in which that stand-in stepped in at some point (confirmed an "
+    "outcome, retried, fixed data…): a person's work, even though nothing is left waiting.",
+    "wrong_retry_rate: of the side effects sent again, the share whose earlier attempt had in "
+    "fact landed (a duplicate avoided only by the idempotency key).",
+)
+
+
+def reading(value, detail: dict | None) -> str:
+    """A figure as a person reads it: a ratio as a percentage with its counts, a duration with
+    its unit, and the figure's label; anything else as it is."""
+    if detail is None or value is None:
+        return "—" if detail is not None else str(value)
+    unit, counts = detail.get("unit"), detail.get("counts")
+    if unit == "ratio":
+        shown = f"{value * 100:.1f} %"
+        if counts:
+            shown += f" ({counts[0]:,} of {counts[1]:,})"
+    elif unit == "ms":
+        shown = f"{value:,.1f} ms"
+    elif unit == "seconds":
+        shown = f"{value:,.1f} s"
+    else:
+        shown = f"{value:,}"
+    return f"{shown:<24} {detail.get('label', '')}"
+
+
 # Any of these above 0 fails the drill.
 BROKEN = {
     "lost_runs": "lost runs",
@@ -181,8 +212,12 @@ class Command(BaseCommand):
 
     def _print_table(self, report: dict) -> None:
         width = max(len(k) for k in KEYS)
+        details = report.get("figure_details", {})
         for key in KEYS:
-            self.stdout.write(f"{key:<{width}}  {report[key]}")
+            self.stdout.write(f"{key:<{width}}  {reading(report[key], details.get(key))}")
+        self.stdout.write("")
+        for line in LEGEND:
+            self.stdout.write(line)
         self.stdout.write("")
         columns = ("runs", "succeeded", "needs_human", "faults_hit", "auto_recovered")
         self.stdout.write(f"{'kind':<20}" + "".join(f"{c:>15}" for c in columns))
