@@ -93,6 +93,9 @@ class ApprovalOut(Schema):
     # Still needed before the run goes on (0 once decided), and who approved so far.
     approvals_needed: int = 0
     approved_by: list[str] = []
+    # The rules that asked for approvers when the request opened (or an edit raised the
+    # number): {rule_id, rule, version, approvers, amount?, records?}.
+    approvers_because: list[dict[str, Any]] = []
 
 
 class OutcomeIn(StrictIn):
@@ -396,4 +399,5 @@ def _approvers(approval: ApprovalRequest) -> dict[str, Any]:
         "approvals_required": approval.approvals_required,
         "approvals_needed": approval.approvals_required - len(approved) if pending else 0,
         "approved_by": approved,
+        "approvers_because": approval.approvers_because,
     }

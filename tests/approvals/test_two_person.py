@@ -232,6 +232,7 @@ class TestApi:
         status, data = decide(ann_token.token, {"decision": "approved"})
         assert status == 200, data
         assert data["status"] == "pending" and data["approvals_needed"] == 1
+        assert data["approvers_because"][0]["rule"] == "two for high risk"
         assert data["approved_by"] == ["ann"]
         status, data = decide(ann_token.token, {"decision": "approved"})
         assert status == 409 and "already approved" in json.dumps(data)
