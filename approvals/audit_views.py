@@ -23,6 +23,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from approvals import console, viewer_time
+from approvals import timeline_reading as reading
 from approvals.audit_search import AuditQuery
 from approvals.forms import DayField
 from approvals.models import ApprovalRequest, HumanDecision
@@ -156,6 +157,7 @@ class Marker:
     x: float = 0
     label: str = ""
     path: str = ""
+    href: str = ""  # the page and anchor of its event's line
 
 
 @dataclass
@@ -377,33 +379,98 @@ def _kind_chips(counts: dict[str, int]) -> list[dict]:
 @never_cache
 @audit_view
 def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
+    """The run's story for reading: the summary (failures by step and error, the people's
+    decisions), the lane chart whose markers link to their events, and one line per event with
+    repeated attempts collapsed, filtered and searched on the server. A fixed number of
+    queries whatever the run's length."""
     run = _get_run(run_id)
     all_events = list(TimelineEvent.objects.filter(run=run).order_by("seq"))
-    counts = {}
-    for event in all_events:
-        kind = _kind_of(event.verb)
-        counts[kind] = counts.get(kind, 0) + 1
-    kind = request.GET.get("kind", "")
-    events = [e for e in all_events if _kind_of(e.verb) == kind] if kind in counts else all_events
-    page = Paginator(events, EVENTS_PER_PAGE).get_page(request.GET.get("page"))
-    evidence = _evidence(run, list(page.object_list))
-    rows = [(event, evidence.get(event.seq)) for event in page.object_list]
+    filters = reading.Filters.from_query(request.GET)
+    all_lines = reading.collapse(all_events)
+    everywhere = reading.page_hrefs(all_lines)
+    shown_events = [e for e in all_events if filters.keep(e)] if filters.active else all_events
+    lines = reading.collapse(shown_events) if filters.active else all_lines
+    query = _querystring(request)
+    hrefs = _with_query(reading.page_hrefs(lines), query)
+    hrefs = {**_with_query(everywhere, ""), **hrefs}
+    failure_hrefs = reading.link_failures(lines, hrefs)
+    page = Paginator(lines, reading.LINES_PER_PAGE).get_page(request.GET.get("page"))
+    chart = build_lanes(run, all_events, timezone.now())
+    for lane in chart["lanes"]:
+        for marker in lane.markers:
+            marker.href = hrefs.get(marker.seq, "")
     report = audit.verify_run(run)
     context = {
         "run": run,
-        "rows": rows,
+        "lines": page.object_list,
         "page": page,
-        "kinds": _kind_chips(counts),
-        "kind": kind if kind in counts else "",
+        "kinds": _kind_chips(_count_kinds(all_events)),
+        "kind": filters.kind,
+        "filters": filters,
+        "choices": reading.choices(all_events),
         "total": len(all_events),
+        "shown": len(shown_events),
         "report": report,
         "problem": report.problems[0] if report.problems else None,
-        "chart": build_lanes(run, all_events, timezone.now()),
-        "query": _querystring(request),
+        "chart": chart,
+        "failures": reading.failure_groups(all_events, everywhere),
+        "failure_count": sum(1 for e in all_events if reading.is_failure(e)),
+        "first_failure": failure_hrefs[0] if failure_hrefs else "",
+        "decisions": reading.decision_lines(run, all_events, everywhere),
+        "query": query,
     }
     template = "console/timeline.html"
     if request.htmx and request.htmx.target == "timeline-events":
         template += "#timeline-events"
+    return render(request, template, context)
+
+
+def _count_kinds(events: list[TimelineEvent]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in events:
+        kind = _kind_of(event.verb)
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def _with_query(hrefs: dict[int, str], query: str) -> dict[int, str]:
+    """ "?page=N#anchor" with the page's filters kept."""
+    if not query:
+        return hrefs
+    return {seq: href.replace("?", f"?{query}&", 1) for seq, href in hrefs.items()}
+
+
+@require_GET
+@never_cache
+@audit_view
+def run_timeline_event(request: HttpRequest, run_id, seq: int) -> HttpResponse:
+    """One event's payload and its evidence (the snapshot, the receipt, the decision that
+    followed), fetched when its line is opened; without JavaScript, a page of its own."""
+    run = _get_run(run_id)
+    event = get_object_or_404(TimelineEvent, run=run, seq=seq)
+    context = {"run": run, "event": event, "ev": _evidence(run, [event]).get(event.seq)}
+    template = "console/timeline_event.html"
+    if request.htmx:
+        template += "#event-payload"
+    return render(request, template, context)
+
+
+@require_GET
+@never_cache
+@audit_view
+def run_timeline_range(request: HttpRequest, run_id) -> HttpResponse:
+    """The events of a collapsed line (?from=&to=), one line each."""
+    run = _get_run(run_id)
+    try:
+        first, last = int(request.GET.get("from", "")), int(request.GET.get("to", ""))
+    except ValueError:
+        raise Http404("no such events") from None
+    events = TimelineEvent.objects.filter(run=run, seq__gte=first, seq__lte=min(last, first + 2000))
+    lines = [reading.Line(e, failure=reading.is_failure(e)) for e in events.order_by("seq")]
+    context = {"run": run, "lines": lines, "nested": True}
+    template = "console/timeline_event.html"
+    if request.htmx:
+        template += "#event-lines"
     return render(request, template, context)
 
 
@@ -421,6 +488,9 @@ class AuditSearchForm(forms.Form):
         label=gettext_lazy("Started until"),
         required=False,
         widget=forms.DateInput(attrs={"type": "date"}),
+    )
+    business_key = forms.CharField(
+        label=gettext_lazy("Business key"), required=False, max_length=200, strip=True
     )
     workflow = forms.ChoiceField(label=gettext_lazy("Workflow"), required=False)
     tool = forms.ChoiceField(label=gettext_lazy("Tool"), required=False)
