@@ -100,7 +100,8 @@ class Line:
             return _cut(data.get("error") or data.get("reason") or "")
         parts = [data.get("tool"), data.get("target")]
         if isinstance(data.get("to"), str):
-            parts.append(f"{data.get('from') or '·'} → {data['to']}")
+            moved_from = data.get("from")
+            parts.append(f"{moved_from} → {data['to']}" if moved_from else f"→ {data['to']}")
         return _cut(" · ".join(str(p) for p in parts if p))
 
     @property

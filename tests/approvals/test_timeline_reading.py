@@ -126,7 +126,8 @@ def test_filters_by_verb_actor_and_step_and_the_search(client, long, auditor_use
     by_verb = page_text(client, timeline_url(long, verb="approval.requested"))
     assert len(line_ids(by_verb)) == 1
     by_step = page_text(client, timeline_url(long, step="enrich_3"))
-    assert len(line_ids(by_step)) == 2
+    enrich = TimelineEvent.objects.filter(run=long, data__step="enrich_3").count()
+    assert enrich > 2 and len(line_ids(by_step)) == min(enrich, 80)
     # The search reads payloads, verbs and actors on the server.
     found = page_text(client, timeline_url(long, q="partial+refund"))
     assert 1 <= len(line_ids(found)) <= 3 and "events match" in found or "event matches" in found

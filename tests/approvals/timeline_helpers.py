@@ -104,7 +104,7 @@ def long_run(approver, total: int = TOTAL_EVENTS) -> Run:
     n = 0
     while Run.objects.get(pk=run.pk).event_seq < total:
         n += 1
-        name = {"step": f"enrich_{n}", "iteration": 0}
+        name = {"step": f"enrich_{n % 6}", "iteration": 0}
         TimelineEvent.append(
             run.pk,
             "step.started",
