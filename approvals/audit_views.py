@@ -18,7 +18,7 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import get_object_or_404, render
 from django.utils import formats, timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
@@ -74,6 +74,8 @@ def _kind_of(verb: str) -> str:
 
 CHART_WIDTH, LABEL_WIDTH, LANE_HEIGHT, AXIS_HEIGHT = 1000, 200, 24, 22
 PLOT_LEFT, PLOT_RIGHT = LABEL_WIDTH + 8, 1000 - 12
+# Markers of one kind closer than this (SVG units) would be drawn over each other: one is kept.
+MARKER_GAP = 3
 
 # A step's "to" status → the bar drawn until its next change (None: no bar).
 STEP_STATE = {
@@ -158,6 +160,7 @@ class Marker:
     label: str = ""
     path: str = ""
     href: str = ""  # the page and anchor of its event's line
+    hidden: int = 0  # markers of the same kind drawn at the same spot, left out
 
 
 @dataclass
@@ -311,10 +314,22 @@ def _place(lane: Lane, index: int, axis: _Axis) -> None:
         bar.width = max(round(axis.x(bar.end) - bar.x, 1), 2.0)
         state = STATE_LABELS.get(bar.state, bar.state)
         bar.label = f"{lane.label}: {state} · " + _duration((bar.end - bar.start).total_seconds())
+    kept: list[Marker] = []
     for marker in lane.markers:
         marker.x = axis.x(marker.at)
         marker.label = f"#{marker.seq} {marker.verb} · {marker.actor}"
         marker.path = marker_path(marker.kind, marker.x, lane.mid_y)
+        same_spot = [m for m in kept[-3:] if m.kind == marker.kind and marker.x - m.x < MARKER_GAP]
+        if same_spot:  # drawn over it: one marker (linking to the first) says how many
+            same_spot[0].hidden += 1
+        else:
+            kept.append(marker)
+    for marker in kept:
+        if marker.hidden:
+            marker.label += " " + ngettext(
+                "(and %(n)s more here)", "(and %(n)s more here)", marker.hidden
+            ) % {"n": marker.hidden}
+    lane.markers = kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,6 +428,7 @@ def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
         "report": report,
         "problem": report.problems[0] if report.problems else None,
         "chart": chart,
+        "urls": reading.part_urls(run),
         "failures": reading.failure_groups(all_events, everywhere),
         "failure_count": sum(1 for e in all_events if reading.is_failure(e)),
         "first_failure": failure_hrefs[0] if failure_hrefs else "",
@@ -467,7 +483,7 @@ def run_timeline_range(request: HttpRequest, run_id) -> HttpResponse:
         raise Http404("no such events") from None
     events = TimelineEvent.objects.filter(run=run, seq__gte=first, seq__lte=min(last, first + 2000))
     lines = [reading.Line(e, failure=reading.is_failure(e)) for e in events.order_by("seq")]
-    context = {"run": run, "lines": lines, "nested": True}
+    context = {"run": run, "lines": lines, "nested": True, "urls": reading.part_urls(run)}
     template = "console/timeline_event.html"
     if request.htmx:
         template += "#event-lines"

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.urls import reverse
 from django.utils.translation import gettext_lazy
 
 from approvals import console
@@ -87,6 +88,10 @@ class Line:
     @property
     def is_group(self) -> bool:
         return len(self.events) > 1
+
+    @property
+    def is_human(self) -> bool:
+        return self.event.actor.startswith("user:")
 
     @property
     def anchor(self) -> str:
@@ -190,6 +195,16 @@ def _group(segment: list[TimelineEvent]) -> Line:
         tool=str(tool),
         error=error_of(failure),
     )
+
+
+def part_urls(run) -> dict[str, str]:
+    """Where a line's payload and a collapsed line's events are fetched from: reversed once per
+    page, not once per line ("…/events/" + seq + "/")."""
+    event = reverse("console:run-timeline-event", args=[run.pk, 0])
+    return {
+        "event": event.removesuffix("0/"),
+        "range": reverse("console:run-timeline-range", args=[run.pk]),
+    }
 
 
 def page_hrefs(lines: list[Line], per_page: int = LINES_PER_PAGE) -> dict[int, str]:
