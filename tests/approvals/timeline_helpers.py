@@ -76,9 +76,11 @@ def _attempt(run_id, attempt: int) -> None:
 
 
 def long_run(approver, total: int = TOTAL_EVENTS) -> Run:
-    """A 768-event run: approved with edits (amount 150 → 120) by `approver`, then 110 failed
+    """A 768-event run: taken over, approved with edits (amount 150 → 120) and released by
+    `approver`, then 110 failed
     attempts of mail.send, then ordinary step events up to `total`."""
     run = approval_run()
+    actions.take_over(run.pk, approver)
     approval = ApprovalRequest.objects.get(run=run)
     actions.decide_approval(
         approval.pk,
@@ -87,6 +89,7 @@ def long_run(approver, total: int = TOTAL_EVENTS) -> Run:
         edited_params={"payment_id": "pay_1", "amount": 120},
         comment="Partial refund, as agreed by phone",
     )
+    actions.release(run.pk, approver, needed_engineer=False)
     run = engine.run_until_quiet(run.pk)
     for attempt in range(1, RETRIES + 1):
         _attempt(run.pk, attempt)
