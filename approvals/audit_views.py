@@ -406,10 +406,13 @@ def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
     shown_events = [e for e in all_events if filters.keep(e)] if filters.active else all_events
     lines = reading.collapse(shown_events) if filters.active else all_lines
     query = _querystring(request)
-    hrefs = _with_query(reading.page_hrefs(lines), query)
-    hrefs = {**_with_query(everywhere, ""), **hrefs}
-    failure_hrefs = reading.link_failures(lines, hrefs)
     page = Paginator(lines, reading.LINES_PER_PAGE).get_page(request.GET.get("page"))
+    here = _with_query({0: f"?page={page.number}#"}, query)[0]
+    hrefs = _on_this_page(_with_query(reading.page_hrefs(lines), query), here)
+    if not filters.active:
+        everywhere = _on_this_page(everywhere, here)
+    hrefs = {**everywhere, **hrefs}
+    failure_hrefs = reading.link_failures(lines, hrefs)
     chart = build_lanes(run, all_events, timezone.now())
     for lane in chart["lanes"]:
         for marker in lane.markers:
@@ -447,6 +450,11 @@ def _count_kinds(events: list[TimelineEvent]) -> dict[str, int]:
         kind = _kind_of(event.verb)
         counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def _on_this_page(hrefs: dict[int, str], here: str) -> dict[int, str]:
+    """Links to lines of the page being shown are anchors alone: a jump, not a reload."""
+    return {seq: href.removeprefix(here[:-1]) for seq, href in hrefs.items()}
 
 
 def _with_query(hrefs: dict[int, str], query: str) -> dict[int, str]:
