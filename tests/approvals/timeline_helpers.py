@@ -122,9 +122,10 @@ def long_run(approver, total: int = TOTAL_EVENTS) -> Run:
     return Run.objects.get(pk=run.pk)
 
 
-def seed_runs(count: int = 100_000) -> None:
-    """`count` finished runs in one statement (generate_series), then ANALYZE so the planner
-    knows the table is big."""
+def seed_runs(count: int = 100_000, with_events: int = 20_000) -> None:
+    """`count` finished runs in one statement (generate_series), ten events each for
+    `with_events` of them (their chains are not real: only the page's queries are measured),
+    then ANALYZE so the planner knows the tables are big."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -139,4 +140,16 @@ def seed_runs(count: int = 100_000) -> None:
             """,
             [count],
         )
+        cursor.execute(
+            """
+            INSERT INTO runs_timelineevent (run_id, seq, at, actor, verb, data, data_digest,
+                pruned, prev_hash, hash)
+            SELECT r.id, s, r.created_at, 'system', 'step.started', '{"step": "seed"}'::jsonb,
+                '', false, '', ''
+            FROM (SELECT id, created_at FROM runs_run WHERE workflow = 'seed.flow' LIMIT %s) r,
+                generate_series(1, 10) AS s
+            """,
+            [with_events],
+        )
         cursor.execute("ANALYZE runs_run")
+        cursor.execute("ANALYZE runs_timelineevent")
