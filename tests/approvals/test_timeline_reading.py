@@ -272,3 +272,18 @@ def test_the_decisions_tab_says_what_an_edit_changed_and_where_a_run_went(
     assert "approved with edits" in text and "amount 150 → 120" in read(text)
     text = page_text(client, reverse("console:run-detail", args=[other.pk]) + "?tab=decisions")
     assert re.search(r"reassigned the run to queue <bdi[^>]*>ops</bdi>", text), text
+
+
+def test_what_agents_and_tools_wrote_stays_text_on_every_line(client, sandbox, auditor_user):
+    run = approval_run(payment="pay_4")
+    hostile = '<img src=x onerror="alert(1)">'
+    for attempt in (1, 2, 3):
+        TimelineEvent.append(run.pk, "step.started", {"step": hostile, "attempt": attempt})
+        TimelineEvent.append(
+            run.pk, "step.retry_scheduled", {"step": hostile, "error": hostile, "attempt": attempt}
+        )
+    client.force_login(auditor_user)
+    for url in (timeline_url(run), timeline_url(run, failures=1, q="onerror")):
+        text = page_text(client, url)
+        assert hostile not in text and "&lt;img src=x onerror=" in text
+    assert "attempts 2–3" in read(text)
