@@ -6,11 +6,13 @@ its two-person miss, and the Decisions tab saying what an edit changed and where
 
 from __future__ import annotations
 
+import io
 import re
 import time
 from types import SimpleNamespace
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -237,7 +239,7 @@ def test_the_first_of_two_approvers_is_found_as_approving(client, auditor_user):
     assert search(client, actor="mei", outcome="rejected") == set()
 
 
-def test_search_by_business_key(client, sandbox, auditor_user):
+def test_search_by_business_key(client, sandbox, auditor_user, tmp_path):
     keyed = approval_run(payment="pay_9")
     from runs.models import Run
 
@@ -248,6 +250,20 @@ def test_search_by_business_key(client, sandbox, auditor_user):
     assert search(client, business_key="order-00000") == set()
     text = client.get(reverse("console:audit")).content.decode()
     assert 'name="business_key"' in text
+    # The shell's export takes the same filter.
+    out = tmp_path / "keyed.csv"
+    call_command(
+        "export_audit",
+        "--business-key",
+        "order-88412/refund",
+        "--format",
+        "csv",
+        "-o",
+        str(out),
+        stderr=io.StringIO(),
+    )
+    exported = {line.split(",", 1)[0] for line in out.read_text().splitlines()[1:]}
+    assert exported == {str(keyed.pk)}
 
 
 # --------------------------------------------------------------------------------------------
