@@ -108,8 +108,9 @@ def test_failures_only_and_the_next_failure_links(client, long, auditor_user):
     client.force_login(auditor_user)
     text = page_text(client, timeline_url(long, failures=1))
     ids = line_ids(text)
-    failures = TimelineEvent.objects.filter(run=long, verb__in=["step.retry_scheduled",
-                                                                "step.escalated"])  # fmt: skip
+    failures = TimelineEvent.objects.filter(
+        run=long, verb__in=["step.retry_scheduled", "step.escalated"]
+    )
     # Only failures; the 109 identical retries after the first are one line.
     assert 0 < len(ids) < 10
     assert f"event-{failures.order_by('seq').first().seq}" in ids
@@ -275,8 +276,12 @@ def test_the_decisions_tab_says_what_an_edit_changed_and_where_a_run_went(
 ):
     run = approval_run()
     approval = ApprovalRequest.objects.get(run=run)
-    actions.decide_approval(approval.pk, support_user, "approved_with_edits",
-                            edited_params={"payment_id": "pay_1", "amount": 120})  # fmt: skip
+    actions.decide_approval(
+        approval.pk,
+        support_user,
+        "approved_with_edits",
+        edited_params={"payment_id": "pay_1", "amount": 120},
+    )
     from tests.factories import EscalationRuleFactory
 
     EscalationRuleFactory(position=9, queue="ops")  # makes "ops" a known queue
