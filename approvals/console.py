@@ -429,7 +429,7 @@ def build_run_context(run: Run, user) -> RunContext:
     pending = _pending(run, steps, current, approval)
     wait = _open_wait(current)
     decisions = list(
-        run.decisions.select_related("user", "step").order_by("-created_at", "-id")[:50]
+        run.decisions.select_related("user", "step", "approval").order_by("-created_at", "-id")[:50]
     )
     routing = (current.routing if current else {}) or {}
     failure_class = (current.error_class if current else "") or routing.get("failure_class", "")

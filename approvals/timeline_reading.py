@@ -329,7 +329,7 @@ class DecisionLine:
 def decision_lines(run, events: list[TimelineEvent], hrefs: dict[int, str]) -> list:
     """The people's decisions on the run, oldest first, each with what it changed and a link
     to the event that records it (the decision's seal, or the person's event just before)."""
-    decisions = HumanDecision.objects.filter(run=run).select_related("user", "step")
+    decisions = HumanDecision.objects.filter(run=run).select_related("user", "step", "approval")
     sealed: dict[Any, int] = {}
     for event in events:
         data = data_of(event)
@@ -369,6 +369,7 @@ def decision_change(decision: HumanDecision) -> str:
 
 REASSIGNED_TO_QUEUE = gettext_lazy("reassigned the run to queue %(queue)s")
 REASSIGNED_TO_PERSON = gettext_lazy("reassigned the run to %(person)s")
+FIRST_OF_TWO = gettext_lazy("gave the first of two approvals")
 
 
 def decision_sentence(decision: HumanDecision) -> str:
@@ -380,4 +381,7 @@ def decision_sentence(decision: HumanDecision) -> str:
         return console.say(REASSIGNED_TO_QUEUE, queue=after["queue"])
     if decision.verb == HumanDecision.Verb.REASSIGN and isinstance(after.get("owner"), str):
         return console.say(REASSIGNED_TO_PERSON, person=after["owner"])
+    approval = decision.approval if decision.approval_id else None
+    if approval is not None and approval.first_approved_by_id == decision.user_id:
+        return str(FIRST_OF_TWO)
     return console.label(console.VERB_LABELS, decision.verb)
