@@ -29,6 +29,14 @@ OUTCOMES = (
 )
 
 
+# A request's decision → what the person who made it did (HumanDecision.verb).
+PERSON_VERBS = {
+    "approved": HumanDecision.Verb.APPROVE,
+    "approved_with_edits": HumanDecision.Verb.APPROVE_WITH_EDITS,
+    "rejected": HumanDecision.Verb.REJECT,
+}
+
+
 @dataclass
 class AuditQuery:
     date_from: Any = None  # date: runs started on or after
@@ -38,6 +46,7 @@ class AuditQuery:
     target: str = ""  # target resource, prefix
     actor: str = ""  # "ada" means user:ada; "api:crm-bot" or "system" as written
     outcome: str = ""
+    business_key: str = ""  # exact (the run_business_key unique index)
 
     def as_dict(self) -> dict[str, str]:
         return {k: str(v) for k, v in self.__dict__.items() if v}
@@ -53,6 +62,8 @@ class AuditQuery:
         indexed foreign key, so a page costs the same few queries whatever matches."""
         runs = Run.objects.all()
         runs = viewer_time.filter_days(runs, self.date_from or None, self.date_to or None)
+        if self.business_key.strip():
+            runs = runs.filter(business_key=self.business_key.strip())
         if self.workflow:
             runs = runs.filter(workflow=self.workflow)
         if self.tool:
@@ -81,11 +92,7 @@ class AuditQuery:
                 | Exists(Step.objects.filter(run=OuterRef("pk"), status="unknown_outcome"))
             )
         elif outcome in ("approved", "approved_with_edits", "rejected"):
-            decided = ApprovalRequest.objects.filter(run=OuterRef("pk"), decision=outcome)
-            users = [a.removeprefix("user:") for a in actors if a.startswith("user:")]
-            if users:  # "approved by this user": the approver, not just anyone on the run
-                decided = decided.filter(decided_by__username__in=users)
-            runs = runs.filter(Exists(decided))
+            runs = runs.filter(self._decided(outcome, actors))
         elif outcome == "human_decision":
             decisions = HumanDecision.objects.filter(run=OuterRef("pk"))
             users = [a.removeprefix("user:") for a in actors if a.startswith("user:")]
@@ -93,3 +100,17 @@ class AuditQuery:
                 decisions = decisions.filter(user__username__in=users)
             runs = runs.filter(Q(Exists(decisions)))
         return runs.order_by("-created_at", "-id")
+
+    @staticmethod
+    def _decided(outcome: str, actors: list[str]) -> Exists:
+        """Runs whose approval was decided so, or, with an actor, runs where that person
+        decided so: their own decision counts, the first of a two-person approval included.
+        (The request's `decided_by` is the second approver only, so it missed the first.)"""
+        users = [a.removeprefix("user:") for a in actors if a.startswith("user:")]
+        if not users:
+            return Exists(ApprovalRequest.objects.filter(run=OuterRef("pk"), decision=outcome))
+        return Exists(
+            HumanDecision.objects.filter(
+                run=OuterRef("pk"), user__username__in=users, verb=PERSON_VERBS[outcome]
+            )
+        )

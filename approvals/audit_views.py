@@ -18,11 +18,12 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import get_object_or_404, render
 from django.utils import formats, timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
+from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from approvals import console, viewer_time
+from approvals import timeline_reading as reading
 from approvals.audit_search import AuditQuery
 from approvals.forms import DayField
 from approvals.models import ApprovalRequest, HumanDecision
@@ -73,6 +74,8 @@ def _kind_of(verb: str) -> str:
 
 CHART_WIDTH, LABEL_WIDTH, LANE_HEIGHT, AXIS_HEIGHT = 1000, 200, 24, 22
 PLOT_LEFT, PLOT_RIGHT = LABEL_WIDTH + 8, 1000 - 12
+# Markers of one kind closer than this (SVG units) would be drawn over each other: one is kept.
+MARKER_GAP = 3
 
 # A step's "to" status → the bar drawn until its next change (None: no bar).
 STEP_STATE = {
@@ -156,6 +159,8 @@ class Marker:
     x: float = 0
     label: str = ""
     path: str = ""
+    href: str = ""  # the page and anchor of its event's line
+    hidden: int = 0  # markers of the same kind drawn at the same spot, left out
 
 
 @dataclass
@@ -309,10 +314,22 @@ def _place(lane: Lane, index: int, axis: _Axis) -> None:
         bar.width = max(round(axis.x(bar.end) - bar.x, 1), 2.0)
         state = STATE_LABELS.get(bar.state, bar.state)
         bar.label = f"{lane.label}: {state} · " + _duration((bar.end - bar.start).total_seconds())
+    kept: list[Marker] = []
     for marker in lane.markers:
         marker.x = axis.x(marker.at)
         marker.label = f"#{marker.seq} {marker.verb} · {marker.actor}"
         marker.path = marker_path(marker.kind, marker.x, lane.mid_y)
+        same_spot = [m for m in kept[-3:] if m.kind == marker.kind and marker.x - m.x < MARKER_GAP]
+        if same_spot:  # drawn over it: one marker (linking to the first) says how many
+            same_spot[0].hidden += 1
+        else:
+            kept.append(marker)
+    for marker in kept:
+        if marker.hidden:
+            marker.label += " " + ngettext(
+                "(and %(n)s more here)", "(and %(n)s more here)", marker.hidden
+            ) % {"n": marker.hidden}
+    lane.markers = kept
 
 
 # --------------------------------------------------------------------------------------------
@@ -377,33 +394,107 @@ def _kind_chips(counts: dict[str, int]) -> list[dict]:
 @never_cache
 @audit_view
 def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
+    """The run's story for reading: the summary (failures by step and error, the people's
+    decisions), the lane chart whose markers link to their events, and one line per event with
+    repeated attempts collapsed, filtered and searched on the server. A fixed number of
+    queries whatever the run's length."""
     run = _get_run(run_id)
     all_events = list(TimelineEvent.objects.filter(run=run).order_by("seq"))
-    counts = {}
-    for event in all_events:
-        kind = _kind_of(event.verb)
-        counts[kind] = counts.get(kind, 0) + 1
-    kind = request.GET.get("kind", "")
-    events = [e for e in all_events if _kind_of(e.verb) == kind] if kind in counts else all_events
-    page = Paginator(events, EVENTS_PER_PAGE).get_page(request.GET.get("page"))
-    evidence = _evidence(run, list(page.object_list))
-    rows = [(event, evidence.get(event.seq)) for event in page.object_list]
+    filters = reading.Filters.from_query(request.GET)
+    all_lines = reading.collapse(all_events)
+    everywhere = reading.page_hrefs(all_lines)
+    shown_events = [e for e in all_events if filters.keep(e)] if filters.active else all_events
+    lines = reading.collapse(shown_events) if filters.active else all_lines
+    query = _querystring(request)
+    page = Paginator(lines, reading.LINES_PER_PAGE).get_page(request.GET.get("page"))
+    here = _with_query({0: f"?page={page.number}#"}, query)[0]
+    hrefs = _on_this_page(_with_query(reading.page_hrefs(lines), query), here)
+    if not filters.active:
+        everywhere = _on_this_page(everywhere, here)
+    hrefs = {**everywhere, **hrefs}
+    failure_hrefs = reading.link_failures(lines, hrefs)
+    chart = build_lanes(run, all_events, timezone.now())
+    for lane in chart["lanes"]:
+        for marker in lane.markers:
+            marker.href = hrefs.get(marker.seq, "")
     report = audit.verify_run(run)
     context = {
         "run": run,
-        "rows": rows,
+        "lines": page.object_list,
         "page": page,
-        "kinds": _kind_chips(counts),
-        "kind": kind if kind in counts else "",
+        "kinds": _kind_chips(_count_kinds(all_events)),
+        "kind": filters.kind,
+        "filters": filters,
+        "choices": reading.choices(all_events),
         "total": len(all_events),
+        "shown": len(shown_events),
         "report": report,
         "problem": report.problems[0] if report.problems else None,
-        "chart": build_lanes(run, all_events, timezone.now()),
-        "query": _querystring(request),
+        "chart": chart,
+        "urls": reading.part_urls(run),
+        "failures": reading.failure_groups(all_events, everywhere),
+        "failure_count": sum(1 for e in all_events if reading.is_failure(e)),
+        "first_failure": failure_hrefs[0] if failure_hrefs else "",
+        "decisions": reading.decision_lines(run, all_events, everywhere),
+        "query": query,
     }
     template = "console/timeline.html"
     if request.htmx and request.htmx.target == "timeline-events":
         template += "#timeline-events"
+    return render(request, template, context)
+
+
+def _count_kinds(events: list[TimelineEvent]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for event in events:
+        kind = _kind_of(event.verb)
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def _on_this_page(hrefs: dict[int, str], here: str) -> dict[int, str]:
+    """Links to lines of the page being shown are anchors alone: a jump, not a reload."""
+    return {seq: href.removeprefix(here[:-1]) for seq, href in hrefs.items()}
+
+
+def _with_query(hrefs: dict[int, str], query: str) -> dict[int, str]:
+    """ "?page=N#anchor" with the page's filters kept."""
+    if not query:
+        return hrefs
+    return {seq: href.replace("?", f"?{query}&", 1) for seq, href in hrefs.items()}
+
+
+@require_GET
+@never_cache
+@audit_view
+def run_timeline_event(request: HttpRequest, run_id, seq: int) -> HttpResponse:
+    """One event's payload and its evidence (the snapshot, the receipt, the decision that
+    followed), fetched when its line is opened; without JavaScript, a page of its own."""
+    run = _get_run(run_id)
+    event = get_object_or_404(TimelineEvent, run=run, seq=seq)
+    context = {"run": run, "event": event, "ev": _evidence(run, [event]).get(event.seq)}
+    template = "console/timeline_event.html"
+    if request.htmx:
+        template += "#event-payload"
+    return render(request, template, context)
+
+
+@require_GET
+@never_cache
+@audit_view
+def run_timeline_range(request: HttpRequest, run_id) -> HttpResponse:
+    """The events of a collapsed line (?from=&to=), one line each."""
+    run = _get_run(run_id)
+    try:
+        first, last = int(request.GET.get("from", "")), int(request.GET.get("to", ""))
+    except ValueError:
+        raise Http404("no such events") from None
+    events = TimelineEvent.objects.filter(run=run, seq__gte=first, seq__lte=min(last, first + 2000))
+    lines = [reading.Line(e, failure=reading.is_failure(e)) for e in events.order_by("seq")]
+    context = {"run": run, "lines": lines, "nested": True, "urls": reading.part_urls(run)}
+    template = "console/timeline_event.html"
+    if request.htmx:
+        template += "#event-lines"
     return render(request, template, context)
 
 
@@ -421,6 +512,9 @@ class AuditSearchForm(forms.Form):
         label=gettext_lazy("Started until"),
         required=False,
         widget=forms.DateInput(attrs={"type": "date"}),
+    )
+    business_key = forms.CharField(
+        label=gettext_lazy("Business key"), required=False, max_length=200, strip=True
     )
     workflow = forms.ChoiceField(label=gettext_lazy("Workflow"), required=False)
     tool = forms.ChoiceField(label=gettext_lazy("Tool"), required=False)

@@ -470,7 +470,9 @@ def build_run_context(run: Run, user) -> RunContext:
     approval = _open_approval(current)
     pending = _pending(run, steps, current, approval)
     wait = _open_wait(current)
-    decisions = list(run.decisions.select_related("user").order_by("-created_at", "-id")[:50])
+    decisions = list(
+        run.decisions.select_related("user", "step", "approval").order_by("-created_at", "-id")[:50]
+    )
     routing = (current.routing if current else {}) or {}
     failure_class = (current.error_class if current else "") or routing.get("failure_class", "")
     acts = may_act(user, run)

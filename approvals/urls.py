@@ -18,6 +18,16 @@ urlpatterns = [
     # Audit (auditors and admins): approvals/audit_views.py
     path("runs/<uuid:run_id>/timeline/", audit_views.run_timeline, name="run-timeline"),
     path(
+        "runs/<uuid:run_id>/timeline/events/<int:seq>/",
+        audit_views.run_timeline_event,
+        name="run-timeline-event",
+    ),
+    path(
+        "runs/<uuid:run_id>/timeline/range/",
+        audit_views.run_timeline_range,
+        name="run-timeline-range",
+    ),
+    path(
         "runs/<uuid:run_id>/timeline/export.<slug:fmt>",
         audit_views.run_export,
         name="run-timeline-export",

@@ -10,6 +10,7 @@ from django import template
 from django.utils import timezone
 
 from approvals import console, paging, permissions, viewer_time
+from approvals import timeline_reading as reading
 from approvals import untrusted as untrusted_module
 
 register = template.Library()
@@ -30,6 +31,19 @@ _LABELS = {
 @register.filter
 def label(value: str, kind: str) -> str:
     return console.label(_LABELS[kind], value or "")
+
+
+@register.filter
+def decision_sentence(decision) -> str:
+    """What a person did, as the rest of a sentence after their name, with where a
+    reassignment went ("reassigned the run to queue ops")."""
+    return reading.decision_sentence(decision)
+
+
+@register.filter
+def decision_change(decision) -> str:
+    """What an edit changed ("amount 240 → 200"), or nothing."""
+    return reading.decision_change(decision)
 
 
 @register.filter

@@ -142,8 +142,9 @@ def _why(tool: Tool, need: Requirement, params: dict, earlier: list[Grant]) -> s
     if same:
         what = f"only {', '.join(same[0].approvers)} approved them"
     elif earlier:
-        what = f"they differ from what {', '.join(earlier[0].approvers)} approved: " + _diff(
-            earlier[0].params, params
+        what = (
+            f"they differ from what {', '.join(earlier[0].approvers)} approved: "
+            + params_change(earlier[0].params, params)
         )
     else:
         what = "nobody has approved them yet"
@@ -153,7 +154,8 @@ def _why(tool: Tool, need: Requirement, params: dict, earlier: list[Grant]) -> s
     )[:2000]
 
 
-def _diff(before, after) -> str:
+def params_change(before, after) -> str:
+    """What changed between two sets of parameters: "amount 240 → 200, currency …"."""
     before = before if isinstance(before, dict) else {}
     changed = [
         f"{name} {shown(before.get(name), 40)} → {shown(after.get(name), 40)}"

@@ -71,3 +71,22 @@ function editing(root) {
     }
   });
 })();
+
+// === Reading timeline (templates/console/timeline.html) ===================================
+// A link to an event (a lane-chart marker, "next failure") opens the line it lands on, so its
+// payload loads (htmx, on the <details>' toggle) and a collapsed run of attempts unfolds.
+(function () {
+  "use strict";
+  function openTarget() {
+    var id = window.location.hash.slice(1);
+    if (!id || id.indexOf("event-") !== 0 && id.indexOf("attempts-") !== 0) return;
+    var line = document.getElementById(id);
+    if (!line) return;
+    var details = line.querySelector("details");
+    if (details && !details.open) details.open = true;
+    line.scrollIntoView({ block: "start" });
+  }
+  window.addEventListener("hashchange", openTarget);
+  document.addEventListener("DOMContentLoaded", openTarget);
+})();
+// === end Reading timeline ==================================================================

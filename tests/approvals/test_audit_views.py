@@ -59,8 +59,20 @@ def test_auditors_and_admins_read_the_whole_story(client, request, decided, pers
         assert f'id="event-{event.seq}"' in text and event.verb in text
     assert "Chain verified" in text
     assert '<svg class="lanes"' in text and "bar--human" in text and "marker--decision" in text
+    # Who decided what, on top; the payloads are fetched when a line is opened (issue 33: the
+    # page printed every event's JSON and evidence inline).
+    assert "approved with edits" in text and "sam-support" in text
+    assert '"payment_id"' not in text
     # The snapshot of the refund beside its receipt and the approval decision before it.
+    snapshot = TimelineEvent.objects.get(
+        run=decided, verb="snapshot.written", data__tool="payments.refund"
+    )
+    url = reverse("console:run-timeline-event", args=[decided.pk, snapshot.seq])
+    text = client.get(url, HTTP_HX_REQUEST="true").content.decode()
     assert "Snapshot (before the call)" in text and "Receipt (what happened)" in text
+    requested = TimelineEvent.objects.get(run=decided, verb="approval.requested")
+    url = reverse("console:run-timeline-event", args=[decided.pk, requested.seq])
+    text = client.get(url, HTTP_HX_REQUEST="true").content.decode()
     assert "Approved with edits" in text and "sam-support" in text
     assert decided.status == "succeeded"
 
@@ -90,7 +102,8 @@ def test_the_kind_filter_and_the_htmx_partial(client, decided, auditor_user):
                           HTTP_HX_REQUEST="true", HTTP_HX_TARGET="timeline-events")  # fmt: skip
     text = response.content.decode()
     assert text.lstrip().startswith('<section id="timeline-events"')
-    assert "approval.requested" in text and "snapshot.written" not in text
+    lines = text[text.index('<ol class="tl-lines') :]  # the filter's lists name every verb
+    assert "approval.requested" in lines and "snapshot.written" not in lines
 
 
 def test_a_broken_chain_is_shown_on_the_page(client, decided, auditor_user):

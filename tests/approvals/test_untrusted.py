@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from approvals import untrusted
 from runs.invisible import neutralise
+from runs.models import TimelineEvent
 from tests.approvals.console_helpers import (  # noqa: F401  (fast_passwords is autouse)
     approval_run,
     fast_passwords,
@@ -136,6 +137,11 @@ def test_an_auditor_reads_the_timeline_with_invisible_characters_shown(
     run = approval_run(payment=f"pay_{RLO}4")
     client.force_login(auditor_user)
     text = client.get(reverse("console:run-timeline", args=[run.pk])).content.decode()
+    assert RLO not in text
+    # The payload is fetched when its line is opened (issue 33 §1), with the marker shown.
+    seq = TimelineEvent.objects.get(run=run, verb="approval.requested").seq
+    payload = reverse("console:run-timeline-event", args=[run.pk, seq])
+    text = client.get(payload, HTTP_HX_REQUEST="true").content.decode()
     assert RLO not in text and "[U+202E]" in text
     audit = client.get("/console/audit/", {"workflow": "test.refund"}).content.decode()
     assert RLO not in audit

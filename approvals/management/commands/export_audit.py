@@ -21,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--output", "-o", default="-", help="file to write ('-': stdout)")
         parser.add_argument("--from", dest="date_from", help="started on or after (YYYY-MM-DD)")
         parser.add_argument("--to", dest="date_to", help="started on or before (YYYY-MM-DD)")
+        parser.add_argument("--business-key", dest="business_key", default="", help="exact")
         parser.add_argument("--workflow", default="")
         parser.add_argument("--tool", default="")
         parser.add_argument("--target", default="", help="target resource (prefix)")
@@ -49,6 +50,7 @@ class Command(BaseCommand):
             query = AuditQuery(
                 date_from=_date(options["date_from"]),
                 date_to=_date(options["date_to"]),
+                business_key=options["business_key"],
                 workflow=options["workflow"],
                 tool=options["tool"],
                 target=options["target"],
