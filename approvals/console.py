@@ -96,8 +96,10 @@ EFFECT_STATUS_LABELS = {
     SideEffect.Status.NOT_COMMITTED: gettext_lazy("Did not happen"),
     SideEffect.Status.COMPENSATED: gettext_lazy("Undone"),
 }
-REASON_LABELS = {
-    "approval": gettext_lazy("Approval"),
+# One plain name per failure class, everywhere a person reads one: the inbox filter and badges,
+# the bulk form, rule chips, the rule form and tester, metrics and the API docs. (The model
+# choices in runs/models.py keep their technical names for the Django admin and migrations.)
+FAILURE_LABELS = {
     FailureClass.TRANSIENT: gettext_lazy("Kept failing"),
     FailureClass.OUTAGE: gettext_lazy("System outage"),
     FailureClass.INVALID_INPUT: gettext_lazy("Invalid data"),
@@ -107,6 +109,14 @@ REASON_LABELS = {
     FailureClass.EMPTY_RESULT: gettext_lazy("Nothing found"),
     FailureClass.API_DRIFT: gettext_lazy("API changed"),
 }
+REASON_LABELS = {"approval": gettext_lazy("Approval"), **FAILURE_LABELS}
+
+
+def failure_class_choices() -> list[tuple[str, Any]]:
+    """(value, label) for a select of failure classes, in the order the model lists them."""
+    return [(value, FAILURE_LABELS[value]) for value in FailureClass.values]
+
+
 STEP_KIND_LABELS = {
     StepKind.COMPUTE: gettext_lazy("Compute"),
     StepKind.READ: gettext_lazy("Read"),
@@ -137,8 +147,8 @@ DECISION_LABELS = {
     ApprovalRequest.Decision.REJECTED: gettext_lazy("Rejected"),
 }
 
-# Translatable in runs/models.py (the console shows them; rule chips use get_*_display).
-FAILURE_CLASS_LABELS = dict(FailureClass.choices)
+FAILURE_CLASS_LABELS = FAILURE_LABELS
+# Translatable in runs/models.py (the tools page and rule chips show them).
 RISK_LABELS = dict(Risk.choices)
 
 
@@ -627,23 +637,57 @@ def _pending(run, steps, current, approval) -> Pending | None:
     )
 
 
+# ISO 4217 minor units where they are not 2 (yen and won have no cents; dinars have three).
+CURRENCY_DECIMALS = {
+    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF",
+                     "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF"), 0),
+    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
+}  # fmt: skip
+
+
 def amount_of(params: Any) -> str:
-    """A money amount in the parameters, with its currency: `1,250.00 USD`. Without a currency
-    in the call, it says so (the payment system then applies its default); "" when there is no
-    amount."""
+    """A money amount in the parameters, with its currency and as many decimals as that
+    currency has: `1,250.00 USD`, `1,250 JPY`. Without a currency in the call, it says so (the
+    payment system then applies its default); "" when there is no amount. An amount finer than
+    its currency allows is shown with all its digits: a person approves what will be sent."""
     if not isinstance(params, dict):
         return ""
     amount = params.get("amount")
     if isinstance(amount, bool) or not isinstance(amount, int | float):
         return ""
-    shown = number_format(amount, decimal_pos=2, force_grouping=True)
     currency = params.get("currency")
-    if isinstance(currency, str) and currency.strip():
-        return say("%(amount)s %(currency)s", amount=escape(shown), currency=currency.strip())
+    currency = currency.strip() if isinstance(currency, str) else ""
+    decimals = CURRENCY_DECIMALS.get(currency.upper(), 2)
+    if round(amount, decimals) != amount:
+        decimals = len(repr(float(amount)).partition(".")[2].rstrip("0"))
+    shown = number_format(amount, decimal_pos=decimals, force_grouping=True)
+    if currency:
+        return say("%(amount)s %(currency)s", amount=escape(shown), currency=currency)
     return say(
         _("%(amount)s (no currency in the call: the payment system applies its default)"),
         amount=escape(shown),
     )
+
+
+def human_duration(seconds: Any) -> str:
+    """A number of seconds as a person reads it: 45 s, 10 min, 1 h 30 min, 4 h, 2 d."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return "" if seconds is None else str(seconds)
+    seconds = int(seconds)
+    units = [
+        (86400, _("%(n)s d")),
+        (3600, _("%(n)s h")),
+        (60, _("%(n)s min")),
+        (1, _("%(n)s s")),
+    ]
+    parts = []
+    for size, unit in units:
+        if seconds >= size or (size == 1 and not parts):
+            count, seconds = divmod(seconds, size)
+            parts.append(unit % {"n": number_format(count, force_grouping=True)})
+        if len(parts) == 2 or (parts and seconds == 0):
+            break
+    return " ".join(parts)
 
 
 def available_actions(run, current, approval, effects) -> set[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
-from django.utils import timezone
+from django.utils import formats, timezone
 
 from approvals import console, paging, permissions, viewer_time
 from approvals import untrusted as untrusted_module
@@ -36,6 +36,28 @@ def label(value: str, kind: str) -> str:
 def about(count: int) -> int:
     """An estimated count, rounded to what it is worth (approvals/paging.py)."""
     return paging.about(int(count or 0))
+
+
+class GroupedCount(int):
+    """A count that still chooses plural forms ({% blocktranslate count %} needs a number) but
+    is shown with the language's thousands separators: "About 20,000 runs match"."""
+
+    def __str__(self) -> str:
+        return formats.number_format(int(self), force_grouping=True)
+
+
+@register.filter
+def grouped(count: Any) -> Any:
+    """A count with thousands separators; anything that is not a whole number as it is."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        return count
+    return GroupedCount(count)
+
+
+@register.filter
+def duration(seconds: Any) -> str:
+    """Seconds as a person reads them: 14400 → "4 h" (approvals/console.py)."""
+    return console.human_duration(seconds)
 
 
 @register.filter
