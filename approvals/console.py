@@ -156,6 +156,60 @@ def label(mapping: dict, value: str) -> str:
     return str(mapping.get(value, value))
 
 
+# Sentences the engine writes into a run (its attention reason, a step's last error) are stored
+# in English, so the record reads the same whoever reads it. The console shows the known ones
+# in the reader's language, matched whole (runs/engine/compensation.py, runs/engine/ledger.py;
+# tests/approvals/test_engine_sentences.py makes the engine write each one); anything else, such
+# as a tool's own error, is shown as it was written.
+_NO_DEDUPE = {
+    "its verification read could not tell whether it did, and it does not dedupe": gettext_lazy(
+        "%(error)s. %(tool)s may or may not have done this; its verification read could not "
+        "tell whether it did, and it does not dedupe, so a person must check (idempotency key "
+        "%(key)s)."
+    ),
+    "it cannot be asked by key, has no verification read and does not dedupe": gettext_lazy(
+        "%(error)s. %(tool)s may or may not have done this; it cannot be asked by key, has no "
+        "verification read and does not dedupe, so a person must check (idempotency key "
+        "%(key)s)."
+    ),
+}
+ENGINE_SENTENCES = [
+    (
+        re.compile(
+            r"Compensation finished, but these side effects have no compensating tool and must "
+            r"be undone by hand: (?P<listed>.+)",
+            re.S,
+        ),
+        {"": gettext_lazy(
+            "Compensation finished, but these side effects have no compensating tool and must "
+            "be undone by hand: %(listed)s"
+        )},
+    ),
+    (
+        re.compile(
+            r"(?P<error>.+)\. (?P<tool>\S+) may or may not have done this; (?P<why>"
+            + "|".join(map(re.escape, _NO_DEDUPE))
+            + r"), so a person must check \(idempotency key (?P<key>\S+)\)\.",
+            re.S,
+        ),
+        _NO_DEDUPE,
+    ),
+]  # fmt: skip
+
+
+def engine_text(text: Any) -> Any:
+    """An engine-written sentence in the reader's language, as plain text (the template still
+    escapes it and shows invisible characters); any other text unchanged."""
+    if not isinstance(text, str):
+        return text
+    for pattern, templates in ENGINE_SENTENCES:
+        match = pattern.fullmatch(text)
+        if match:
+            values = match.groupdict()
+            return str(templates[values.pop("why", "")]) % values
+    return text
+
+
 def say(template: Any, **values: Any) -> SafeString:
     """A sentence of ours with values put in: plain strings (agent, tool and user data) are
     isolated and their invisible characters shown (approvals/untrusted.py); SafeStrings (our own
@@ -1004,7 +1058,7 @@ def _ended_failed(run: Run, when: SafeString) -> SafeString:
                 "if the work still needs doing."
             ),
             when=when,
-            reason=run.attention_reason,
+            reason=engine_text(run.attention_reason),
         )
     return say(
         _(
@@ -1037,7 +1091,7 @@ def _who_cancelled(ctx: RunContext, when: SafeString) -> SafeString:
         return say(
             _("Nothing left to do: the run was cancelled at %(when)s (%(reason)s)."),
             when=when,
-            reason=ctx.run.attention_reason or "—",
+            reason=engine_text(ctx.run.attention_reason) or "—",
         )
     if ended_by.verb == DecisionVerb.REJECT:
         return say(

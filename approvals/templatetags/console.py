@@ -83,6 +83,13 @@ def untrusted(value: Any) -> str:
 
 
 @register.filter
+def engine_text(value: Any) -> Any:
+    """A sentence the engine stored in English, in the reader's language (approvals/console.py);
+    still to be shown through |untrusted."""
+    return console.engine_text(value)
+
+
+@register.filter
 def untrusted_plain(value: Any) -> str:
     """The same for places that take no markup: attributes, `<title>`, SVG text."""
     return untrusted_module.reveal_plain(value)
