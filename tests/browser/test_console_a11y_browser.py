@@ -96,7 +96,7 @@ def test_no_page_scrolls_sideways_at_phone_laptop_and_desk_widths(
             # A list wider than its card says so; on a phone and a desk screen none is.
             for wrap in page.locator(".table-wrap").all():
                 scrolls = wrap.evaluate(WRAP_SCROLLS)
-                if width == 1024:
+                if width == 1024 and name != "audit":
                     assert not scrolls or "is-scrollable" in wrap.get_attribute("class"), name
                     assert not scrolls or page.locator(".scroll-hint").first.is_visible(), name
                 else:
@@ -168,6 +168,7 @@ def test_htmx_swaps_log_no_csp_violation(chromium, live_server, people, runs):
 def test_approving_by_keyboard_takes_four_key_presses(chromium, live_server, people, runs):
     page = _context(chromium, live_server, 1366)
     log_in(page, people.username, PASSWORD)
+    page.goto("/console/?reason=approval")
     presses = ["j", "o", "a", "Enter"]
     for key in presses[:2]:
         page.keyboard.press(key)
@@ -194,6 +195,12 @@ def test_shortcuts_are_ignored_while_typing_and_listed_under_question_mark(
     expect(help_).to_be_visible()
     for text in ("j", "k", "Approve", "Reject", "Claim"):
         expect(help_).to_contain_text(text)
+    page.keyboard.press("Escape")
+    page.keyboard.press("r")  # the rejection form, its reason focused: the reason confirms
+    assert page.evaluate("document.activeElement.closest('form').dataset.action") == "reject"
+    page.evaluate("document.activeElement.blur()")
+    page.keyboard.press("c")
+    expect(page.locator("#live .claim")).to_contain_text("You are handling this")
 
 
 def test_the_skip_link_is_first_and_lands_on_the_content(chromium, live_server, people, runs):
