@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from django.conf import settings
 
 CATALOG = Path(settings.BASE_DIR) / "locale" / "zh_Hans" / "LC_MESSAGES" / "django.po"
@@ -21,6 +22,7 @@ ENGLISH_ONLY = {"api/docs.html"}
 ALLOWED = {
     "TaskPilots", "JSON", "CSV", "API", "SLA", "UTC", "ID", "URL", "HTTP", "OAuth", "PostgreSQL",
     "sha", "Lines",  # "JSON Lines" is a format's name
+    "Webhook",
 }  # fmt: skip
 
 # Template syntax that holds no text of its own, or whose text is translated.
@@ -105,3 +107,27 @@ def test_the_checker_finds_unmarked_text_and_passes_marked_text():
     )
     assert _untranslated_text(marked) == []
     assert _untranslated_text("<td>{{ run.pk }} · TaskPilots &amp; CSV</td>") == []
+
+
+OPTION = re.compile(r'<option value="([^"]*)"[^>]*>([^<]*)</option>')
+
+
+@pytest.mark.django_db
+def test_form_options_read_in_chinese(client, admin_user):
+    """The options of the bulk, rule and channel forms (issue 33 §5: the bulk page's actions and
+    statuses, and "- Select an option -", were English). Options whose text is their value are
+    names (workflows, queues, tools) and stay as they are."""
+    client.force_login(admin_user)
+    english = {}
+    for url in (
+        "/console/",
+        "/console/bulk/new/",
+        "/console/rules/new/",
+        "/console/rules/channels/",
+    ):
+        html = client.get(url, HTTP_ACCEPT_LANGUAGE="zh-Hans").content.decode()
+        for value, text in OPTION.findall(html):
+            words = [w for w in WORD.findall(text) if w not in ALLOWED]
+            if text.strip("\u2068\u2069 ") != value and words:
+                english.setdefault(url, []).append(text)
+    assert not english, english
