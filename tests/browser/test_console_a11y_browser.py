@@ -105,6 +105,19 @@ def test_no_page_scrolls_sideways_at_phone_laptop_and_desk_widths(
         page.context.close()
 
 
+def test_the_other_console_pages_fit_a_phone_and_a_laptop(chromium, live_server, admin_user):
+    pages = ["/console/runs/", "/console/metrics/", "/console/rules/", "/console/rules/new/",
+             "/console/rules/tools/", "/console/rules/channels/", "/console/tokens/",
+             "/console/bulk/new/"]  # fmt: skip
+    for width in (390, 1024):
+        page = _context(chromium, live_server, width)
+        log_in(page, admin_user.username, PASSWORD)
+        for url in pages:
+            page.goto(url)
+            assert page.evaluate(OVERFLOW) == 0, f"{url} scrolls sideways at {width} px"
+        page.context.close()
+
+
 def test_on_a_phone_the_top_bar_fits_and_approve_is_on_the_first_screen(
     chromium, live_server, people, runs
 ):
