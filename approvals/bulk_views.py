@@ -13,11 +13,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import actions, bulk
+from approvals.console import REASON_LABELS, RUN_STATUS_LABELS
 from approvals.forms import BulkPreviewForm, first_error
 from approvals.models import known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkItemStatus, BulkVerb
 from approvals.permissions import ACT, ActionForbidden, forbidden, is_admin, require_role
-from runs.models import FailureClass, Run
+from runs.models import Run
 
 FILTER_LABELS = {
     "workflow": gettext_lazy("Workflow"),
@@ -38,9 +39,9 @@ RESULT_PAGE = 200
 def _options() -> dict[str, list[tuple[str, str]]]:
     """The filters with a fixed set of values, as (value, label) for a select ("" = any)."""
     anything = [("", "—")]
-    unfinished = [(v, t) for v, t in Run.Status.choices if v not in Run.TERMINAL]
+    unfinished = [(v, RUN_STATUS_LABELS[v]) for v in Run.Status.values if v not in Run.TERMINAL]
     return {
-        "reason": anything + [("approval", _("Approval"))] + list(FailureClass.choices),
+        "reason": anything + list(REASON_LABELS.items()),
         "status": anything + [("inbox", _("Waiting for a person (the inbox)"))] + unfinished,
         "owner": anything + [("mine", _("Taken over by me")), ("unassigned", _("Unassigned"))],
     }

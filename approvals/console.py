@@ -98,11 +98,10 @@ EFFECT_STATUS_LABELS = {
     SideEffect.Status.NOT_COMMITTED: gettext_lazy("This call did not go through"),
     SideEffect.Status.COMPENSATED: gettext_lazy("Undone"),
 }
-# A two-person approval one person gave and a second has not (an inbox filter, not a cause).
-SECOND_APPROVAL = "second_approval"
-REASON_LABELS = {
-    "approval": gettext_lazy("Approval"),
-    SECOND_APPROVAL: gettext_lazy("Waiting for a second approver"),
+# One plain name per failure class, everywhere a person reads one: the inbox filter and badges,
+# the bulk form, rule chips, the rule form and tester, metrics and the API docs. (The model
+# choices in runs/models.py keep their technical names for the Django admin and migrations.)
+FAILURE_LABELS = {
     FailureClass.TRANSIENT: gettext_lazy("Kept failing"),
     FailureClass.OUTAGE: gettext_lazy("System outage"),
     FailureClass.INVALID_INPUT: gettext_lazy("Invalid data"),
@@ -112,6 +111,20 @@ REASON_LABELS = {
     FailureClass.EMPTY_RESULT: gettext_lazy("Nothing found"),
     FailureClass.API_DRIFT: gettext_lazy("API changed"),
 }
+# A two-person approval one person gave and a second has not (an inbox filter, not a cause).
+SECOND_APPROVAL = "second_approval"
+REASON_LABELS = {
+    "approval": gettext_lazy("Approval"),
+    SECOND_APPROVAL: gettext_lazy("Waiting for a second approver"),
+    **FAILURE_LABELS,
+}
+
+
+def failure_class_choices() -> list[tuple[str, Any]]:
+    """(value, label) for a select of failure classes, in the order the model lists them."""
+    return [(value, FAILURE_LABELS[value]) for value in FailureClass.values]
+
+
 STEP_KIND_LABELS = {
     StepKind.COMPUTE: gettext_lazy("Compute"),
     StepKind.READ: gettext_lazy("Read"),
@@ -142,13 +155,67 @@ DECISION_LABELS = {
     ApprovalRequest.Decision.REJECTED: gettext_lazy("Rejected"),
 }
 
-# Translatable in runs/models.py (the console shows them; rule chips use get_*_display).
-FAILURE_CLASS_LABELS = dict(FailureClass.choices)
+FAILURE_CLASS_LABELS = FAILURE_LABELS
+# Translatable in runs/models.py (the tools page and rule chips show them).
 RISK_LABELS = dict(Risk.choices)
 
 
 def label(mapping: dict, value: str) -> str:
     return str(mapping.get(value, value))
+
+
+# Sentences the engine writes into a run (its attention reason, a step's last error) are stored
+# in English, so the record reads the same whoever reads it. The console shows the known ones
+# in the reader's language, matched whole (runs/engine/compensation.py, runs/engine/ledger.py;
+# tests/approvals/test_engine_sentences.py makes the engine write each one); anything else, such
+# as a tool's own error, is shown as it was written.
+_NO_DEDUPE = {
+    "its verification read could not tell whether it did, and it does not dedupe": gettext_lazy(
+        "%(error)s. %(tool)s may or may not have done this; its verification read could not "
+        "tell whether it did, and it does not dedupe, so a person must check (idempotency key "
+        "%(key)s)."
+    ),
+    "it cannot be asked by key, has no verification read and does not dedupe": gettext_lazy(
+        "%(error)s. %(tool)s may or may not have done this; it cannot be asked by key, has no "
+        "verification read and does not dedupe, so a person must check (idempotency key "
+        "%(key)s)."
+    ),
+}
+ENGINE_SENTENCES = [
+    (
+        re.compile(
+            r"Compensation finished, but these side effects have no compensating tool and must "
+            r"be undone by hand: (?P<listed>.+)",
+            re.S,
+        ),
+        {"": gettext_lazy(
+            "Compensation finished, but these side effects have no compensating tool and must "
+            "be undone by hand: %(listed)s"
+        )},
+    ),
+    (
+        re.compile(
+            r"(?P<error>.+)\. (?P<tool>\S+) may or may not have done this; (?P<why>"
+            + "|".join(map(re.escape, _NO_DEDUPE))
+            + r"), so a person must check \(idempotency key (?P<key>\S+)\)\.",
+            re.S,
+        ),
+        _NO_DEDUPE,
+    ),
+]  # fmt: skip
+
+
+def engine_text(text: Any) -> Any:
+    """An engine-written sentence in the reader's language, as plain text (the template still
+    escapes it and shows invisible characters); any other text unchanged."""
+    if not isinstance(text, str):
+        return text
+    for pattern, templates in ENGINE_SENTENCES:
+        match = pattern.fullmatch(text)
+        if match:
+            values = match.groupdict()
+            return str(templates[values.pop("why", "")]) % values
+    return text
 
 
 def say(template: Any, **values: Any) -> SafeString:
@@ -696,19 +763,32 @@ def _pending(run, steps, current, approval) -> Pending | None:
     )
 
 
+# ISO 4217 minor units where they are not 2 (yen and won have no cents; dinars have three).
+CURRENCY_DECIMALS = {
+    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF",
+                     "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF"), 0),
+    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
+}  # fmt: skip
+
+
 def amount_of(params: Any) -> str:
-    """A money amount in the parameters, with its currency: `1,250.00 USD`. Without a currency
-    in the call, it says so (the payment system then applies its default); "" when there is no
-    amount."""
+    """A money amount in the parameters, with its currency and as many decimals as that
+    currency has: `1,250.00 USD`, `1,250 JPY`. Without a currency in the call, it says so (the
+    payment system then applies its default); "" when there is no amount. An amount finer than
+    its currency allows is shown with all its digits: a person approves what will be sent."""
     if not isinstance(params, dict):
         return ""
     amount = params.get("amount")
     if isinstance(amount, bool) or not isinstance(amount, int | float):
         return ""
-    shown = number_format(amount, decimal_pos=2, force_grouping=True)
     currency = params.get("currency")
-    if isinstance(currency, str) and currency.strip():
-        return say("%(amount)s %(currency)s", amount=escape(shown), currency=currency.strip())
+    currency = currency.strip() if isinstance(currency, str) else ""
+    decimals = CURRENCY_DECIMALS.get(currency.upper(), 2)
+    if round(amount, decimals) != amount:
+        decimals = len(repr(float(amount)).partition(".")[2].rstrip("0"))
+    shown = number_format(amount, decimal_pos=decimals, force_grouping=True)
+    if currency:
+        return say("%(amount)s %(currency)s", amount=escape(shown), currency=currency)
     return say(
         _("%(amount)s (no currency in the call: the payment system applies its default)"),
         amount=escape(shown),
@@ -730,6 +810,27 @@ def not_yours_to_approve(run: Run, approval: ApprovalRequest | None, user) -> se
     ):
         return {"approve", "approve_edits"}
     return {"approve_edits"} if approval.awaits_second else set()
+
+
+def human_duration(seconds: Any) -> str:
+    """A number of seconds as a person reads it: 45 s, 10 min, 1 h 30 min, 4 h, 2 d."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return "" if seconds is None else str(seconds)
+    seconds = int(seconds)
+    units = [
+        (86400, _("%(n)s d")),
+        (3600, _("%(n)s h")),
+        (60, _("%(n)s min")),
+        (1, _("%(n)s s")),
+    ]
+    parts = []
+    for size, unit in units:
+        if seconds >= size or (size == 1 and not parts):
+            count, seconds = divmod(seconds, size)
+            parts.append(unit % {"n": number_format(count, force_grouping=True)})
+        if len(parts) == 2 or (parts and seconds == 0):
+            break
+    return " ".join(parts)
 
 
 def available_actions(run, current, approval, effects) -> set[str]:
@@ -1103,7 +1204,7 @@ def _ended_failed(run: Run, when: SafeString) -> SafeString:
                 "if the work still needs doing."
             ),
             when=when,
-            reason=run.attention_reason,
+            reason=engine_text(run.attention_reason),
         )
     return say(
         _(
@@ -1136,7 +1237,7 @@ def _who_cancelled(ctx: RunContext, when: SafeString) -> SafeString:
         return say(
             _("Nothing left to do: the run was cancelled at %(when)s (%(reason)s)."),
             when=when,
-            reason=ctx.run.attention_reason or "—",
+            reason=engine_text(ctx.run.attention_reason) or "—",
         )
     if ended_by.verb == DecisionVerb.REJECT:
         return say(

@@ -31,6 +31,10 @@ from runs.api.errors import JsonRefused, parse_json_text
 from runs.invisible import neutralise
 
 MAX_JSON_CHARS = 256 * 1024
+# The empty choice Django 6.1 puts first in a select for a model field with choices. Its own
+# zh-Hans catalog does not have it yet; marked here so makemessages keeps it in ours, which
+# Django merges over its own (the rule and channel forms show it).
+BLANK_CHOICE_LABEL = _("- Select an option -")
 
 
 # --------------------------------------------------------------------------------------------

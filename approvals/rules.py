@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from approvals.console import FAILURE_LABELS, failure_class_choices
 from approvals.models import EscalationRule, RuleChange, RuleVersion, ToolPause
 from approvals.viewer_time import format_timestamp
 from runs import tools as tool_registry
@@ -184,7 +185,7 @@ class RuleForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["failure_class"].choices = [("", _("Any"))] + list(FailureClass.choices)
+        self.fields["failure_class"].choices = [("", _("Any"))] + failure_class_choices()
         self.fields["risk"].choices = [("", _("Any"))] + list(Risk.choices)
         # Left out (an older form, a script): the rule keeps what it had (1 for a new rule).
         self.fields["approvers_required"].required = False
@@ -608,7 +609,7 @@ TESTED_FIELD_LABELS = {
 def tested(query: dict[str, str]) -> list[tuple[str, str]]:
     """What the tester tried, for the chips under its verdict: field names and class and risk
     values in the reader's language, the rest as given."""
-    labels = {"failure_class": dict(FailureClass.choices), "risk": dict(Risk.choices)}
+    labels = {"failure_class": FAILURE_LABELS, "risk": dict(Risk.choices)}
     return [
         (str(TESTED_FIELD_LABELS.get(key, key)), str(labels.get(key, {}).get(value, value)))
         for key, value in query.items()
@@ -647,8 +648,7 @@ def recent_failures(limit: int = 20) -> list[Step]:
 
 
 def _failure_label(step: Step) -> str:
-    known = step.error_class in FailureClass.values
-    cls = FailureClass(step.error_class).label if known else step.error_class
+    cls = FAILURE_LABELS.get(step.error_class, step.error_class)
     # When it last failed: its last attempt began then (finished_at is when a person, or a
     # later attempt, resolved it).
     seen = step.started_at or step.created_at
@@ -677,7 +677,7 @@ class TesterForm(forms.Form):
         self.fields["failure"].choices = [("", _("— or type below —"))] + [
             (s.pk, _failure_label(s)) for s in failures
         ]
-        self.fields["failure_class"].choices = [("", _("Any"))] + list(FailureClass.choices)
+        self.fields["failure_class"].choices = [("", _("Any"))] + failure_class_choices()
         self.fields["risk"].choices = [("", _("From the tool"))] + list(Risk.choices)
 
     def query(self) -> dict[str, str] | None:

@@ -284,24 +284,24 @@ class Risk(models.TextChoices):
 class RouteAction(models.TextChoices):
     """What an escalation rule does with a failure (the router's vocabulary)."""
 
-    RETRY = "retry", "Retry with backoff"
-    WAIT = "wait", "Wait for the outage"
-    DEGRADE = "degrade", "Degrade to the fallback tool"
-    COMPENSATE = "compensate", "Compensate committed side effects"
-    ESCALATE = "escalate", "Escalate to a person"
-    FAIL = "fail", "Fail the run"
+    RETRY = "retry", _("Retry with backoff")
+    WAIT = "wait", _("Wait for the outage")
+    DEGRADE = "degrade", _("Degrade to the fallback tool")
+    COMPENSATE = "compensate", _("Compensate committed side effects")
+    ESCALATE = "escalate", _("Escalate to a person")
+    FAIL = "fail", _("Fail the run")
     # Not a route: a rule with this action puts matching calls behind a person's approval
     # (runs.engine.gate); the router never picks it for a failure.
-    APPROVE = "approve", "Ask a person to approve the call"
+    APPROVE = "approve", _("Ask a person to approve the call")
 
 
 class StepKind(models.TextChoices):
-    COMPUTE = "compute", "Compute"
-    READ = "read", "Read"
-    SIDE_EFFECT = "side_effect", "Side effect"
-    APPROVAL = "approval", "Approval"
-    WAIT_EVENT = "wait_event", "Wait for event"
-    WAIT_TIMER = "wait_timer", "Wait for timer"
+    COMPUTE = "compute", _("Compute")
+    READ = "read", _("Read")
+    SIDE_EFFECT = "side_effect", _("Side effect")
+    APPROVAL = "approval", _("Approval")
+    WAIT_EVENT = "wait_event", _("Wait for event")
+    WAIT_TIMER = "wait_timer", _("Wait for timer")
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,16 +309,16 @@ class StepKind(models.TextChoices):
 
 
 class RunStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
-    WAITING = "waiting", "Waiting"
-    NEEDS_HUMAN = "needs_human", "Needs a person"
-    TAKEN_OVER = "taken_over", "Taken over"
-    COMPENSATING = "compensating", "Compensating"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
-    COMPENSATED = "compensated", "Compensated"
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    WAITING = "waiting", _("Waiting")
+    NEEDS_HUMAN = "needs_human", _("Needs a person")
+    TAKEN_OVER = "taken_over", _("Taken over")
+    COMPENSATING = "compensating", _("Compensating")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    FAILED = "failed", _("Failed")
+    CANCELLED = "cancelled", _("Cancelled")
+    COMPENSATED = "compensated", _("Compensated")
 
 
 class Run(models.Model):
@@ -707,17 +707,17 @@ class Run(models.Model):
 
 
 class StepStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RUNNING = "running", "Running"
-    SUCCEEDED = "succeeded", "Succeeded"
-    DEGRADED = "degraded", "Degraded (fallback used)"
-    RETRY_SCHEDULED = "retry_scheduled", "Retry scheduled"
-    WAITING = "waiting", "Waiting"
-    NEEDS_HUMAN = "needs_human", "Needs a person"
-    UNKNOWN_OUTCOME = "unknown_outcome", "Outcome unknown"
-    FAILED = "failed", "Failed"
-    SKIPPED = "skipped", "Skipped"
-    COMPENSATED = "compensated", "Compensated"
+    PENDING = "pending", _("Pending")
+    RUNNING = "running", _("Running")
+    SUCCEEDED = "succeeded", _("Succeeded")
+    DEGRADED = "degraded", _("Degraded (fallback used)")
+    RETRY_SCHEDULED = "retry_scheduled", _("Retry scheduled")
+    WAITING = "waiting", _("Waiting")
+    NEEDS_HUMAN = "needs_human", _("Needs a person")
+    UNKNOWN_OUTCOME = "unknown_outcome", _("Outcome unknown")
+    FAILED = "failed", _("Failed")
+    SKIPPED = "skipped", _("Skipped")
+    COMPENSATED = "compensated", _("Compensated")
 
 
 class Step(models.Model):
@@ -1388,11 +1388,11 @@ def _approval_of(named: dict) -> dict:
 
 
 class SideEffectStatus(models.TextChoices):
-    INTENDED = "intended", "Intended (about to be sent)"
-    COMMITTED = "committed", "Committed"
-    UNKNOWN = "unknown", "Outcome unknown"
-    NOT_COMMITTED = "not_committed", "Not committed"
-    COMPENSATED = "compensated", "Compensated"
+    INTENDED = "intended", _("Intended (about to be sent)")
+    COMMITTED = "committed", _("Committed")
+    UNKNOWN = "unknown", _("Outcome unknown")
+    NOT_COMMITTED = "not_committed", _("Not committed")
+    COMPENSATED = "compensated", _("Compensated")
 
 
 class SideEffect(models.Model):
@@ -1662,8 +1662,8 @@ class SideEffect(models.Model):
 
 
 class MismatchKind(models.TextChoices):
-    MISSING = "missing", "Missing externally"
-    DIFFERENT = "different", "Different externally"
+    MISSING = "missing", _("Missing externally")
+    DIFFERENT = "different", _("Different externally")
 
 
 class ExternalMismatch(models.Model):
@@ -1836,17 +1836,17 @@ class Receipt:
 
 
 class WaitKind(models.TextChoices):
-    EVENT = "event", "Event"
-    TIMER = "timer", "Timer"
-    APPROVAL = "approval", "Approval"
-    TOOL_RECOVERY = "tool_recovery", "Tool recovery"
+    EVENT = "event", _("Event")
+    TIMER = "timer", _("Timer")
+    APPROVAL = "approval", _("Approval")
+    TOOL_RECOVERY = "tool_recovery", _("Tool recovery")
 
 
 class WaitStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    RESOLVED = "resolved", "Resolved"
-    EXPIRED = "expired", "Expired"
-    CANCELLED = "cancelled", "Cancelled"
+    PENDING = "pending", _("Pending")
+    RESOLVED = "resolved", _("Resolved")
+    EXPIRED = "expired", _("Expired")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class Wait(models.Model):

@@ -13,6 +13,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, models, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from approvals.thresholds import above_threshold
 from runs import tools as tool_registry
@@ -35,19 +36,19 @@ from runs.verbs import Verb
 
 
 class ApprovalStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    DECIDED = "decided", "Decided"
-    EXPIRED = "expired", "Expired"
-    CANCELLED = "cancelled", "Cancelled"
+    PENDING = "pending", _("Pending")
+    DECIDED = "decided", _("Decided")
+    EXPIRED = "expired", _("Expired")
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 class ApprovalRequest(models.Model):
     Status = ApprovalStatus
 
     class Decision(models.TextChoices):
-        APPROVED = "approved", "Approved"
-        APPROVED_WITH_EDITS = "approved_with_edits", "Approved with edits"
-        REJECTED = "rejected", "Rejected"
+        APPROVED = "approved", _("Approved")
+        APPROVED_WITH_EDITS = "approved_with_edits", _("Approved with edits")
+        REJECTED = "rejected", _("Rejected")
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
     step = models.ForeignKey(Step, on_delete=models.CASCADE, related_name="approvals")
@@ -397,18 +398,18 @@ class Takeover(SealedModel):
 
 
 class DecisionVerb(models.TextChoices):
-    APPROVE = "approve", "Approve"
-    APPROVE_WITH_EDITS = "approve_with_edits", "Approve with edits"
-    REJECT = "reject", "Reject"
-    TAKE_OVER = "take_over", "Take over"
-    RELEASE = "release", "Release"
-    CONFIRM_HAPPENED = "confirm_happened", "Confirm it happened"
-    CONFIRM_NOT_HAPPENED = "confirm_not_happened", "Confirm it did not happen"
-    RETRY = "retry", "Retry now"
-    SKIP = "skip", "Skip step"
-    COMPLETE_BY_HAND = "complete_by_hand", "Done by hand"
-    CANCEL = "cancel", "Cancel run"
-    REASSIGN = "reassign", "Reassign"
+    APPROVE = "approve", _("Approve")
+    APPROVE_WITH_EDITS = "approve_with_edits", _("Approve with edits")
+    REJECT = "reject", _("Reject")
+    TAKE_OVER = "take_over", _("Take over")
+    RELEASE = "release", _("Release")
+    CONFIRM_HAPPENED = "confirm_happened", _("Confirm it happened")
+    CONFIRM_NOT_HAPPENED = "confirm_not_happened", _("Confirm it did not happen")
+    RETRY = "retry", _("Retry now")
+    SKIP = "skip", _("Skip step")
+    COMPLETE_BY_HAND = "complete_by_hand", _("Done by hand")
+    CANCEL = "cancel", _("Cancel run")
+    REASSIGN = "reassign", _("Reassign")
 
 
 class HumanDecision(SealedModel):
@@ -658,11 +659,11 @@ class EscalationRule(models.Model):
 
 
 class RuleChange(models.TextChoices):
-    CREATED = "created", "Created"
-    UPDATED = "updated", "Updated"
-    ENABLED = "enabled", "Enabled"
-    DISABLED = "disabled", "Disabled"
-    MOVED = "moved", "Moved"
+    CREATED = "created", _("Created")
+    UPDATED = "updated", _("Updated")
+    ENABLED = "enabled", _("Enabled")
+    DISABLED = "disabled", _("Disabled")
+    MOVED = "moved", _("Moved")
 
 
 class RuleVersion(SealedModel):
@@ -997,8 +998,8 @@ class SlaBreach(models.Model):
 
 
 class ChannelKind(models.TextChoices):
-    EMAIL = "email", "Email"
-    WEBHOOK = "webhook", "Webhook (JSON)"
+    EMAIL = "email", _("Email")
+    WEBHOOK = "webhook", _("Webhook (JSON)")
 
 
 class NotificationChannel(models.Model):
@@ -1026,9 +1027,9 @@ class NotificationChannel(models.Model):
 
 
 class DeliveryStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    SENT = "sent", "Sent"
-    FAILED = "failed", "Failed (gave up)"
+    PENDING = "pending", _("Pending")
+    SENT = "sent", _("Sent")
+    FAILED = "failed", _("Failed (gave up)")
 
 
 class NotificationDelivery(models.Model):

@@ -17,6 +17,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from runs.models import Run, Step
 from runs.seal import SealedModel, seal, seal_rows
@@ -26,25 +27,25 @@ MAX_RUNS = 1000
 
 
 class BulkVerb(models.TextChoices):
-    RETRY = "retry", "Retry now"
-    CONFIRM_HAPPENED = "confirm_happened", "Confirm it happened"
-    CONFIRM_NOT_HAPPENED = "confirm_not_happened", "Confirm it did not happen"
-    RELEASE = "release", "Release"
-    REASSIGN = "reassign", "Reassign"
-    CANCEL = "cancel", "Cancel run"
+    RETRY = "retry", _("Retry now")
+    CONFIRM_HAPPENED = "confirm_happened", _("Confirm it happened")
+    CONFIRM_NOT_HAPPENED = "confirm_not_happened", _("Confirm it did not happen")
+    RELEASE = "release", _("Release")
+    REASSIGN = "reassign", _("Reassign")
+    CANCEL = "cancel", _("Cancel run")
 
 
 class BulkStatus(models.TextChoices):
-    PREVIEWED = "previewed", "Previewed"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
+    PREVIEWED = "previewed", _("Previewed")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
 
 
 class BulkItemStatus(models.TextChoices):
-    PENDING = "pending", "Pending"
-    DONE = "done", "Done"
-    SKIPPED = "skipped", "Skipped"
-    FAILED = "failed", "Failed"
+    PENDING = "pending", _("Pending")
+    DONE = "done", _("Done")
+    SKIPPED = "skipped", _("Skipped")
+    FAILED = "failed", _("Failed")
 
 
 class BulkAction(SealedModel):

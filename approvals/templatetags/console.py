@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
-from django.utils import timezone
+from django.utils import formats, timezone
 
 from approvals import console, paging, permissions, viewer_time
 from approvals import timeline_reading as reading
@@ -52,6 +52,28 @@ def about(count: int) -> int:
     return paging.about(int(count or 0))
 
 
+class GroupedCount(int):
+    """A count that still chooses plural forms ({% blocktranslate count %} needs a number) but
+    is shown with the language's thousands separators: "About 20,000 runs match"."""
+
+    def __str__(self) -> str:
+        return formats.number_format(int(self), force_grouping=True)
+
+
+@register.filter
+def grouped(count: Any) -> Any:
+    """A count with thousands separators; anything that is not a whole number as it is."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        return count
+    return GroupedCount(count)
+
+
+@register.filter
+def duration(seconds: Any) -> str:
+    """Seconds as a person reads them: 14400 → "4 h" (approvals/console.py)."""
+    return console.human_duration(seconds)
+
+
 @register.filter
 def can_audit(user) -> bool:
     return permissions.can_audit(user)
@@ -72,6 +94,13 @@ def untrusted(value: Any) -> str:
     """Anything an agent, a tool or a person produced: escaped, bidi-isolated (`<bdi>`), with
     invisible characters shown as markers. For element content."""
     return untrusted_module.isolate(value)
+
+
+@register.filter
+def engine_text(value: Any) -> Any:
+    """A sentence the engine stored in English, in the reader's language (approvals/console.py);
+    still to be shown through |untrusted."""
+    return console.engine_text(value)
 
 
 @register.filter

@@ -72,7 +72,7 @@ function editing(root) {
   });
 })();
 
-// === Reading timeline (templates/console/timeline.html) ===================================
+// === Reading timeline (templates/console/timeline.html) ============================
 // A link to an event (a lane-chart marker, "next failure") opens the line it lands on, so its
 // payload loads (htmx, on the <details>' toggle) and a collapsed run of attempts unfolds.
 (function () {
@@ -90,3 +90,153 @@ function editing(root) {
   document.addEventListener("DOMContentLoaded", openTarget);
 })();
 // === end Reading timeline ==================================================================
+=======
+// Lists: each cell carries its column's name (a phone shows rows as cards, value under name),
+// and a table wider than its card says that it scrolls sideways. Text only (textContent,
+// setAttribute): no markup and no inline style is written, so the CSP needs no exception.
+(function () {
+  "use strict";
+  function label(table) {
+    var heads = table.querySelectorAll("thead th");
+    var rows = table.querySelectorAll("tbody tr");
+    for (var r = 0; r < rows.length; r++) {
+      var cells = rows[r].children;
+      for (var c = 0; c < cells.length && c < heads.length; c++) {
+        var head = heads[c];
+        var name = head.querySelector(".sr-only") ? "" : head.textContent.trim();
+        if (name && !cells[c].hasAttribute("data-label")) cells[c].setAttribute("data-label", name);
+      }
+    }
+  }
+  function hint(wrap) {
+    var scrolls = wrap.scrollWidth > wrap.clientWidth + 1;
+    wrap.classList.toggle("is-scrollable", scrolls);
+    var note = wrap.previousElementSibling;
+    var has = note && note.classList.contains("scroll-hint");
+    var text = document.getElementById("scroll-hint-text");
+    if (scrolls && !has && text) {
+      note = document.createElement("p");
+      note.className = "scroll-hint";
+      note.setAttribute("aria-hidden", "true");
+      note.textContent = text.textContent;
+      wrap.parentNode.insertBefore(note, wrap);
+    } else if (!scrolls && has) {
+      note.parentNode.removeChild(note);
+    }
+  }
+  function update() {
+    var tables = document.querySelectorAll("table.runs");
+    for (var i = 0; i < tables.length; i++) label(tables[i]);
+    var wraps = document.querySelectorAll(".table-wrap");
+    for (var j = 0; j < wraps.length; j++) hint(wraps[j]);
+  }
+  document.addEventListener("DOMContentLoaded", update);
+  document.addEventListener("htmx:afterSettle", update);
+  window.addEventListener("resize", update);
+})();
+
+// Keyboard shortcuts (listed in the "?" dialog, templates/console/_shortcuts.html): j/k move
+// through a list of runs, o or Enter opens, a approves after a confirmation, r opens the
+// rejection form (its reason is the confirmation), c claims. Never while typing in a field.
+(function () {
+  "use strict";
+  var selected = null; // the href of the selected row, kept across the inbox's live refreshes
+
+  function typing(target) {
+    if (!target || !target.tagName) return false;
+    var tag = target.tagName.toLowerCase();
+    return tag === "input" || tag === "textarea" || tag === "select" || target.isContentEditable;
+  }
+  function rows() {
+    var found = document.querySelectorAll("main table.runs tbody tr");
+    var list = [];
+    for (var i = 0; i < found.length; i++) if (link(found[i])) list.push(found[i]);
+    return list;
+  }
+  function link(row) {
+    return row.querySelector(".open-cell a[href]") || row.querySelector("a[href]");
+  }
+  function select(row) {
+    var all = document.querySelectorAll("main table.runs tbody tr.is-selected");
+    for (var i = 0; i < all.length; i++) all[i].classList.remove("is-selected");
+    if (!row) return;
+    row.classList.add("is-selected");
+    selected = link(row).getAttribute("href");
+    link(row).focus();
+  }
+  function move(step) {
+    var list = rows();
+    if (!list.length) return;
+    var at = -1;
+    for (var i = 0; i < list.length; i++) if (list[i].classList.contains("is-selected")) at = i;
+    var next = at === -1 ? (step > 0 ? 0 : list.length - 1) : at + step;
+    select(list[Math.max(0, Math.min(list.length - 1, next))]);
+  }
+  function button(selector) {
+    var found = document.querySelector(selector);
+    return found && !found.disabled ? found : null;
+  }
+  function approve() {
+    var submit = button("#actions form[data-action=approve] button[type=submit]");
+    var dialog = document.getElementById("shortcut-confirm");
+    if (!submit || !dialog) return;
+    dialog.returnValue = "";
+    dialog.onclose = function () {
+      if (dialog.returnValue === "confirm") submit.click();
+    };
+    dialog.showModal();
+  }
+  function reject() {
+    var form = document.querySelector("#actions form[data-action=reject]");
+    if (!form) return;
+    var details = form.closest("details");
+    if (details) details.open = true;
+    var field = form.querySelector("textarea, input:not([type=hidden])");
+    (field || form.querySelector("button[type=submit]")).focus();
+  }
+  var keys = {
+    j: function () { move(1); },
+    k: function () { move(-1); },
+    o: function () {
+      var row = document.querySelector("main table.runs tbody tr.is-selected");
+      if (row) link(row).click();
+    },
+    a: approve,
+    r: reject,
+    c: function () {
+      var claim = button("#live button[data-claim=claim]");
+      if (claim) claim.click();
+    },
+    "?": function () {
+      var help = document.getElementById("shortcut-help");
+      if (help && !help.open) help.showModal();
+    },
+  };
+  document.addEventListener("keydown", function (event) {
+    if (event.defaultPrevented || event.ctrlKey || event.metaKey || event.altKey) return;
+    if (typing(event.target) || document.querySelector("dialog[open]")) return;
+    var key = event.key;
+    if (key === "Enter") {
+      // Enter on a focused link or button does what it always does; on the page it opens.
+      if (event.target !== document.body && event.target.id !== "content") return;
+      key = "o";
+    }
+    var action = keys[key];
+    if (!action) return;
+    event.preventDefault();
+    action();
+  });
+  // The inbox refreshes itself every few seconds: keep the selection (and the focus) on the
+  // same run when its row comes back.
+  document.addEventListener("htmx:afterSettle", function () {
+    if (!selected) return;
+    var list = rows();
+    for (var i = 0; i < list.length; i++) {
+      if (link(list[i]).getAttribute("href") === selected) {
+        var hadFocus = document.activeElement === document.body;
+        list[i].classList.add("is-selected");
+        if (hadFocus) link(list[i]).focus();
+      }
+    }
+  });
+})();

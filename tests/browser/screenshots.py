@@ -204,3 +204,38 @@ def test_take_operations_screenshots(page, chromium, live_server, sandbox):
     page.locator("#live .claim").filter(has_text="bob.support is handling this").wait_for()
     page.screenshot(path=OUT / "run-detail-live.png", full_page=False)
     other.context.close()
+
+
+def test_take_phone_and_keyboard_screenshots(chromium, live_server, sandbox):
+    """The inbox and a run waiting for approval at 390, 1024 and 1440 px wide, in English and
+    Chinese, and the keyboard shortcuts' help (docs/console.md, "Phone and keyboard")."""
+    from tests.approvals.console_helpers import approval_run, invalid_data_run
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    support = UserFactory(username="mei.support", groups=["support"])
+    run = approval_run(note="Charged twice for order 88412")
+    invalid_data_run()
+    for n in range(3):
+        approval_run(payment=f"pay_{n}")
+    shots = [
+        (390, 844, "en-US", "/console/", "phone-inbox.png"),
+        (390, 844, "en-US", f"/console/runs/{run.pk}/", "phone-run-approval.png"),
+        (390, 844, "zh-Hans", f"/console/runs/{run.pk}/", "phone-run-approval-zh-hans.png"),
+        (1024, 768, "en-US", "/console/", "laptop-inbox-1024.png"),
+        (1440, 900, "en-US", "/console/", "desk-inbox-1440.png"),
+        (1440, 900, "zh-Hans", "/console/", "desk-inbox-1440-zh-hans.png"),
+    ]
+    for width, height, locale, url, name in shots:
+        context = chromium.new_context(
+            base_url=live_server.url, locale=locale, viewport={"width": width, "height": height}
+        )
+        page = context.new_page()
+        log_in(page, support.username)
+        page.goto(url)
+        page.screenshot(path=OUT / name, full_page=False)
+        if name == "desk-inbox-1440.png":
+            page.keyboard.press("j")
+            page.keyboard.press("?")
+            page.locator("#shortcut-help").wait_for()
+            page.screenshot(path=OUT / "keyboard-shortcuts.png", full_page=False)
+        context.close()
