@@ -29,7 +29,7 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from approvals import actions, live, viewer_time
+from approvals import actions, console, live, viewer_time
 from approvals.console import awaits_approval
 from approvals.models import HumanDecision, known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
@@ -75,8 +75,8 @@ def clean_filters(raw: dict[str, Any]) -> dict[str, str]:
     reason = cleaned.get("reason")
     if reason and reason != "approval" and reason not in FailureClass.values:
         raise BulkError(_("Unknown failure class: %(r)s.") % {"r": reason}, "reason")
-    if cleaned.get("owner") not in (None, "mine", "unassigned"):
-        raise BulkError(_("owner is mine or unassigned."), "owner")
+    if cleaned.get("owner") not in (None, "mine", "unassigned", "unclaimed"):
+        raise BulkError(_("owner is mine, unassigned or unclaimed."), "owner")
     for name in ("workflow", "step", "tool", "queue"):
         char = invisible.first_forbidden_in_identifier(cleaned.get(name, ""))
         if char is not None:
@@ -117,6 +117,8 @@ def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
         runs = runs.filter(owner=user)
     elif filters.get("owner") == "unassigned":
         runs = runs.filter(owner__isnull=True)
+    elif filters.get("owner") == "unclaimed":
+        runs = runs.filter(console.unclaimed())
     runs = viewer_time.filter_days(
         runs,
         date.fromisoformat(filters["date_from"]) if filters.get("date_from") else None,
@@ -132,11 +134,15 @@ def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
     if filters.get("tool"):
         steps = steps.filter(tool=filters["tool"])
     reason = filters.get("reason")
+    if reason and filters.get("status") == "inbox":
+        # From the inbox: the runs its Reason filter lists, and nothing else.
+        runs = runs.filter(console.reason_filter(reason, filters.get("tool", "")))
+        reason = ""
     if reason == "approval":
         steps = steps.filter(awaits_approval(), status=Step.Status.NEEDS_HUMAN)
     elif reason:
         steps = steps.filter(error_class=reason).exclude(awaits_approval())
-    if any(filters.get(n) for n in ("step", "tool", "reason")):
+    if filters.get("step") or filters.get("tool") or reason:
         runs = runs.filter(current_step_id__in=Subquery(steps.values("pk")))
     return runs.select_related("owner").order_by("created_at", "id")
 

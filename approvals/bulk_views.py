@@ -13,11 +13,12 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals import actions, bulk
+from approvals.console import REASON_LABELS
 from approvals.forms import BulkPreviewForm, first_error
 from approvals.models import known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkItemStatus, BulkVerb
 from approvals.permissions import ACT, ActionForbidden, forbidden, is_admin, require_role
-from runs.models import FailureClass, Run
+from runs.models import Run
 
 FILTER_LABELS = {
     "workflow": gettext_lazy("Workflow"),
@@ -40,9 +41,14 @@ def _options() -> dict[str, list[tuple[str, str]]]:
     anything = [("", "—")]
     unfinished = [(v, t) for v, t in Run.Status.choices if v not in Run.TERMINAL]
     return {
-        "reason": anything + [("approval", _("Approval"))] + list(FailureClass.choices),
+        "reason": anything + [(v, str(t)) for v, t in REASON_LABELS.items()],
         "status": anything + [("inbox", _("Waiting for a person (the inbox)"))] + unfinished,
-        "owner": anything + [("mine", _("Taken over by me")), ("unassigned", _("Unassigned"))],
+        "owner": anything
+        + [
+            ("mine", _("Taken over by me")),
+            ("unassigned", _("Unassigned")),
+            ("unclaimed", _("Nobody handling it")),
+        ],
     }
 
 
