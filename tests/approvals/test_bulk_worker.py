@@ -117,3 +117,37 @@ def test_a_job_paused_midway_by_a_person_stops_between_runs_and_resumes(
     for run in runs:
         assert HumanDecision.objects.filter(run=run, bulk_action=job).count() == 1
         assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+
+
+def test_a_job_stopped_midway_leaves_the_rest_alone_under_a_real_worker(
+    workers, sandbox, support_user
+):
+    runs = outage_parked_runs(sandbox, RUNS)
+    settings.TASKPILOTS["DISPATCH"] = "celery"
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {"comment": "mail is back"})
+    workers.start(concurrency=2)
+    bulk.start(job, support_user)
+    wait_for(lambda: finished(job) >= 5, what="the job to be under way", interval=0.005)
+    bulk.control(BulkAction.objects.get(pk=job.pk), support_user, "stop")
+    at_stop = finished(job)
+    time.sleep(2)
+    held = finished(job)
+    assert held <= at_stop + 1, (at_stop, held)  # at most the run in hand
+    assert held < RUNS, "the job finished before the stop: nothing was tested"
+    bulk.resume_stale()  # the sweep does not hand a stopped job on
+    time.sleep(1)
+    assert finished(job) == held and BulkAction.objects.get(pk=job.pk).status == "stopped"
+
+    acted = set(
+        BulkActionItem.objects.filter(bulk_action=job, status="done").values_list(
+            "run_id", flat=True
+        )
+    )
+    ids = list(acted)
+    wait_for(all_succeeded(ids), timeout=120, what="the runs acted on to finish")
+    for run in runs:
+        sent = len(sandbox.ledger(system="mail", run=str(run.pk)))
+        assert sent == (1 if run.pk in acted else 0), (run.pk, sent)
+        assert Run.objects.get(pk=run.pk).status == (
+            "succeeded" if run.pk in acted else "needs_human"
+        )

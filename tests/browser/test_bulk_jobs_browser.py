@@ -81,3 +81,26 @@ def test_pick_runs_in_the_inbox_run_the_job_and_find_it_on_the_jobs_page(
         page.screenshot(path=OUT / name, full_page=False)
     assert page.console_errors == []
     assert len(runs) == 6
+
+
+@pytest.mark.parametrize("width", [1440, 390])
+def test_pause_resume_and_stop_a_running_job_from_its_page(page, sandbox, support_user, width):
+    outage_parked_runs(sandbox, 3)
+    job = bulk.preview(support_user, "retry", {"status": "inbox", "reason": "outage"}, {})
+    bulk.start(job, support_user)  # no worker here: the job stays running until told
+    page.set_viewport_size({"width": width, "height": 1000})
+    log_in(page, support_user.username)
+    page.goto(f"/console/bulk/{job.pk}/")
+    page.get_by_role("button", name="Pause").click()
+    expect(page.locator(".bulk-status")).to_have_text("paused")
+    assert bulk.execute(job.pk) == 0  # a worker now acts on no run
+    assert fits(page)
+    page.get_by_role("button", name="Resume").click()
+    expect(page.locator(".bulk-status")).to_have_text("running")
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator(".bulk-status")).to_have_text("stopped")
+    expect(page.get_by_role("button", name="Resume")).to_have_count(0)
+    assert BulkAction.objects.get(pk=job.pk).status == "stopped"
+    assert job.counts()["pending"] == 3
+    assert fits(page)
+    assert page.console_errors == []
