@@ -226,3 +226,42 @@ def test_the_jobs_page_is_for_people_who_act(client, auditor_user, outsider):
         client.force_login(user)
         assert client.get(JOBS).status_code == 403
     assert BulkActionItem.objects.count() == 0
+
+
+# -- the API: the same verbs ---------------------------------------------------------------
+
+
+def test_the_api_picks_runs_pauses_stops_and_retries_the_failed(sandbox, support_user):
+    from tests.approvals.test_bulk import as_person
+
+    runs = outage_parked_runs(sandbox, 3)
+    api = as_person(support_user)
+    picked = [str(runs[0].pk), str(runs[2].pk)]
+    status, body = api.post(
+        "/bulk-actions/preview",
+        {"action": "retry", "filters": {"runs": picked, "owner": "unclaimed"}},
+    )
+    assert status == 200, body
+    assert sorted(i["run_id"] for i in body["items"]) == sorted(picked)
+    assert body["tool_health"]["mail.send"]["state"] == "up" and body["retry_of"] is None
+    job_id = body["id"]
+    assert api.post(f"/bulk-actions/{job_id}/execute", {})[0] == 200
+    status, body = api.post(f"/bulk-actions/{job_id}/control", {"move": "pause"})
+    assert status == 200 and body["status"] == "paused"
+    assert api.post(f"/bulk-actions/{job_id}/control", {"move": "pause"})[0] == 409
+    assert api.post(f"/bulk-actions/{job_id}/control", {"move": "explode"})[0] == 422
+    status, body = api.post(f"/bulk-actions/{job_id}/control", {"move": "stop"})
+    assert status == 200 and body["status"] == "stopped"
+    # Nothing was acted on, so nothing failed: a retry has nothing to cover.
+    status, body = api.post(f"/bulk-actions/{job_id}/retry-failed", {})
+    assert status == 409 and "No run of this bulk action" in body["error"]["message"], body
+    assert api.post("/bulk-actions/999999/control", {"move": "stop"})[0] == 404
+
+
+def test_the_api_refuses_a_bad_picked_id_and_writes_nothing(support_user):
+    from tests.approvals.test_bulk import as_person
+
+    api = as_person(support_user)
+    status, _ = api.post("/bulk-actions/preview", {"action": "retry", "filters": {"runs": ["x"]}})
+    assert status == 422
+    assert not BulkAction.objects.exists()
