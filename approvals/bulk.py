@@ -290,6 +290,16 @@ STATUS_LABELS = {
     BulkAction.Status.DONE: gettext_lazy("done"),
 }
 
+# The actions as people read them (the model's choices are plain English, for the admin).
+ACTION_LABELS = {
+    BulkVerb.RETRY: gettext_lazy("Retry now"),
+    BulkVerb.CONFIRM_HAPPENED: gettext_lazy("Confirm it happened"),
+    BulkVerb.CONFIRM_NOT_HAPPENED: gettext_lazy("Confirm it did not happen"),
+    BulkVerb.RELEASE: gettext_lazy("Release"),
+    BulkVerb.REASSIGN: gettext_lazy("Reassign"),
+    BulkVerb.CANCEL: gettext_lazy("Cancel run"),
+}
+
 # What happened to one run of the job.
 ITEM_LABELS = {
     BulkItemStatus.PENDING: gettext_lazy("Not handled yet"),

@@ -131,6 +131,7 @@ def bulk_detail(request: HttpRequest, bulk_id: int) -> HttpResponse:
         "max_runs": MAX_RUNS,
         "evidence": evidence,
         "status_label": bulk.STATUS_LABELS[job.status],
+        "action_label": bulk.ACTION_LABELS[job.action],
         "tool_health": sorted(job.tool_health.items()),
         "may_control": job.user_id == request.user.pk or is_admin(request.user),
     }
@@ -253,6 +254,7 @@ def bulk_jobs(request: HttpRequest) -> HttpResponse:
         job.failed = found.get(BulkItemStatus.FAILED, 0)
         job.skipped = found.get(BulkItemStatus.SKIPPED, 0)
         job.status_label = bulk.STATUS_LABELS[job.status]
+        job.action_label = bulk.ACTION_LABELS[job.action]
     return render(request, "console/bulk_jobs.html", {"page": page})
 
 

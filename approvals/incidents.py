@@ -86,7 +86,7 @@ class IncidentGroup:
         return urlencode({"reason": self.reason})
 
 
-def incident_groups(user=None) -> list[IncidentGroup]:
+def incident_groups() -> list[IncidentGroup]:
     """The biggest causes among runs waiting for a person (approvals excepted): one grouped
     query for the groups, then the health of their tools."""
     rows = list(

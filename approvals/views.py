@@ -92,7 +92,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "now": timezone.now(),
         "query": _querystring(request),
         "bulk_query": urlencode({"status": "inbox", **form.filters()}),
-        "incidents": incidents.incident_groups(request.user),
+        "incidents": incidents.incident_groups(),
         "health_reasons": incidents.HEALTH_REASONS,
     }
     template = "console/inbox.html"
