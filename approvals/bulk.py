@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
@@ -25,11 +26,12 @@ from celery import current_app
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
-from approvals import actions, live, viewer_time
+from approvals import actions, console, incidents, live, viewer_time
 from approvals.console import awaits_approval
 from approvals.models import HumanDecision, known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
@@ -41,7 +43,18 @@ from runs.verbs import Verb
 
 logger = logging.getLogger("taskpilots.console")
 
-FILTERS = ("workflow", "step", "tool", "reason", "queue", "status", "owner", "date_from", "date_to")
+FILTERS = (
+    "workflow",
+    "step",
+    "tool",
+    "reason",
+    "queue",
+    "status",
+    "owner",
+    "date_from",
+    "date_to",
+    "runs",  # runs picked one by one in a list: their ids, comma-separated
+)
 # A running job whose worker has not moved it for this long is enqueued again by the sweep.
 STALE_SECONDS = 30
 
@@ -75,8 +88,8 @@ def clean_filters(raw: dict[str, Any]) -> dict[str, str]:
     reason = cleaned.get("reason")
     if reason and reason != "approval" and reason not in FailureClass.values:
         raise BulkError(_("Unknown failure class: %(r)s.") % {"r": reason}, "reason")
-    if cleaned.get("owner") not in (None, "mine", "unassigned"):
-        raise BulkError(_("owner is mine or unassigned."), "owner")
+    if cleaned.get("owner") not in (None, "mine", "unassigned", "unclaimed"):
+        raise BulkError(_("owner is mine, unassigned or unclaimed."), "owner")
     for name in ("workflow", "step", "tool", "queue"):
         char = invisible.first_forbidden_in_identifier(cleaned.get(name, ""))
         if char is not None:
@@ -85,6 +98,8 @@ def clean_filters(raw: dict[str, Any]) -> dict[str, str]:
                 % {"name": name, "character": invisible.character_name(char)},
                 name,
             )
+    if "runs" in cleaned:
+        cleaned["runs"] = ",".join(_picked_ids(cleaned["runs"]))
     for name in ("date_from", "date_to"):
         if name in cleaned:
             try:
@@ -102,10 +117,30 @@ def clean_filters(raw: dict[str, Any]) -> dict[str, str]:
     return cleaned
 
 
+def _picked_ids(raw: str) -> list[str]:
+    """Run ids picked in a list, each checked, at most MAX_RUNS (nothing is written first)."""
+    ids = [part.strip() for part in raw.replace("\n", ",").split(",") if part.strip()]
+    if len(ids) > MAX_RUNS:
+        raise BulkError(
+            _("At most %(n)s runs can be picked for one bulk action.") % {"n": MAX_RUNS}, "runs"
+        )
+    checked = []
+    for value in ids:
+        try:
+            checked.append(str(uuid.UUID(value)))
+        except ValueError:
+            raise BulkError(
+                _("%(value)s is not a run id.") % {"value": value[:60]}, "runs"
+            ) from None
+    return list(dict.fromkeys(checked))
+
+
 def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
     """Unfinished runs matching the filters, oldest first, each with its current step's id.
     Every filter is on the run or its current (first unfinished) step."""
     runs = Run.objects.exclude(status__in=Run.TERMINAL)
+    if filters.get("runs"):
+        runs = runs.filter(pk__in=filters["runs"].split(","))
     if filters.get("status") == "inbox":  # what the inbox lists: runs waiting for a person
         runs = runs.filter(status__in=Run.HUMAN)
     elif filters.get("status"):
@@ -117,6 +152,8 @@ def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
         runs = runs.filter(owner=user)
     elif filters.get("owner") == "unassigned":
         runs = runs.filter(owner__isnull=True)
+    elif filters.get("owner") == "unclaimed":
+        runs = runs.filter(console.unclaimed())
     runs = viewer_time.filter_days(
         runs,
         date.fromisoformat(filters["date_from"]) if filters.get("date_from") else None,
@@ -132,11 +169,15 @@ def select_runs(user, filters: dict[str, str]) -> QuerySet[Run]:
     if filters.get("tool"):
         steps = steps.filter(tool=filters["tool"])
     reason = filters.get("reason")
+    if reason and filters.get("status") == "inbox":
+        # From the inbox: the runs its Reason filter lists, and nothing else.
+        runs = runs.filter(console.reason_filter(reason, filters.get("tool", "")))
+        reason = ""
     if reason == "approval":
         steps = steps.filter(awaits_approval(), status=Step.Status.NEEDS_HUMAN)
     elif reason:
         steps = steps.filter(error_class=reason).exclude(awaits_approval())
-    if any(filters.get(n) for n in ("step", "tool", "reason")):
+    if filters.get("step") or filters.get("tool") or reason:
         runs = runs.filter(current_step_id__in=Subquery(steps.values("pk")))
     return runs.select_related("owner").order_by("created_at", "id")
 
@@ -201,7 +242,13 @@ def _reassign_target(params: dict[str, Any]) -> dict[str, str]:
     return {"to": target.get_username()}
 
 
-def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) -> BulkAction:
+def preview(
+    user,
+    action: str,
+    filters: dict[str, Any],
+    params: dict[str, Any],
+    retry_of: BulkAction | None = None,
+) -> BulkAction:
     """Freeze the set and what will happen to each run. Raises BulkError / ActionForbidden
     before writing anything."""
     filters = clean_filters(filters)
@@ -213,9 +260,16 @@ def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) 
     effects = _open_effects(steps.values()) if action.startswith("confirm") else {}
     unreachable: dict[str, str] = {}  # systems whose lookup failed: not asked again
     claims = {} if params["despite_claims"] else live.claims_by_run(r.pk for r in runs)
+    health = _check_tools(steps.values()) if action == BulkVerb.RETRY else {}
     with transaction.atomic():
         bulk = BulkAction.objects.create(
-            action=action, user=user, filters=filters, params=params, matched=matched
+            action=action,
+            user=user,
+            filters=filters,
+            params=params,
+            matched=matched,
+            tool_health=health,
+            retry_of=retry_of,
         )
         items = []
         for position, run in enumerate(runs):
@@ -225,6 +279,61 @@ def preview(user, action: str, filters: dict[str, Any], params: dict[str, Any]) 
             items.append(plan.item(position))
         BulkActionItem.objects.bulk_create(items, batch_size=500)
     return bulk
+
+
+# What people read for a job's status (the model's choices are plain English, for the admin).
+STATUS_LABELS = {
+    BulkAction.Status.PREVIEWED: gettext_lazy("previewed, not started"),
+    BulkAction.Status.RUNNING: gettext_lazy("running"),
+    BulkAction.Status.PAUSED: gettext_lazy("paused"),
+    BulkAction.Status.STOPPED: gettext_lazy("stopped"),
+    BulkAction.Status.DONE: gettext_lazy("done"),
+}
+
+# The actions as people read them (the model's choices are plain English, for the admin).
+ACTION_LABELS = {
+    BulkVerb.RETRY: gettext_lazy("Retry now"),
+    BulkVerb.CONFIRM_HAPPENED: gettext_lazy("Confirm it happened"),
+    BulkVerb.CONFIRM_NOT_HAPPENED: gettext_lazy("Confirm it did not happen"),
+    BulkVerb.RELEASE: gettext_lazy("Release"),
+    BulkVerb.REASSIGN: gettext_lazy("Reassign"),
+    BulkVerb.CANCEL: gettext_lazy("Cancel run"),
+}
+
+# What happened to one run of the job.
+ITEM_LABELS = {
+    BulkItemStatus.PENDING: gettext_lazy("Not handled yet"),
+    BulkItemStatus.DONE: gettext_lazy("Action applied"),
+    BulkItemStatus.SKIPPED: gettext_lazy("Skipped"),
+    BulkItemStatus.FAILED: gettext_lazy("Failed"),
+}
+
+# A retry asks at most this many distinct tools whether they answer (each a lookup by key).
+MAX_TOOLS_CHECKED = 5
+
+
+def _check_tools(steps) -> dict[str, dict]:
+    """Before offering a retry: is each tool the steps call answering now? Asked outside any
+    transaction (a slow tool holds no lock); what it said is kept on the job."""
+    tools = sorted({s.tool for s in steps if s.tool})[:MAX_TOOLS_CHECKED]
+    recorded = incidents.tool_health(tools)
+    found = {}
+    for tool in tools:
+        checked = incidents.check_tool(tool, recorded.get(tool))
+        found[tool] = {"state": checked.state, "detail": checked.detail, "since": checked.since}
+    return found
+
+
+def retry_failed(job: BulkAction, user) -> BulkAction:
+    """A new preview of the same action over the runs this job did not get through: its
+    failed items, and the runs it acted on that went back to a person (re-parked)."""
+    items = job.items.filter(
+        Q(status=BulkItemStatus.FAILED) | Q(status=BulkItemStatus.DONE, run__status__in=Run.HUMAN)
+    )
+    ids = [str(pk) for pk in items.values_list("run_id", flat=True)]
+    if not ids:
+        raise BulkError(_("No run of this bulk action failed or went back to a person."))
+    return preview(user, job.action, {"runs": ",".join(ids)}, dict(job.params), retry_of=job)
 
 
 def _open_effects(steps) -> dict[int, SideEffect]:
@@ -457,11 +566,33 @@ def execute(bulk_id: int) -> int:
     if bulk.status != BulkAction.Status.RUNNING:
         return 0
     handled = 0
-    while execute_next(bulk):
+    # Paused or stopped by a person: checked between runs, so the run in hand finishes first.
+    while bulk.is_running() and execute_next(bulk):
         handled += 1
         bulk.beat()
     bulk.finish_if_done()
     return handled
+
+
+def control(bulk: BulkAction, user, move: str) -> BulkAction:
+    """Pause, resume or stop a job (its owner or an admin). Resuming hands it to a worker
+    again; a move that does not apply any more (the job finished, or someone moved it first)
+    is a conflict, not an error."""
+    if bulk.user_id != user.pk and not is_admin(user):
+        raise ActionForbidden(
+            "not_yours", _("Only the person who started it or an admin may pause or stop it.")
+        )
+    if move not in BulkAction.CONTROLS:
+        raise BulkError(_("Unknown move: %(m)s.") % {"m": move[:30]}, "move")
+    with transaction.atomic():
+        if not bulk.control(move, user):
+            raise actions.DecisionConflict(
+                _("This bulk action is %(status)s: it cannot be paused, resumed or stopped now.")
+                % {"status": STATUS_LABELS[BulkAction.objects.get(pk=bulk.pk).status]}
+            )
+        if move == "resume":
+            transaction.on_commit(lambda: enqueue(bulk.pk))
+    return bulk
 
 
 def execute_next(bulk: BulkAction) -> bool:

@@ -7,7 +7,7 @@ action it performs: `approvals:write` to act as a person, and `runs:write` to ca
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 from uuid import UUID
 
 from ninja import Field, Path, Router, Schema
@@ -36,6 +36,9 @@ DAY = viewer_time.DAY_PATTERN
 Reason = Literal[("", "approval", *FailureClass.values)]
 Status = Literal[("", "inbox", *(s for s in Run.Status.values if s not in Run.TERMINAL))]
 
+# A run id as lists show and APIs return it (hex digits, dashes optional).
+RUN_ID = r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$"
+
 router = Router()
 
 
@@ -47,9 +50,22 @@ class BulkFiltersIn(StrictIn):
     reason: Reason = Field("", description="a failure class, or `approval`")
     queue: Identifier = Field("", max_length=100)
     status: Status = Field("", description="an unfinished run status, or `inbox`")
-    owner: Literal["", "mine", "unassigned"] = ""
+    owner: Literal["", "mine", "unassigned", "unclaimed"] = Field(
+        "", description="`unclaimed`: nobody said they are handling it (a soft claim)"
+    )
     date_from: str = Field("", pattern=DAY, description="YYYY-MM-DD: started on or after")
     date_to: str = Field("", pattern=DAY, description="YYYY-MM-DD: started on or before")
+    runs: list[Annotated[str, Field(pattern=RUN_ID)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="only these runs (picked one by one): their ids",
+    )
+
+    def as_filters(self) -> dict:
+        """As approvals/bulk.py takes them: the ids comma-separated (each checked there)."""
+        found = self.model_dump()
+        found["runs"] = ",".join(self.runs)
+        return found
 
 
 class BulkPreviewIn(StrictIn):
@@ -77,6 +93,13 @@ class BulkExecuteIn(StrictIn):
     user: Identifier | None = Field(None, min_length=1, max_length=150, description=PERSON_FIELD)
 
 
+class BulkControlIn(StrictIn):
+    user: Identifier | None = Field(None, min_length=1, max_length=150, description=PERSON_FIELD)
+    move: Literal["pause", "resume", "stop"] = Field(
+        ..., description="pause (resumable) or stop (for good) between runs, or resume"
+    )
+
+
 class BulkItemOut(Schema):
     run_id: UUID
     status: str
@@ -97,6 +120,8 @@ class BulkOut(Schema):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    tool_health: dict = Field(..., description="what the preview found of the tools a retry calls")
+    retry_of: int | None = Field(..., description="the job whose failed runs this one retries")
     items: list[BulkItemOut] = Field(..., description="the first 100 runs, in order")
 
 
@@ -113,6 +138,8 @@ def bulk_out(job: BulkAction) -> dict:
         "created_at": job.created_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
+        "tool_health": job.tool_health,
+        "retry_of": job.retry_of_id,
         "items": [
             {
                 "run_id": i.run_id,
@@ -174,7 +201,7 @@ def preview(request, body: BulkPreviewIn):
         "despite_claims": body.despite_claims,
     }
     try:
-        job = bulk.preview(user, body.action, body.filters.model_dump(), params)
+        job = bulk.preview(user, body.action, body.filters.as_filters(), params)
     except bulk.BulkError as exc:
         field = f"filters.{exc.field}" if exc.field in bulk.FILTERS else exc.field
         raise ApiError(422, "invalid", str(exc), field=field) from None
@@ -205,6 +232,54 @@ def execute(request, body: BulkExecuteIn, bulk_id: int = Path(..., ge=1, le=MAX_
         raise ApiError(409, "conflict", str(exc)) from None
     caller.touch()
     return bulk_out(job)
+
+
+@router.post(
+    "/bulk-actions/{bulk_id}/control",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: BulkOut, **errors(403, 404, 409, *BODY_ERRORS)},
+    summary="Pause, resume or stop a running bulk action (its owner or an admin)",
+    description="The worker reads the job's status before each run: the run in hand finishes.",
+    tags=["bulk actions"],
+)
+@decorate_view(json_body)
+def control(request, body: BulkControlIn, bulk_id: int = Path(..., ge=1, le=MAX_BIGINT)):
+    caller = api_client(request)
+    user = acting_person(caller, body.user)
+    job = _job(bulk_id)
+    try:
+        job = bulk.control(job, user, body.move)
+    except actions.ActionForbidden as exc:
+        raise ApiError(403, exc.code, str(exc), field="user") from None
+    except actions.DecisionConflict as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    caller.touch()
+    return bulk_out(job)
+
+
+@router.post(
+    "/bulk-actions/{bulk_id}/retry-failed",
+    auth=BearerAuth(ApiScope.APPROVALS_WRITE),
+    response={200: BulkOut, **errors(403, 404, 409, *BODY_ERRORS)},
+    summary="Preview the same action again over the runs that failed or went back to a person",
+    tags=["bulk actions"],
+)
+@decorate_view(json_body)
+def retry_failed(request, body: BulkExecuteIn, bulk_id: int = Path(..., ge=1, le=MAX_BIGINT)):
+    caller = api_client(request)
+    user = acting_person(caller, body.user)
+    job = _job(bulk_id)
+    _require_action_scopes(caller, job.action)
+    if job.status in (BulkAction.Status.PREVIEWED, BulkAction.Status.RUNNING):
+        raise ApiError(409, "conflict", "Pause, stop or let it finish first.")
+    try:
+        retry = bulk.retry_failed(job, user)
+    except bulk.BulkError as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    except actions.ActionForbidden as exc:
+        raise ApiError(403, exc.code, str(exc), field="user") from None
+    caller.touch()
+    return bulk_out(retry)
 
 
 @router.get(

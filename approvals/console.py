@@ -270,10 +270,20 @@ def reason_of(step_info: dict | None) -> str:
     return step_info.get("error_class") or ""
 
 
+PARKED_STATUSES = (Step.Status.NEEDS_HUMAN, Step.Status.UNKNOWN_OUTCOME)
+
+
 def _reason_filter(reason: str) -> Q:
-    parked = Step.objects.filter(
-        run=OuterRef("pk"), status__in=[Step.Status.NEEDS_HUMAN, Step.Status.UNKNOWN_OUTCOME]
-    )
+    return reason_filter(reason)
+
+
+def reason_filter(reason: str, tool: str = "") -> Q:
+    """Runs with a step parked for a person for `reason` (a failure class or "approval"), and
+    calling `tool` when given: what the inbox's Reason filter, its incident groups
+    (approvals/incidents.py) and a bulk action started from the inbox all select by."""
+    parked = Step.objects.filter(run=OuterRef("pk"), status__in=PARKED_STATUSES)
+    if tool:
+        parked = parked.filter(tool=tool)
     if reason == "approval":
         return Q(Exists(parked.filter(awaits_approval())))
     if reason == SECOND_APPROVAL:
@@ -295,6 +305,12 @@ def _approvals_given_subquery():
             info=JSONObject(required="approvals_required", first="first_approved_by_id")
         )[:1]
     )
+
+
+def unclaimed() -> Q:
+    """Nobody said “I'll handle it” (approvals/live.py)."""
+    claimed = SoftClaim.objects.filter(run=OuterRef("pk"), expires_at__gt=timezone.now())
+    return ~Q(Exists(claimed))
 
 
 def awaits_approval() -> Q:
@@ -321,9 +337,8 @@ def inbox_queryset(user, *, queue="", workflow="", reason="", owner="") -> Query
         runs = runs.filter(owner=user)
     elif owner == "unassigned":
         runs = runs.filter(owner__isnull=True)
-    elif owner == "unclaimed":  # nobody said “I'll handle it” (approvals/live.py)
-        claimed = SoftClaim.objects.filter(run=OuterRef("pk"), expires_at__gt=timezone.now())
-        runs = runs.filter(~Exists(claimed))
+    elif owner == "unclaimed":
+        runs = runs.filter(unclaimed())
     return (
         runs.select_related("owner")
         .annotate(current=_current_step_subquery(), two_person=_approvals_given_subquery())

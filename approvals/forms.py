@@ -474,8 +474,10 @@ class BulkPreviewForm(forms.Form):
     to_queue = IdentifierField(label=_("or to the queue"), required=False, max_length=100)
     # Also act on runs someone else said they are handling (their soft claim).
     despite_claims = forms.BooleanField(required=False)
+    # Runs picked in a list (their ids, comma-separated; approvals/bulk.py checks each).
+    runs = forms.CharField(label=_("Picked runs"), required=False, max_length=40_000)
 
-    FILTERS = ("workflow", "step", "tool", "reason", "queue", "status", "owner")
+    FILTERS = ("workflow", "step", "tool", "reason", "queue", "status", "owner", "runs")
 
     def filters(self) -> dict[str, str]:
         data = self.cleaned_data

@@ -18,6 +18,8 @@ against history"):
   as "cannot tell" when it did not (the rules in force ended it; more attempts might have
   worked); a wait window is not replayed (history does not say how long the tool was out);
 - escalate reaches a person; degrade (assumed to work), compensate and fail do not;
+- a wait whose window the timeline shows closing on a tool still failing (`step.escalated`
+  with the routing action `wait`) reaches a person, as it did: the engine handed it on;
 - an API drift that would be escalated pauses its tool instead, as the engine does
   (runs.engine.routing): the step waits for an admin to resume the tool and reaches no person
   of its own;
@@ -77,6 +79,10 @@ class Failure:
     tool: str
     failure_class: str
     attempt: int
+    # The engine recorded this failure as the end of a wait window: the tool was still failing
+    # when the window closed and the step went to a person (`step.escalated` whose routing's
+    # action is `wait`, as runs.engine.routing writes it).
+    window_closed: bool = False
 
 
 @dataclass
@@ -118,8 +124,10 @@ def outcome(rules: list, episode: Episode) -> Outcome:
         actions.append(action)
         if action == A.RETRY and failure.attempt < rule.max_attempts:
             continue  # tried again: history says how that went
-        if action == A.WAIT:
+        if action == A.WAIT and not failure.window_closed:
             continue  # probed again (the wait window is not replayed)
+        if action == A.WAIT:  # the window closed on a tool still failing: a person
+            return Outcome(tuple(actions), True, A.ESCALATE)
         if action in (A.ESCALATE, A.RETRY):
             if failure.failure_class == FailureClass.API_DRIFT and failure.tool:
                 return Outcome(tuple(actions), False, PAUSE_TOOL)
@@ -132,10 +140,12 @@ def outcome(rules: list, episode: Episode) -> Outcome:
 
 @dataclass
 class Side:
-    """What one rule set does to the window's failures."""
+    """What one rule set does to the window: failures counted by route (`actions`), failing
+    steps by where they ended (`person`, `no_person`, `cannot_tell`); the two never mix."""
 
     actions: Counter = field(default_factory=Counter)
     person: int = 0
+    no_person: int = 0
     cannot_tell: int = 0
 
     def add(self, result: Outcome) -> None:
@@ -144,6 +154,8 @@ class Side:
             self.person += 1
         elif result.person is None:
             self.cannot_tell += 1
+        else:
+            self.no_person += 1
 
 
 @dataclass
@@ -196,6 +208,7 @@ def failures(days: int, cap: int) -> tuple[list[Episode], int, bool]:
             step_name=KT("data__step"),
             step_iteration=Cast(KT("data__iteration"), IntegerField()),
             failure_class=KT("data__routing__failure_class"),
+            routed=KT("data__routing__action"),
             attempt=Cast(KT("data__attempt"), IntegerField()),
             tool=Subquery(step.values("tool")[:1]),
             step_status=Subquery(step.values("status")[:1]),
@@ -213,6 +226,7 @@ def failures(days: int, cap: int) -> tuple[list[Episode], int, bool]:
             "tool",
             "step_status",
             "step_error",
+            "routed",
             "seq",
         )[: cap + 1]
     )
@@ -224,11 +238,14 @@ def failures(days: int, cap: int) -> tuple[list[Episode], int, bool]:
     for events in grouped.values():
         events.sort(key=lambda row: row[-1])  # by seq: oldest first
         found, attempt = [], 0
-        for run_id, workflow, name, _i, verb, cls, number, tool, _s, error, _seq in events:
+        for run_id, workflow, name, _i, verb, cls, number, tool, _s, error, routed, _seq in events:
             if verb == Verb.STEP_UNKNOWN_OUTCOME:
                 cls = FailureClass.UNKNOWN_OUTCOME
             attempt = number if number is not None else attempt + 1
-            found.append(Failure(run_id, workflow, name, tool or "", cls or error or "", attempt))
+            closed = verb == Verb.STEP_ESCALATED and routed == A.WAIT
+            found.append(
+                Failure(run_id, workflow, name, tool or "", cls or error or "", attempt, closed)
+            )
         status = events[0][8]
         recovered = status in (Step.Status.SUCCEEDED, Step.Status.DEGRADED)
         episodes.append(Episode(found, recovered))

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
@@ -25,7 +26,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from approvals import actions, console, live, paging, untrusted
+from approvals import actions, console, incidents, live, paging, untrusted
 from approvals.forms import (
     ActionForm,
     ApproveForm,
@@ -90,6 +91,9 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "counts": console.inbox_counts(request.user),
         "now": timezone.now(),
         "query": _querystring(request),
+        "bulk_query": urlencode({"status": "inbox", **form.filters()}),
+        "incidents": incidents.incident_groups(),
+        "health_reasons": incidents.HEALTH_REASONS,
     }
     template = "console/inbox.html"
     if request.htmx and request.htmx.target == "inbox-live":

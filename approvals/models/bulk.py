@@ -38,6 +38,10 @@ class BulkVerb(models.TextChoices):
 class BulkStatus(models.TextChoices):
     PREVIEWED = "previewed", _("Previewed")
     RUNNING = "running", _("Running")
+    # A person paused it: the worker stops after the item in hand; resuming goes on.
+    PAUSED = "paused", _("Paused")
+    # A person stopped it: the items not yet handled stay pending and are never acted on.
+    STOPPED = "stopped", _("Stopped")
     DONE = "done", _("Done")
 
 
@@ -66,6 +70,18 @@ class BulkAction(SealedModel):
     # Moved by the worker after every item: a running job whose heartbeat is old is re-enqueued
     # by the sweep (approvals/bulk.py `resume_stale`).
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # What the preview found of the tools a retry calls: {tool: {state, detail}} (approvals/
+    # incidents.py check_tool), so the page says whether a tool was still down when offered.
+    tool_health = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+    # The job whose failed or skipped runs this one retries ("retry the ones that failed").
+    retry_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="retries"
+    )
+    # Who paused, resumed or stopped it last, and when (the seal records each move).
+    control_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    control_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -89,6 +105,37 @@ class BulkAction(SealedModel):
         for name, value in fields.items():
             setattr(self, name, value)
         return True
+
+    # Which moves a person may make, from where.
+    CONTROLS = {
+        "pause": ({BulkStatus.RUNNING}, BulkStatus.PAUSED),
+        "resume": ({BulkStatus.PAUSED}, BulkStatus.RUNNING),
+        "stop": ({BulkStatus.RUNNING, BulkStatus.PAUSED}, BulkStatus.STOPPED),
+    }
+
+    def control(self, move: str, user) -> bool:
+        """Pause, resume or stop the job (a conditional update, sealed): False when it is not
+        in a state that move applies to (finished, or moved already by someone else). The
+        worker reads the status between runs, so the run in hand finishes first."""
+        sources, target = self.CONTROLS[move]
+        now = timezone.now()
+        fields = {"status": target, "control_by": user, "control_at": now}
+        if target == BulkStatus.RUNNING:
+            fields["heartbeat_at"] = now
+        if target == BulkStatus.STOPPED:
+            fields["finished_at"] = now
+        with transaction.atomic(savepoint=False):
+            moved = BulkAction.objects.filter(pk=self.pk, status__in=sources).update(**fields)
+            if not moved:
+                return False
+            seal(self)
+        for name, value in fields.items():
+            setattr(self, name, value)
+        return True
+
+    def is_running(self) -> bool:
+        """Read from the database: the worker asks before each run."""
+        return BulkAction.objects.filter(pk=self.pk, status=BulkStatus.RUNNING).exists()
 
     def beat(self, now=None) -> None:
         """The job moves: the sweep leaves it to its worker (approvals/bulk.py resume_stale)."""

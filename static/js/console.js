@@ -72,7 +72,7 @@ function editing(root) {
   });
 })();
 
-// === Reading timeline (templates/console/timeline.html) ============================
+// === Reading timeline (templates/console/timeline.html) =====================
 // A link to an event (a lane-chart marker, "next failure") opens the line it lands on, so its
 // payload loads (htmx, on the <details>' toggle) and a collapsed run of attempts unfolds.
 (function () {
@@ -239,4 +239,31 @@ function editing(root) {
       }
     }
   });
+=======
+// === Incident desk (issue 33 §2): runs picked in the inbox survive its live refresh ========
+// The list is swapped every few seconds (and when a filter changes): the ids picked are kept
+// here and ticked again in the fresh rows; the button shows how many are picked. Without
+// JavaScript the boxes still submit with the form (a refresh then clears them).
+(function () {
+  "use strict";
+  var picked = {};
+  var BOXES = "input[type=checkbox][name=runs][form=pick-form]";
+  function show() {
+    var boxes = document.querySelectorAll(BOXES);
+    var n = 0;
+    for (var i = 0; i < boxes.length; i++) {
+      boxes[i].checked = picked[boxes[i].value] === true;
+      if (boxes[i].checked) n += 1;
+    }
+    var count = document.querySelector("[data-pick-count]");
+    if (count) count.textContent = String(n);
+  }
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box.matches || !box.matches(BOXES)) return;
+    if (box.checked) picked[box.value] = true;
+    else delete picked[box.value];
+    show();
+  });
+  document.addEventListener("htmx:afterSettle", show);
 })();

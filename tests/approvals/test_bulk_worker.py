@@ -87,3 +87,67 @@ def test_a_worker_killed_midway_through_a_bulk_retry(workers, sandbox, support_u
         events = TimelineEvent.objects.filter(run=run, verb="bulk_action.applied")
         assert events.count() == 1
         assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+
+
+def test_a_job_paused_midway_by_a_person_stops_between_runs_and_resumes(
+    workers, sandbox, support_user
+):
+    # The executor is a Celery task: pausing is a flag in PostgreSQL it reads before every run,
+    # so the worker acts on at most the run in hand after the pause, and a resume hands the
+    # job to a worker again; each run is still acted on (and its mail sent) exactly once.
+    runs = outage_parked_runs(sandbox, RUNS)
+    settings.TASKPILOTS["DISPATCH"] = "celery"
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {"comment": "mail is back"})
+    workers.start(concurrency=2)
+    bulk.start(job, support_user)
+    wait_for(lambda: finished(job) >= 5, what="the job to be under way", interval=0.005)
+    bulk.control(BulkAction.objects.get(pk=job.pk), support_user, "pause")
+    at_pause = finished(job)
+    time.sleep(2)  # a worker still going would handle dozens of runs in this time
+    held = finished(job)
+    assert held <= at_pause + 2, (at_pause, held)  # at most the runs in hand (concurrency 2)
+    assert held < RUNS, "the job finished before the pause: nothing was tested"
+    assert BulkAction.objects.get(pk=job.pk).status == "paused"
+
+    bulk.control(BulkAction.objects.get(pk=job.pk), support_user, "resume")
+    wait_for(job_done(job), timeout=120, what="the resumed job to finish")
+    ids = [r.pk for r in runs]
+    wait_for(all_succeeded(ids), timeout=120, what="every retried run to finish")
+    assert job.counts()["done"] == RUNS
+    for run in runs:
+        assert HumanDecision.objects.filter(run=run, bulk_action=job).count() == 1
+        assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+
+
+def test_a_job_stopped_midway_leaves_the_rest_alone_under_a_real_worker(
+    workers, sandbox, support_user
+):
+    runs = outage_parked_runs(sandbox, RUNS)
+    settings.TASKPILOTS["DISPATCH"] = "celery"
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {"comment": "mail is back"})
+    workers.start(concurrency=2)
+    bulk.start(job, support_user)
+    wait_for(lambda: finished(job) >= 5, what="the job to be under way", interval=0.005)
+    bulk.control(BulkAction.objects.get(pk=job.pk), support_user, "stop")
+    at_stop = finished(job)
+    time.sleep(2)
+    held = finished(job)
+    assert held <= at_stop + 1, (at_stop, held)  # at most the run in hand
+    assert held < RUNS, "the job finished before the stop: nothing was tested"
+    bulk.resume_stale()  # the sweep does not hand a stopped job on
+    time.sleep(1)
+    assert finished(job) == held and BulkAction.objects.get(pk=job.pk).status == "stopped"
+
+    acted = set(
+        BulkActionItem.objects.filter(bulk_action=job, status="done").values_list(
+            "run_id", flat=True
+        )
+    )
+    ids = list(acted)
+    wait_for(all_succeeded(ids), timeout=120, what="the runs acted on to finish")
+    for run in runs:
+        sent = len(sandbox.ledger(system="mail", run=str(run.pk)))
+        assert sent == (1 if run.pk in acted else 0), (run.pk, sent)
+        assert Run.objects.get(pk=run.pk).status == (
+            "succeeded" if run.pk in acted else "needs_human"
+        )

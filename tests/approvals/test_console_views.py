@@ -160,7 +160,9 @@ def test_the_inbox_costs_the_same_queries_for_10_or_600_runs(client, support_use
         response = client.get(INBOX, {"page": 3})
     assert response.status_code == 200
     assert len(response.context["page"].object_list) == 25
-    assert len(large) == len(small) <= 8
+    # 8 for the page, plus the incident view: its one grouped query, and two for the health
+    # of the groups' tools when there are any (tests/approvals/test_incidents.py).
+    assert len(large) == len(small) <= 11
 
 
 def test_the_detail_page_costs_a_bounded_number_of_queries(client, sandbox, support_user):

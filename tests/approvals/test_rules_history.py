@@ -256,3 +256,37 @@ def test_drift_is_replayed_as_a_paused_tool_not_a_person():
         before, after = str(row["before"]), str(row["after"])
     assert (before, after) == ("Pause the tool (API drift)", "Fail the run")
     assert row["runs"] == [run.pk]
+
+
+def test_a_wait_window_that_closed_on_a_person_counts_as_reaching_a_person(sandbox):
+    # The engine records the hand-over when an outage outlasts its wait window as
+    # `step.escalated` whose routing's action is `wait` (the route that matched): the baseline
+    # must count those steps as reaching a person, as they did (issue 33: the 263 runs that
+    # really sat in the ops inbox were counted as "no person", overstating a change).
+    from tests.approvals.bulk_helpers import outage_parked_runs
+
+    outage_parked_runs(sandbox, 2)
+    name = EscalationRule.objects.get(failure_class="outage", action="wait").name
+    same = rules_history.preview(edited(name), 7)
+    assert same.steps == 2
+    assert same.current.person == 2 and same.current.no_person == 0
+    assert same.current.cannot_tell == 0
+    assert same.changed == 0 and same.proposed.person == 2
+
+    failed = rules_history.preview(edited(name, action="fail"), 7)
+    assert failed.current.person == 2
+    assert failed.proposed.person == 0 and failed.proposed.no_person == 2
+    assert failed.changed == 2
+
+
+def test_failures_and_steps_are_in_separate_labelled_tables(client, admin_user, history):
+    rule = EscalationRule.objects.get(name="Retry transient errors")
+    client.force_login(admin_user)
+    data = {**form_data(rule, max_attempts=2), "days": "7"}
+    response = client.post(preview_url(rule), data)
+    html = response.content.decode()
+    routes = html[html.index('class="runs preview-routes"') : html.index("</table>")]
+    assert "Failures routed to" in routes and "reached a person" not in routes
+    steps = html[html.index('class="runs preview-steps"') :]
+    steps = steps[: steps.index("</table>")]
+    assert "reached a person" in steps and "Steps, rules in force" in steps

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("approvals", "0022_default_approval_rules"),
+        ("approvals", "0024_bulk_jobs"),
     ]
 
     operations = [
