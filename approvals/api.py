@@ -205,7 +205,10 @@ def _run_to_act_on(
     "/runs/{run_id}/cancel",
     auth=BearerAuth(ApiScope.RUNS_WRITE),
     response={200: RunOut, **errors(404, 409, *BODY_ERRORS)},
-    summary="Cancel a run (committed side effects are compensated unless compensate=false)",
+    summary=(
+        "Cancel a run (committed side effects whose tool can undo them are compensated unless "
+        "compensate=false; the others are left for a person)"
+    ),
     description=(
         "As the person the credentials authenticate (a personal token, or a client with that "
         "person's delegation), or by an API client on its own account. The console's rules "

@@ -37,6 +37,7 @@ from approvals.models import HumanDecision, known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
 from approvals.permissions import ActionForbidden, can_act, check_may_act, is_admin
 from runs import tools as tool_registry
+from runs.engine.compensation import undoable
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
 from runs.tools import CallContext, ToolError
 from runs.verbs import Verb
@@ -498,7 +499,31 @@ class Plan:
             raise Skip(_("Action not available: the run is being compensated."))
         if self.step is not None and self.step.status == Step.Status.UNKNOWN_OUTCOME:
             raise Skip(_("Action not available: the outcome is unknown; confirm it first."))
-        return _("Cancel it (committed side effects are compensated)."), {}
+        return _cancel_plan(self.run), {}
+
+
+def _cancel_plan(run: Run) -> str:
+    """What cancelling does to what the run already did, as the run page says it: undone by
+    TaskPilots, or left for a person (approvals/_undo_plan.html)."""
+    tools = list(
+        SideEffect.objects.filter(run=run, status=SideEffect.Status.COMMITTED).values_list(
+            "tool", flat=True
+        )
+    )
+    if not tools:
+        return _("Cancel it (nothing was done to other systems yet).")
+    undo = sorted({t for t in tools if undoable(t)})
+    by_hand = sorted({t for t in tools if not undoable(t)})
+    if not by_hand:
+        return _("Cancel it and undo what it did (%(undo)s).") % {"undo": ", ".join(undo)}
+    if not undo:
+        return _(
+            "Cancel it; %(by_hand)s cannot be undone by TaskPilots and is left for a person."
+        ) % {"by_hand": ", ".join(by_hand)}
+    return _(
+        "Cancel it and undo %(undo)s; %(by_hand)s cannot be undone by TaskPilots and is left "
+        "for a person."
+    ) % {"undo": ", ".join(undo), "by_hand": ", ".join(by_hand)}
 
 
 class Skip(Exception):

@@ -317,3 +317,18 @@ def test_a_filtered_empty_inbox_does_not_say_nothing_is_waiting(client, sandbox,
     assert "Nothing is waiting for a person." not in text
     assert "No waiting run matches these filters. 1 run waits for a person in all." in text
     assert "Clear the filters" in text
+
+
+def test_a_bulk_cancel_plan_says_what_is_undone_and_what_is_left(client, sandbox, admin_user):
+    """Issue 33 §4: the bulk cancel preview said "committed side effects are compensated"."""
+    from approvals import bulk
+
+    engine.run_until_quiet(start("test.mail_refund_then_ask", {"payment": "pay_2"}).pk)
+    job = bulk.preview(
+        admin_user, "cancel", {"workflow": "test.mail_refund_then_ask"}, {"comment": "x"}
+    )
+    plans = list(job.items.values_list("plan", flat=True))
+    assert plans == [
+        "Cancel it and undo payments.refund; mail.send cannot be undone by TaskPilots and is "
+        "left for a person."
+    ]
