@@ -188,10 +188,12 @@ ENGINE_SENTENCES = [
             r"be undone by hand: (?P<listed>.+)",
             re.S,
         ),
-        {"": gettext_lazy(
-            "Compensation finished, but these side effects have no compensating tool and must "
-            "be undone by hand: %(listed)s"
-        )},
+        {
+            "": gettext_lazy(
+                "Compensation finished, but these side effects have no compensating tool and must "
+                "be undone by hand: %(listed)s"
+            )
+        },
     ),
     (
         re.compile(
@@ -202,7 +204,7 @@ ENGINE_SENTENCES = [
         ),
         _NO_DEDUPE,
     ),
-]  # fmt: skip
+]
 
 
 def engine_text(text: Any) -> Any:
@@ -780,10 +782,30 @@ def _pending(run, steps, current, approval) -> Pending | None:
 
 # ISO 4217 minor units where they are not 2 (yen and won have no cents; dinars have three).
 CURRENCY_DECIMALS = {
-    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF",
-                     "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF"), 0),
+    **dict.fromkeys(
+        (
+            "BIF",
+            "CLP",
+            "DJF",
+            "GNF",
+            "ISK",
+            "JPY",
+            "KMF",
+            "KRW",
+            "PYG",
+            "RWF",
+            "UGX",
+            "UYI",
+            "VND",
+            "VUV",
+            "XAF",
+            "XOF",
+            "XPF",
+        ),
+        0,
+    ),
     **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
-}  # fmt: skip
+}
 
 
 def amount_of(params: Any) -> str:
