@@ -72,7 +72,7 @@ function editing(root) {
   });
 })();
 
-// === Reading timeline (templates/console/timeline.html) =====================
+// === Reading timeline (templates/console/timeline.html) ===================================
 // A link to an event (a lane-chart marker, "next failure") opens the line it lands on, so its
 // payload loads (htmx, on the <details>' toggle) and a collapsed run of attempts unfolds.
 (function () {
@@ -90,7 +90,7 @@ function editing(root) {
   document.addEventListener("DOMContentLoaded", openTarget);
 })();
 // === end Reading timeline ==================================================================
-=======
+
 // Lists: each cell carries its column's name (a phone shows rows as cards, value under name),
 // and a table wider than its card says that it scrolls sideways. Text only (textContent,
 // setAttribute): no markup and no inline style is written, so the CSP needs no exception.
@@ -239,7 +239,8 @@ function editing(root) {
       }
     }
   });
-=======
+})();
+
 // === Incident desk (issue 33 §2): runs picked in the inbox survive its live refresh ========
 // The list is swapped every few seconds (and when a filter changes): the ids picked are kept
 // here and ticked again in the fresh rows; the button shows how many are picked. Without

@@ -248,6 +248,11 @@ def _console_post_urls(run) -> list[str]:
         route = pattern.pattern
         converters = route.converters
         names = list(converters)
+        groups = list(getattr(route, "regex").groupindex)
+        if not names and groups:  # a regex route (bulk-control): an id and its first choice
+            values = {name: "1" if name.endswith("id") else "pause" for name in groups}
+            urls.append(reverse(f"console:{pattern.name}", kwargs=values))
+            continue
         if not names:
             urls.append(reverse(f"console:{pattern.name}"))
             continue
