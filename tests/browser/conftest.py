@@ -41,6 +41,9 @@ def page(chromium, live_server):
     page = context.new_page()
     page.console_errors = []
     page.on("console", lambda m: page.console_errors.append(m.text) if m.type == "error" else None)
+    # A script that fails to parse or throws is a page error, not a console message: a conflict
+    # marker once cut console.js and every feature after it was silently gone.
+    page.on("pageerror", lambda exc: page.console_errors.append(f"page error: {exc}"))
     yield page
     context.close()
 
