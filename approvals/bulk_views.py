@@ -133,6 +133,7 @@ def bulk_detail(request: HttpRequest, bulk_id: int) -> HttpResponse:
         "status_label": bulk.STATUS_LABELS[job.status],
         "action_label": bulk.ACTION_LABELS[job.action],
         "tool_health": sorted(job.tool_health.items()),
+        "filter_chips": filter_chips(job.filters),
         "may_control": job.user_id == request.user.pk or is_admin(request.user),
     }
     if job.status == BulkAction.Status.PREVIEWED:
@@ -147,6 +148,23 @@ def bulk_detail(request: HttpRequest, bulk_id: int) -> HttpResponse:
         context["result_page"] = RESULT_PAGE
         context["to_retry"] = sum(1 for i in results if i.now[0] in ("failed", "parked"))
     return render(request, "console/bulk_detail.html", context)
+
+
+def filter_chips(filters: dict) -> list[tuple[str, str]]:
+    """The filters a job was selected with, as a person reads them: each filter's label and
+    its value's label (a failure class, a status, an owner choice) in the reader's language;
+    names and dates as given."""
+    fields = BulkPreviewForm.base_fields
+    choices = {name: dict(options) for name, options in _options().items()}
+    chips = []
+    for name, value in filters.items():
+        if not value or name == "runs":
+            continue
+        field = fields.get(name)
+        label = str(field.label) if field is not None and field.label else name
+        shown = choices.get(name, {}).get(value, value)
+        chips.append((label, str(shown)))
+    return chips
 
 
 def skipped_by_reason(job: BulkAction) -> list[dict]:

@@ -248,7 +248,7 @@ def _console_post_urls(run) -> list[str]:
         route = pattern.pattern
         converters = route.converters
         names = list(converters)
-        groups = list(getattr(route, "regex").groupindex)
+        groups = list(route.regex.groupindex)
         if not names and groups:  # a regex route (bulk-control): an id and its first choice
             values = {name: "1" if name.endswith("id") else "pause" for name in groups}
             urls.append(reverse(f"console:{pattern.name}", kwargs=values))

@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
 from approvals import actions, bulk
@@ -265,3 +266,14 @@ def test_the_api_refuses_a_bad_picked_id_and_writes_nothing(support_user):
     status, _ = api.post("/bulk-actions/preview", {"action": "retry", "filters": {"runs": ["x"]}})
     assert status == 422
     assert not BulkAction.objects.exists()
+
+
+def test_the_filters_read_in_the_readers_language(client, sandbox, support_user):
+    """Issue 33 §5: the bulk page printed its filters raw ("reason = outage")."""
+    outage_parked_runs(sandbox, 1)
+    job = bulk.preview(support_user, "retry", {"reason": "outage"}, {"comment": "back"})
+    client.force_login(support_user)
+    url = reverse("console:bulk-detail", args=[job.pk])
+    assert "Failure class: System outage" in visible_text(client.get(url))
+    chinese = visible_text(client.get(url, HTTP_ACCEPT_LANGUAGE="zh-Hans"))
+    assert "reason = outage" not in chinese and "outage" not in chinese
