@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from taskpilots.evidence import bench
+from taskpilots.evidence import artifacts, bench
 
 
 class Command(BaseCommand):
@@ -34,12 +35,18 @@ class Command(BaseCommand):
         parser.add_argument("--pool", choices=["prefork", "threads", "gevent", "eventlet", "solo"])
         parser.add_argument("--concurrency", type=int)
         parser.add_argument(
+            "--record",
+            metavar="FILE",
+            help="append the environment, the raw samples and the result to FILE (JSON Lines; "
+            "docs/results/<name>.jsonl for the figures the docs quote)",
+        )
+        parser.add_argument(
             "--here",
             action="store_true",
             help="use the configured database instead of a scratch one",
         )
 
-    def handle(self, *args, which, runs, workers, samples, no_dbos, here, **options):
+    def handle(self, *args, which, runs, workers, samples, no_dbos, here, record, **options):
         if runs < 1 or workers < 1 or samples < 1:
             raise CommandError("--runs, --workers and --samples must be at least 1")
         io = {k: options[k] for k in ("latency_ms", "pool", "concurrency")}
@@ -59,6 +66,8 @@ class Command(BaseCommand):
                 if value is not None:
                     argv += [f"--{name.replace('_', '-')}", str(value)]
             argv += ["--consoles", str(options["consoles"]), "--seconds", str(options["seconds"])]
+            if record:
+                argv += ["--record", str(Path(record).resolve())]
             if which == "console":
                 from taskpilots.evidence.bench_console import run_in_scratch_database
             elif which == "inbox":
@@ -95,4 +104,8 @@ class Command(BaseCommand):
             result = bench.bench_snapshot(samples, say)
         else:
             result = bench.bench_recovery(max(3, samples // 10), say)
+        # The raw samples go to the record only; the last line stays one readable summary.
+        samples_taken = result.pop("samples", [])
+        if record:
+            artifacts.write(record, which, result, samples_taken)
         self.stdout.write(json.dumps(result, sort_keys=True))
