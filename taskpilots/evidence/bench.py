@@ -1,6 +1,10 @@
 """Benchmarks: what the safety costs, measured against references taken in the same run.
 
-    python manage.py bench engine|snapshot|recovery|console [--runs N] [--json]
+    python manage.py bench engine|snapshot|recovery|io|console|inbox|crash [--record FILE]
+
+The engine benchmark is in bench_engine.py, io in bench_io.py, console and inbox in
+bench_console.py and bench_live.py; this module keeps snapshot and recovery and the pieces they
+share (the worker pool, the sandbox, the plain-psycopg baseline).
 
 Every benchmark reports ratios against a reference measured in the same run on the same machine,
 because absolute figures vary between machines, and ends with one JSON line.
@@ -19,8 +23,6 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import connection
-from django.db.models import Max
 from django.utils import timezone
 
 from runs import engine
@@ -31,9 +33,7 @@ from taskpilots.evidence import scratch
 from taskpilots.evidence.workers import (
     ROOT,
     Workers,
-    backend_cpu_s,
     database_url,
-    process_groups_cpu_s,
 )
 
 Say = Callable[[str], None]
@@ -53,14 +53,6 @@ def broker_name() -> str:
     return {"amqp": "rabbitmq", "pyamqp": "rabbitmq", "redis": "redis", "rediss": "redis"}.get(
         scheme, scheme.rstrip(":/")
     )
-
-
-def _commits() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-        )
-        return cursor.fetchone()[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,151 +112,6 @@ def baseline_commits_per_s(processes: int, seconds: float = 3.0) -> float:
         with psycopg.connect(database_url(owner=True), autocommit=True) as conn:
             conn.execute(f"DROP TABLE IF EXISTS {table}")
     return sum(r["commits"] for r in results) / max(r["elapsed_s"] for r in results)
-
-
-# --------------------------------------------------------------------------------------------
-# The peer: the same workflow on DBOS Transact.
-
-
-def dbos_steps_per_s(
-    processes: int, workflows: int, say: Say, threads: tuple[int, ...] = (1,)
-) -> tuple[float, int] | None:
-    """DBOS's best throughput over `threads` (workflows at once per process) and the count
-    that gave it, or None when the peer could not run."""
-    name = scratch.scratch_name("dbos")
-    best = None
-    for count in threads:
-        scratch.create_database(name)
-        try:
-            figure = _dbos_steps_per_s(database_url(name), processes, workflows, count, say)
-        finally:
-            scratch.drop_database(name)
-        if figure is not None:
-            say(f"  DBOS, {count} at once per process: {figure:,.0f} steps/s")
-            if best is None or figure > best[0]:
-                best = (figure, count)
-    return best
-
-
-def _dbos_steps_per_s(
-    url: str, processes: int, workflows: int, threads: int, say: Say
-) -> float | None:
-    start_at = time.time() + 5
-    per_process = max(1, workflows // processes)
-    say(f"DBOS: {processes} processes × {per_process} workflows, {threads} at once")
-    argv = ["dbos", "--url", url, "--workflows", str(per_process), "--threads", str(threads)]
-    try:
-        results = _peers([[*argv, "--start-at", str(start_at)]] * processes, timeout=600)
-    except RuntimeError as exc:
-        say(str(exc))
-        return None
-    steps = sum(r["steps"] for r in results)
-    return steps / max(r["elapsed_s"] for r in results)
-
-
-# --------------------------------------------------------------------------------------------
-# 1. Engine throughput.
-
-
-def bench_engine(
-    runs: int = 500,
-    workers: int = 2,
-    say: Say = print,
-    with_dbos: bool = True,
-    pool: str | None = None,
-    concurrency: int | None = None,
-) -> dict:
-    """`runs` runs of bench.five through `workers` Celery worker processes configured as in
-    production (taskpilots.workerconf), timed on the database's clock from the first hint to
-    the last run's finish; DBOS runs the same workflow in as many processes, at its best
-    concurrency, in the same run."""
-    from runs.tasks import advance_run
-    from taskpilots.evidence import bench_flows  # noqa: F401  (registers bench.five in this process too)
-    from taskpilots.workerconf import CONCURRENCY, worker_config
-
-    say(f"baseline: single-row INSERT commits with {workers} psycopg processes")
-    baseline = baseline_commits_per_s(workers)
-    say(f"  {baseline:,.0f} commits/s")
-
-    # Its tools answer at once: no step waits, so threads beyond the pooled connections would
-    # only queue for one (make run's 200 are for runs that wait on calls).
-    config = worker_config(pool, concurrency or min(CONCURRENCY, settings.DB_POOL_SIZE or 8))
-    env = {"TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES, "TASKPILOTS_INLINE_BUDGET_SECONDS": "30"}
-    with _worker_pool("none", {**env, **config.env}) as processes:
-        say(
-            f"starting {workers} Celery worker processes ({config.pool}, concurrency "
-            f"{config.concurrency}; {broker_name()})"
-        )
-        groups = [processes.start(options=config.options()).process.pid for _ in range(workers)]
-        tag = uuid.uuid4().hex[:8]
-        say(f"creating {runs} runs of bench.five")
-        ids = [
-            engine.start_run("bench.five", {"n": n}, business_key=f"bench-{tag}-{n}")[0].pk
-            for n in range(runs)
-        ]
-        before = _commits()
-        cpu_before = _cpu_s(groups)
-        started_at = timezone.now()
-        for run_id in ids:
-            advance_run.delay(str(run_id))
-        polls = _wait_for_runs(ids, say, prefix=f"bench-{tag}-")
-        commits = _commits() - before - polls - 1
-        cpu = _cpu_per_step_ms(cpu_before, _cpu_s(groups), runs * 5)
-    finished = Run.objects.filter(pk__in=ids).aggregate(last=Max("finished_at"))["last"]
-    elapsed = (finished - started_at).total_seconds()
-    steps = runs * 5
-    # Each run's latency, start to finish: its five steps' own times would say little, since
-    # three of them are done ahead of a claim, in the statement that records them (0 ms each).
-    durations = [
-        (done - begun).total_seconds() * 1000
-        for begun, done in Run.objects.filter(pk__in=ids).values_list("created_at", "finished_at")
-    ]
-    steps_per_s = steps / elapsed
-    say(f"TaskPilots: {steps_per_s:,.0f} steps/s ({steps} steps in {elapsed:.2f} s)")
-    dbos = None
-    if with_dbos:
-        dbos = dbos_steps_per_s(workers, runs, say, threads=(1, 4, 16))
-    return {
-        "benchmark": "engine",
-        "runs": runs,
-        "steps": steps,
-        "workers": workers,
-        "worker_pool": config.pool,
-        "worker_concurrency": config.concurrency,
-        "broker": broker_name(),
-        "steps_per_s": round(steps_per_s, 1),
-        "baseline_commits_per_s": round(baseline, 1),
-        "ratio": round(steps_per_s / baseline, 4),
-        "dbos_steps_per_s": round(dbos[0], 1) if dbos else None,
-        "dbos_concurrency": dbos[1] if dbos else None,
-        "vs_dbos": round(steps_per_s / dbos[0], 3) if dbos else None,
-        "commits_per_step": round(commits / steps, 2),
-        "events_per_step": round(TimelineEvent.objects.filter(run_id__in=ids).count() / steps, 2),
-        "run_p50_ms": round(percentile(durations, 50), 2),
-        "run_p99_ms": round(percentile(durations, 99), 2),
-        **cpu,
-    }
-
-
-def _wait_for_runs(ids: list, say: Say, timeout: float = 600, *, prefix: str = "") -> int:
-    """Until every run succeeded, saying how many have; the number of polls. The clock is the
-    database's (the runs' own times), so the poll only has to notice the end: a few times a
-    second, one index range on the business keys (`prefix`) rather than a list of every id,
-    so the benchmark takes as little as it can of the CPU it measures."""
-    if prefix:
-        runs = Run.objects.filter(business_key__startswith=prefix)
-    else:
-        runs = Run.objects.filter(pk__in=ids)
-    polls, done, started = 0, 0, time.monotonic()
-    while done < len(ids):
-        time.sleep(0.25)
-        polls += 1
-        done = runs.filter(status="succeeded").count()
-        if polls % 4 == 0:
-            say(f"  {done}/{len(ids)} runs done")
-        if time.monotonic() - started > timeout:
-            raise RuntimeError(f"only {done}/{len(ids)} runs finished in {timeout:.0f} s")
-    return polls
 
 
 # --------------------------------------------------------------------------------------------
@@ -517,22 +364,6 @@ def _latency_summary(values: list[float]) -> dict:
     return {
         "p50_ms": round(percentile(values, 50), 1),
         "p95_ms": round(percentile(values, 95), 1),
-    }
-
-
-def _cpu_s(groups: list[int]) -> tuple[float | None, float | None]:
-    """CPU seconds so far of the workers' processes and of PostgreSQL's server processes for
-    this (scratch) database: where a step's time goes when the machine is the bound."""
-    return process_groups_cpu_s(groups), backend_cpu_s(connection.settings_dict["NAME"])
-
-
-def _cpu_per_step_ms(before, after, steps: int) -> dict:
-    def per_step(first, last):
-        return None if first is None or last is None else round((last - first) * 1000 / steps, 3)
-
-    return {
-        "worker_cpu_ms_per_step": per_step(before[0], after[0]),
-        "db_cpu_ms_per_step": per_step(before[1], after[1]),
     }
 
 

@@ -8,16 +8,16 @@ import os
 
 from runs import tools, workflows
 from runs.models import Risk
-from runs.tools import http_tool, python_tool
+from runs.tools import Verification, http_tool, python_tool
 from runs.workflows import Workflow, compute, read, side_effect
 
 
 def _noop_read(params, ctx):
-    return {"value": params["n"]}
+    return {"value": params["n"], "doc": params.get("doc", "")}
 
 
 def _noop_write(params, ctx):
-    return {"id": ctx.idempotency_key}
+    return {"id": ctx.idempotency_key, "record": params.get("doc", "")}
 
 
 tools.register(python_tool("bench.read", _noop_read), replace=True)
@@ -33,15 +33,91 @@ tools.register(
     replace=True,
 )
 
+# bench engine's payloads (taskpilots/evidence/bench_payloads.py): the input's `doc`, 1–16 KB,
+# comes back in the read's result and is carried by each write and its receipt. Without a `doc`
+# (the tests' runs) the steps are the same with empty text.
 FIVE = workflows.register(
     Workflow(
         "bench.five",
         1,
         [
             compute("prepare", lambda ctx: {"n": ctx.input["n"]}),
-            read("fetch", "bench.read", params=lambda ctx: {"n": ctx.input["n"]}),
-            side_effect("write_a", "bench.write", params=lambda ctx: {"n": ctx.input["n"]}),
-            side_effect("write_b", "bench.write", params=lambda ctx: {"n": ctx.input["n"] + 1}),
+            read(
+                "fetch",
+                "bench.read",
+                params=lambda ctx: {"n": ctx.input["n"], "doc": ctx.input.get("doc", "")},
+            ),
+            side_effect(
+                "write_a",
+                "bench.write",
+                params=lambda ctx: {"n": ctx.input["n"], "doc": ctx.results["fetch"]["doc"]},
+            ),
+            side_effect(
+                "write_b",
+                "bench.write",
+                params=lambda ctx: {"n": ctx.input["n"] + 1, "doc": ctx.results["fetch"]["doc"]},
+            ),
+            compute("finish", lambda ctx: {"ok": True}),
+        ],
+    ),
+    replace=True,
+)
+
+
+# bench engine's slow path: the same five steps, but the writes go to a tool that can neither be
+# asked by key nor dedupe, reconciled by a verification read (runs.tools.Verification): its
+# baseline is read and kept in the snapshot before the call, which the one-statement hot path
+# does not do, so every side effect takes the ordinary path of the model verbs.
+_VERIFIED: dict[str, dict] = {}
+
+
+def _verified_write(params, ctx):
+    _VERIFIED[f"{params['n']}:{ctx.idempotency_key}"] = {"n": params["n"]}
+    return {"id": ctx.idempotency_key, "record": params.get("doc", "")}
+
+
+def _verified_read(params, ctx):
+    return {"found": f"{params['n']}:{ctx.idempotency_key}" in _VERIFIED}
+
+
+tools.register(
+    python_tool(
+        "bench.verified_write",
+        _verified_write,
+        side_effect=True,
+        risk=Risk.LOW,
+        target=lambda p: f"bench-verified:{p['n']}",
+        verification=Verification(
+            read=_verified_read,
+            recognise=lambda params, observed, baseline: bool(observed and observed["found"]),
+            baseline=_verified_read,
+            description="the write is in the in-process store under its key",
+        ),
+    ),
+    replace=True,
+)
+
+VERIFIED = workflows.register(
+    Workflow(
+        "bench.verified",
+        1,
+        [
+            compute("prepare", lambda ctx: {"n": ctx.input["n"]}),
+            read(
+                "fetch",
+                "bench.read",
+                params=lambda ctx: {"n": ctx.input["n"], "doc": ctx.input.get("doc", "")},
+            ),
+            side_effect(
+                "write_a",
+                "bench.verified_write",
+                params=lambda ctx: {"n": ctx.input["n"], "doc": ctx.results["fetch"]["doc"]},
+            ),
+            side_effect(
+                "write_b",
+                "bench.verified_write",
+                params=lambda ctx: {"n": ctx.input["n"] + 1, "doc": ctx.results["fetch"]["doc"]},
+            ),
             compute("finish", lambda ctx: {"ok": True}),
         ],
     ),

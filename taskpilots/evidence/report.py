@@ -22,7 +22,7 @@ RESULTS = artifacts.ROOT / "docs" / "results"
 
 # result file name → "module:function" taking the file's records and returning Markdown.
 RENDERERS = {
-    "engine": "taskpilots.evidence.bench:render_engine",
+    "engine": "taskpilots.evidence.bench_engine:render_engine",
     "io": "taskpilots.evidence.bench_io:render_io",
     "crash": "taskpilots.evidence.bench_crash:render_crash",
     "recovery": "taskpilots.evidence.bench:render_recovery",

@@ -46,31 +46,53 @@ def test_a_five_step_run_costs_a_bounded_number_of_statements():
 @pytest.mark.worker
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(300)
-def test_the_engine_benchmark_runs_and_reports_its_figures():
-    result = bench.bench_engine(runs=20, workers=2, say=lambda line: None, with_dbos=True)
-    for key in (
-        "steps_per_s",
-        "baseline_commits_per_s",
-        "ratio",
-        "dbos_steps_per_s",
-        "vs_dbos",
-        "commits_per_step",
-        "run_p50_ms",
-        "run_p99_ms",
-        "broker",
-    ):
-        assert result[key] is not None, key
-    assert result["steps"] == 100
-    assert 0 < result["run_p50_ms"] <= result["run_p99_ms"]
-    # 4 statements a run (one of them a read, which pg_stat_database counts as a commit too):
-    # 0.8 a step, a little more with the pool's checks and the polling. Well above means a new
-    # transaction crept into the hot path. (The exact guard is the statement count above.)
-    assert result["commits_per_step"] <= 1.4, result
-    assert result["worker_pool"] == "threads"
-    # Where the CPU went: the workers' processes and the server's for this database (both on
-    # this machine in every configuration the tests run).
-    assert result["worker_cpu_ms_per_step"] > 0, result
-    assert result["db_cpu_ms_per_step"] > 0, result
+def test_the_engine_benchmark_pairs_taskpilots_with_dbos_and_reports_what_each_costs(tmp_path):
+    from taskpilots.evidence import artifacts
+    from taskpilots.evidence.bench_engine import bench_engine, render_engine
+
+    result = bench_engine(
+        runs=20, workers=2, say=lambda line: None, pairs=1, seconds=1, dbos_threads=(1, 16)
+    )
+    assert result["pairs"] == 1
+    # The statements a run sends, counted on the cursor: the exact guard (as above), for the
+    # slow path too (its baseline reads and the ordinary verbs).
+    assert result["statements_per_run"]["bench.five"] <= MAX_STATEMENTS_PER_RUN
+    assert result["statements_per_run"]["bench.verified"] <= 2 * MAX_STATEMENTS_PER_RUN
+    ours = result["taskpilots"]
+    # Durable commits (transaction ids handed out): the 3 writing statements a run, plus the
+    # workers' heartbeats meanwhile. Well above means a writing transaction crept in.
+    assert 3 <= ours["commits_per_run"] <= 5, ours
+    # WAL: the run's rows and events with its 1–16 KB document a few times over; a run writing
+    # far more than that has started to copy its payloads around.
+    assert 0 < ours["wal_bytes_per_run"] < 200_000, ours
+    for part in ("workers", "client", "postgres"):
+        assert ours["cpu_ms_per_step"][part] > 0, (part, ours)
+    # DBOS, the same workflow as its docs teach and with every line a step: each durable step
+    # output is a commit of its own (start, 3 steps, end; 5 steps with the computations).
+    docs, steps = result["dbos_docs"], result["dbos_steps"]
+    assert docs["commits_per_run"] >= 4 and steps["commits_per_run"] > docs["commits_per_run"]
+    assert docs["statements_per_run"] > 0 and docs["cpu_ms_per_step"]["processes"] > 0
+    assert set(result["concurrency_tried"]["docs"]) == {"1", "16"}
+    for name in ("vs_dbos_docs", "vs_dbos_steps"):
+        ratios = result[name]
+        assert ratios["min"] <= ratios["median"] <= ratios["max"] and len(ratios["pairs"]) == 1
+    assert result["slow_path"]["taskpilots"]["statements_per_run"] > (ours["statements_per_run"])
+    assert result["slow_path"]["vs_dbos"] > 0
+    # A baseline at each system's connection count.
+    assert str(2 * 10) in result["baseline_commits_per_s"], result["baseline_commits_per_s"]
+    # Raw samples for the record: calibration, the pair, the slow path.
+    phases = {sample["phase"] for sample in result["samples"]}
+    assert phases == {"calibration", "pair 1", "slow"}
+    # Recorded as the command records it, and rendered for the docs from the record.
+    record = tmp_path / "engine.jsonl"
+    samples = result.pop("samples")
+    artifacts.write(record, "engine", result, samples)
+    kinds = [line["kind"] for line in artifacts.read(record)]
+    assert kinds == ["environment", *["sample"] * len(samples), "result"]
+    text = render_engine(artifacts.read(record))
+    assert f"**{ours['steps_per_s_median']:,.0f}**" in text
+    assert f"{result['vs_dbos_docs']['median']:.2f}×" in text
+    assert "| 1 | TaskPilots → docs → steps |" in text
 
 
 @pytest.mark.django_db

@@ -24,8 +24,11 @@ class Command(BaseCommand):
         )
         # inbox: how many open inboxes poll, and for how long (and as long again idle).
         parser.add_argument("--consoles", type=int, default=50)
-        parser.add_argument("--seconds", type=float, default=20.0)
-        parser.add_argument("--runs", type=int, default=500)
+        # inbox: how long the inboxes poll (20 s); engine: how long each measurement lasts (30 s).
+        parser.add_argument("--seconds", type=float)
+        # engine: the calibration's runs (and each measurement's least), the interleaved pairs.
+        parser.add_argument("--runs", type=int, default=300)
+        parser.add_argument("--pairs", type=int, default=5)
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--samples", type=int, default=200)
         parser.add_argument("--no-dbos", action="store_true")
@@ -65,7 +68,9 @@ class Command(BaseCommand):
             for name, value in io.items():
                 if value is not None:
                     argv += [f"--{name.replace('_', '-')}", str(value)]
-            argv += ["--consoles", str(options["consoles"]), "--seconds", str(options["seconds"])]
+            argv += ["--consoles", str(options["consoles"]), "--pairs", str(options["pairs"])]
+            if options["seconds"] is not None:
+                argv += ["--seconds", str(options["seconds"])]
             if record:
                 argv += ["--record", str(Path(record).resolve())]
             if which == "console":
@@ -77,13 +82,17 @@ class Command(BaseCommand):
             raise SystemExit(run_in_scratch_database(argv, bench.to_stderr))
         say = bench.to_stderr
         if which == "engine":
-            result = bench.bench_engine(
+            from taskpilots.evidence.bench_engine import bench_engine
+
+            result = bench_engine(
                 runs,
                 workers,
                 say,
                 with_dbos=not no_dbos,
                 pool=io["pool"],
                 concurrency=io["concurrency"],
+                pairs=options["pairs"],
+                seconds=30.0 if options["seconds"] is None else options["seconds"],
             )
         elif which == "io":
             from taskpilots.evidence.bench_io import bench_io
@@ -96,6 +105,7 @@ class Command(BaseCommand):
         elif which == "inbox":
             from taskpilots.evidence.bench_live import bench_inbox
 
+            options["seconds"] = options["seconds"] or 20.0
             if options["consoles"] < 1 or options["seconds"] < 5:
                 raise CommandError("--consoles must be at least 1 and --seconds at least 5")
             consoles, seconds = options["consoles"], options["seconds"]
