@@ -118,7 +118,7 @@ def test_the_io_benchmark_loses_nothing_and_sends_nothing_twice():
     """make run's worker configuration and DBOS, a few runs: guarded on counts, never on times."""
     from taskpilots.evidence.bench_io import bench_io
 
-    result = bench_io(runs=6, latency_ms=50, say=lambda line: None)
+    result = bench_io(runs=6, latency_ms=50, pairs=1, say=lambda line: None)
     assert result["runs_succeeded"] == 6, result
     assert (result["runs_failed"], result["runs_lost"], result["runs_needs_human"]) == (0, 0, 0)
     # Counted where the calls land: two per run, each key once, each one in the ledger.
