@@ -1,32 +1,44 @@
-"""`manage.py bench io`: how many waiting runs the workers hold, against DBOS in the same run.
+"""`manage.py bench io`: how many waiting runs the workers hold, against DBOS on the same resources.
 
 Agent runs mostly wait (a model turn takes seconds, a tool call hundreds of ms), so what matters
-is how many calls can be waiting at once, what that costs in memory and PostgreSQL connections,
-and that nothing is lost or sent twice on the way. Steps, in order:
+is how many calls can be waiting at once, what that costs in CPU, memory and PostgreSQL
+connections, and that nothing is lost or sent twice on the way. Steps, in order:
 
 1. Start the waiting tool (taskpilots/evidence/waiting_tool.py): an HTTP server that answers
    each call after L ms and counts, where the calls land, the calls in flight and every
-   idempotency key.
-2. Start one Celery worker configured exactly as `make run` starts it (taskpilots.workerconf:
-   pool, concurrency, environment), on a queue of its own. One warm-up run goes through it.
-3. Create N runs of `bench.io` (two side effects on that tool) and publish their N hints while
-   the workers consume another queue (a barrier); then the workers join the hints' queue at
-   once and the clock runs to the last run's `finished_at`, so what it measures is the
-   workers, not how fast one client can start runs (`start_s` and `hints_s` say that).
-   Meanwhile a sampler records the worker processes' summed RSS and the connections to the
-   database (pg_stat_activity); progress goes to stderr. Celery beat runs the sweeper, as in
-   `make run`.
-4. Check what landed against the ledger: every key received once, every received key
-   committed, every committed key received.
-5. The same N workflows on DBOS Transact in one process (bench_peers `dbos-io`): started one
-   after another with `DBOS.start_workflow` (a thread each, over DBOS's bounded pool) and held
-   at a barrier, then released at once; each step makes the same call, which the waiting tool
-   counts apart. The clock runs from the release to the last result.
+   idempotency key, for each side apart.
+2. Start the three contestants once, and keep them for every measurement:
+   - TaskPilots: P Celery worker processes configured exactly as `make run` starts them
+     (taskpilots.workerconf: pool, concurrency C, P processes, environment), each with its
+     connection pool of TASKPILOTS_DB_POOL_SIZE (B) connections, and Celery beat (the sweeper).
+   - DBOS Transact with the same resources: P processes (bench_peers `dbos-io`), each with C
+     executor threads (`max_executor_threads`: the threads that run workflows and their
+     steps) and a system database pool of B connections (`sys_db_pool_size`).
+   - DBOS Transact as its defaults have it: one process, unbounded executor threads, a pool
+     of 20 (the only configuration before; reported as `dbos_one_process`).
+   DBOS's two system databases are created once, before any measurement, and dropped at the end.
+3. Measure in pairs, the order alternating (TaskPilots, DBOS, DBOS one process; then the other
+   way round; ...), so a machine shared with other work slows both sides alike on average.
+   Each measurement: N runs (N workflows split evenly over the DBOS processes, each process
+   starting its share) are recorded durably and held at a barrier — TaskPilots' hints wait in
+   the broker while the workers consume another queue, DBOS's workflows wait on an event before
+   their first step — then released at once. The clock: the bench process's wall clock just
+   before the release, to the wall-clock time the last run was done (TaskPilots: the last run's
+   `finished_at`, stamped by the worker; DBOS: when each process saw its last result), one
+   system clock since every process runs on this host. Creating the runs is not on the clock
+   on either side (`start_s`). CPU: the client processes' (workers; DBOS processes) and their
+   PostgreSQL backends', from /proc, release to end.
+4. Check what landed against each side's own record: TaskPilots' ledger (every key received
+   once, every received key committed, every committed key received); DBOS, both calls of
+   every workflow landed, each key once.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import queue
+import statistics
 import subprocess
 import sys
 import threading
@@ -35,6 +47,7 @@ import uuid
 from collections import Counter
 
 import httpx2
+from django.conf import settings
 from django.db.models import Count, Max
 from django.utils import timezone
 
@@ -43,12 +56,19 @@ from runs.models import Run, SideEffect, Step
 from runs.tasks import advance_run
 from taskpilots.evidence import scratch
 from taskpilots.evidence.bench import BENCH_MODULES, Say, _worker_pool, broker_name, percentile
-from taskpilots.evidence.workers import ROOT, database_url, process_groups_cpu_s
+from taskpilots.evidence.workers import ROOT, backend_cpu_s, database_url, process_groups_cpu_s
 from taskpilots.workerconf import WorkerConfig, worker_config
 
 SUCCEEDED = "succeeded"
 FAILED = ("failed", "cancelled", "compensated")
 PARKED = ("needs_human", "taken_over")  # stopped until a person acts: never finishes by itself
+
+TASKPILOTS, DBOS, DBOS_ONE = "taskpilots", "dbos", "dbos_one_process"
+CLOCK = (
+    "bench process's wall clock just before the release to the wall-clock time the last run was "
+    "done (TaskPilots: last finished_at, stamped by a worker; DBOS: each process's last "
+    "result); one host, one system clock"
+)
 
 
 def bench_io(
@@ -58,127 +78,266 @@ def bench_io(
     pool: str | None = None,
     concurrency: int | None = None,
     with_dbos: bool = True,
+    pairs: int = 4,
     say: Say = print,
 ) -> dict:
     from taskpilots.evidence import bench_flows  # noqa: F401  (registers bench.io here too)
 
+    if pairs < 1:
+        raise ValueError("pairs must be at least 1")
     config = worker_config(pool, concurrency)
+    # Connections per TaskPilots worker process: its pool, or one per thread without a pool.
+    budget = settings.DB_POOL_SIZE or config.concurrency
     # Generous, only there to end a benchmark that stalls: three times what the pool needs if
     # every call took exactly L ms, 200 ms of engine time per run, and two minutes.
     slots = config.concurrency * config.processes
     deadline_s = 120 + runs * (0.2 + 3 * 2 * latency_ms / 1000 / slots)
     tool_timeout = max(10.0, 4 * latency_ms / 1000 + 5)
+    sides = [TASKPILOTS, DBOS, DBOS_ONE] if with_dbos else [TASKPILOTS]
+    samples: list[dict] = []
     with WaitingTool.start(latency_ms) as tool, Sampler() as sampler:
-        ours = _taskpilots(runs, config, tool, sampler, deadline_s, tool_timeout, say)
-        dbos = _dbos(runs, tool, sampler, deadline_s, tool_timeout, say) if with_dbos else {}
+        common = (tool, sampler, deadline_s, tool_timeout, say)
+        with (
+            _TaskPilots(config, *common) as ours,
+            _Dbos.started(
+                DBOS, config.processes, config.concurrency, budget, common, with_dbos
+            ) as equal,
+            _Dbos.started(DBOS_ONE, 1, 0, 0, common, with_dbos) as one,
+        ):
+            contestants = {TASKPILOTS: ours, DBOS: equal, DBOS_ONE: one}
+            for pair in range(pairs):
+                order = sides if pair % 2 == 0 else sides[::-1]
+                for position, side in enumerate(order):
+                    say(f"pair {pair + 1}/{pairs}: {side}")
+                    sample = contestants[side].measure(runs, f"{pair}")
+                    sample.update(pair=pair, position=position, side=side, load_avg=_load())
+                    samples.append(sample)
         max_connections = sampler.max_connections
+        sampler_error = sampler.error
     result = {
         "benchmark": "io",
         "runs": runs,
         "latency_ms": latency_ms,
+        "pairs": pairs,
+        "order": " / ".join(["→".join(sides), "→".join(sides[::-1])]),
+        "clock": CLOCK,
         "pool": config.pool,
         "concurrency": config.concurrency,
         "processes": config.processes,
+        "db_pool_size": budget,
         "broker": broker_name(),
         # Every run at once: two calls one after the other.
         "ideal_makespan_s": round(2 * latency_ms / 1000, 3),
-        **ours,
         "max_connections": max_connections,
-        **dbos,
+        **_summary(samples, with_dbos, config, budget),
+        "samples": samples,
     }
-    if sampler.error:  # the memory and connection peaks stopped there
-        result["sampler_error"] = sampler.error
-    if dbos.get("dbos_makespan_s") and ours.get("makespan_s"):
-        result["vs_dbos"] = round(dbos["dbos_makespan_s"] / ours["makespan_s"], 3)
-    else:
-        result["vs_dbos"] = None
+    if sampler_error:  # the memory and connection peaks stopped there
+        result["sampler_error"] = sampler_error
     return result
+
+
+def _summary(samples: list[dict], with_dbos: bool, config: WorkerConfig, budget: int) -> dict:
+    """Medians and ranges over the pairs, counts summed over every measurement, peaks."""
+    by_side = {
+        side: [s for s in samples if s["side"] == side] for side in (TASKPILOTS, DBOS, DBOS_ONE)
+    }
+    ours = by_side[TASKPILOTS]
+    summary = {
+        **_figures("", ours),
+        "runs_succeeded": sum(s["runs_succeeded"] for s in ours),
+        "runs_failed": sum(s["runs_failed"] for s in ours),
+        "runs_needs_human": sum(s["runs_needs_human"] for s in ours),
+        "landed_without_receipt": sum(s["landed_without_receipt"] for s in ours),
+        "receipt_without_landing": sum(s["receipt_without_landing"] for s in ours),
+        "duplicate_examples": [e for s in ours for e in s["duplicate_examples"]][:5],
+        "hints_s": _median(s["hints_s"] for s in ours),
+        "step_p50_ms": _median(s["step_p50_ms"] for s in ours),
+        "step_p95_ms": _median(s["step_p95_ms"] for s in ours),
+        "worker_rss_mb": max(s["rss_mb"] for s in ours),
+        "worker_processes": max(s["processes_seen"] for s in ours),
+        "server_connections_peak": max(s["server_connections_peak"] for s in ours),
+        "worker_cpu_s": _median(s["cpu_s"] for s in ours),
+    }
+    for side, prefix in ((DBOS, "dbos_"), (DBOS_ONE, "dbos_one_process_")):
+        theirs = by_side[side]
+        if not with_dbos:
+            summary[f"vs_{side}"] = None
+            continue
+        summary.update(_figures(prefix, theirs))
+        summary[f"{prefix}failed"] = sum(s["failed"] for s in theirs)
+        summary[f"{prefix}failures"] = [f for s in theirs for f in s["failures"]][:5]
+        summary[f"{prefix}rss_mb"] = max(s["rss_mb"] for s in theirs)
+        summary[f"{prefix}threads_peak"] = max(s["threads_peak"] for s in theirs)
+        summary[f"{prefix}sys_db_pool_size"] = theirs[0]["sys_db_pool_size"]
+        summary[f"{prefix}processes"] = theirs[0]["processes"]
+        summary[f"{prefix}threads"] = theirs[0]["threads"]
+        # DBOS's makespan ÷ ours in the same pair: above 1, TaskPilots was faster.
+        ratios = [
+            t["makespan_s"] / o["makespan_s"]
+            for o, t in zip(ours, theirs, strict=True)
+            if t["makespan_s"] and o["makespan_s"]
+        ]
+        summary[f"vs_{side}"] = round(statistics.median(ratios), 3) if ratios else None
+        summary[f"vs_{side}_range"] = (
+            [round(min(ratios), 3), round(max(ratios), 3)] if ratios else None
+        )
+        summary[f"vs_{side}_pairs"] = [round(r, 3) for r in ratios]
+    return summary
+
+
+def _figures(prefix: str, samples: list[dict]) -> dict:
+    """One side's figures over its measurements: makespan and CPU per run (median and range),
+    counts summed, peaks."""
+    makespans = [s["makespan_s"] for s in samples if s["makespan_s"] is not None]
+    complete = len(makespans) == len(samples)
+    return {
+        f"{prefix}makespan_s": _median(makespans) if complete else None,
+        f"{prefix}makespan_range_s": [min(makespans), max(makespans)] if makespans else None,
+        f"{prefix}start_s": _median(s["start_s"] for s in samples),
+        f"{prefix}calls": sum(s["calls"] for s in samples),
+        f"{prefix}duplicates": sum(s["duplicates"] for s in samples),
+        f"{prefix}lost": sum(s["lost"] for s in samples),
+        f"{prefix}peak_in_flight": max(s["peak_in_flight"] for s in samples),
+        f"{prefix}db_connections_peak": max(s["connections_peak"] for s in samples),
+        # CPU per run, release to end: the client processes, and their PostgreSQL backends.
+        f"{prefix}cpu_ms_per_run": _median(s["cpu_ms_per_run"] for s in samples),
+        f"{prefix}db_cpu_ms_per_run": _median(s["db_cpu_ms_per_run"] for s in samples),
+    } | ({"runs_lost": sum(s["lost"] for s in samples)} if not prefix else {})
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def _per_run_ms(before: float | None, after: float | None, runs: int) -> float | None:
+    if before is None or after is None:
+        return None
+    return round((after - before) * 1000 / runs, 3)
+
+
+def _load() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 # --------------------------------------------------------------------------------------------
 # TaskPilots: real Celery workers configured as `make run` configures them.
 
 
-def _taskpilots(
-    runs: int,
-    config: WorkerConfig,
-    tool: WaitingTool,
-    sampler: Sampler,
-    deadline_s: float,
-    tool_timeout: float,
-    say: Say,
-) -> dict:
-    env = {
-        "TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES,
-        "TASKPILOTS_BENCH_IO_URL": tool.url,
-        "TASKPILOTS_TOOL_TIMEOUT_SECONDS": str(tool_timeout),
-        **config.env,
-    }
-    tag = uuid.uuid4().hex[:8]
-    # Runs are created without hints (dispatch "none" here); the workers send their own.
-    with _worker_pool("none", env) as workers:
-        say(
+class _TaskPilots:
+    """P workers on a barrier queue, warmed up; each `measure` creates N runs, queues their
+    hints and lets the workers join the hints' queue at once."""
+
+    def __init__(self, config, tool, sampler, deadline_s, tool_timeout, say):
+        self.config, self.tool, self.sampler, self.say = config, tool, sampler, say
+        self.deadline_s = deadline_s
+        self.env = {
+            "TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES,
+            "TASKPILOTS_BENCH_IO_URL": tool.url,
+            "TASKPILOTS_TOOL_TIMEOUT_SECONDS": str(tool_timeout),
+            **config.env,
+        }
+        self.tag = uuid.uuid4().hex[:8]
+        self.joined = False
+
+    def __enter__(self) -> _TaskPilots:
+        # Runs are created without hints (dispatch "none" here); the workers send their own.
+        self._pool = _worker_pool("none", self.env)
+        self.workers = self._pool.__enter__()
+        config = self.config
+        self.say(
             f"starting {config.processes} Celery worker process(es): "
             f"{' '.join(config.options())} ({broker_name()})"
         )
         # They consume a queue of their own first (the barrier): the N hints wait in theirs
-        # until every run exists and every hint is published, then the workers join it at once
-        # and the clock starts, as DBOS's workflows wait at a barrier of their own.
-        barrier = f"{workers.queue}-barrier"
-        started_workers = [
-            workers.start(name=f"io{n}-{tag}", options=config.options(), listen=barrier)
+        # until every run exists and every hint is published, then the workers join it at once.
+        self.barrier = f"{self.workers.queue}-barrier"
+        self.started = [
+            self.workers.start(
+                name=f"io{n}-{self.tag}", options=config.options(), listen=self.barrier
+            )
             for n in range(config.processes)
         ]
-        workers.start_beat()  # the sweeper, as make run runs it (rechecks, stale runs)
-        groups = [w.process.pid for w in started_workers]
-        worker = started_workers[0]
-        sampler.watch(database=_current_database(), process_groups=groups)
-        _warm_up(tag, barrier, worker)
-        tool.reset("taskpilots")
+        self.workers.start_beat()  # the sweeper, as make run runs it (rechecks, stale runs)
+        self.groups = [w.process.pid for w in self.started]
+        _warm_up(self.tag, self.barrier, self.started, 2 * config.processes)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._pool.__exit__(*exc)
+
+    def measure(self, runs: int, label: str) -> dict:
+        tool, sampler, say = self.tool, self.sampler, self.say
+        if self.joined:  # back to the barrier: the next hints wait in the broker again
+            _leave_queue(self.workers.queue, self.started)
+        database = _current_database()
+        tool.reset(TASKPILOTS)
+        sampler.watch(database=database, process_groups=self.groups)
         sampler.restart()
-        ids, start_s, hints_s = _runs_and_hints(runs, tag, say)
+        ids, start_s, hints_s = _runs_and_hints(runs, f"{self.tag}-{label}", say)
+        db_before, cpu_before = backend_cpu_s(database), process_groups_cpu_s(self.groups)
         started_at, started = timezone.now(), time.monotonic()
-        cpu_before = process_groups_cpu_s(groups)
-        workers.release(started_workers)
-        statuses = _wait_for_runs(ids, started + deadline_s, (say, tool, sampler))
+        self.workers.release(self.started)
+        self.joined = True
+        statuses = _wait_for_runs(ids, started + self.deadline_s, (say, tool, sampler))
         polled_s = time.monotonic() - started
-        cpu_after = process_groups_cpu_s(groups)
+        cpu_after, db_after = process_groups_cpu_s(self.groups), backend_cpu_s(database)
         sampler.pause()
-        worker_output = [line for w in started_workers for line in w.output[-30:]]
-    tally = _tally(ids, statuses, started_at, tool.stats("taskpilots", keys=True))
-    makespan, succeeded = tally["makespan_s"], statuses[SUCCEEDED]
-    say(
-        f"TaskPilots: {succeeded}/{runs} runs succeeded in "
-        f"{makespan if makespan is not None else polled_s:.2f} s, peak {tally['peak_in_flight']} "
-        f"calls in flight, {sampler.peak_rss_mb:.0f} MB, {sampler.peak_connections} connections"
+        tally = _tally(ids, statuses, started_at, tool.stats(TASKPILOTS, keys=True))
+        makespan, succeeded = tally["makespan_s"], statuses[SUCCEEDED]
+        say(
+            f"TaskPilots: {succeeded}/{runs} runs succeeded in "
+            f"{makespan if makespan is not None else polled_s:.2f} s, peak "
+            f"{tally['peak_in_flight']} calls in flight, {sampler.peak_rss_mb:.0f} MB, "
+            f"{sampler.peak_connections} connections"
+        )
+        if succeeded != runs:
+            say(
+                "the workers' last lines:\n"
+                + "".join(line for w in self.started for line in w.output[-30:])
+            )
+        return {
+            **tally,
+            "start_s": round(start_s, 3),
+            "hints_s": round(hints_s, 3),
+            "polled_s": round(polled_s, 3),
+            "cpu_s": _rounded(None if cpu_before is None else cpu_after - cpu_before, 2),
+            "cpu_ms_per_run": _per_run_ms(cpu_before, cpu_after, runs),
+            "db_cpu_ms_per_run": _per_run_ms(db_before, db_after, runs),
+            "rss_mb": round(sampler.peak_rss_mb, 1),
+            "processes_seen": sampler.peak_processes,
+            "connections_peak": sampler.peak_connections,
+            "server_connections_peak": sampler.peak_server_connections,
+        }
+
+
+def _leave_queue(queue_name: str, workers: list) -> None:
+    import socket
+
+    from taskpilots.celery import app as celery_app
+
+    host = socket.gethostname()
+    names = [f"{w.name}@{host}" for w in workers]
+    replies = celery_app.control.cancel_consumer(
+        queue_name, destination=names, reply=True, timeout=10
     )
-    if succeeded != runs:
-        say("the worker's last lines:\n" + "".join(worker_output))
-    return {
-        **tally,
-        "start_s": round(start_s, 3),
-        "hints_s": round(hints_s, 3),
-        "polled_s": round(polled_s, 3),
-        # CPU the worker processes spent from the first hint to the end (Linux only).
-        "worker_cpu_s": _rounded(cpu_after - cpu_before)
-        if cpu_before is not None and cpu_after is not None
-        else None,
-        "worker_rss_mb": round(sampler.peak_rss_mb, 1),
-        "worker_processes": sampler.peak_processes,
-        "db_connections_peak": sampler.peak_connections,
-        "server_connections_peak": sampler.peak_server_connections,
-    }
+    if len(replies) < len(names):
+        raise RuntimeError(f"only {len(replies)} of {len(names)} workers left {queue_name}")
 
 
-def _warm_up(tag: str, barrier: str, worker) -> None:
-    """One run through the workers on their barrier queue: every import and connection made
-    before the clock starts."""
-    warm_up, _ = engine.start_run("bench.io", {"n": -1}, business_key=f"io-{tag}-warm-up")
-    advance_run.apply_async((str(warm_up.pk),), queue=barrier)
-    if _wait_for_runs([warm_up.pk], time.monotonic() + 60)[SUCCEEDED] != 1:
+def _warm_up(tag: str, barrier: str, workers: list, count: int) -> None:
+    """A few runs through the workers on their barrier queue: imports and connections made
+    before the first measurement."""
+    ids = []
+    for n in range(count):
+        run, _ = engine.start_run("bench.io", {"n": -1}, business_key=f"io-{tag}-warm-up-{n}")
+        advance_run.apply_async((str(run.pk),), queue=barrier)
+        ids.append(run.pk)
+    if _wait_for_runs(ids, time.monotonic() + 60)[SUCCEEDED] != count:
         raise RuntimeError(
-            f"the warm-up run did not succeed ({Run.objects.get(pk=warm_up.pk).status}); "
-            "the worker said:\n" + "".join(worker.output[-30:])
+            "the warm-up runs did not succeed; the workers said:\n"
+            + "".join(line for w in workers for line in w.output[-30:])
         )
 
 
@@ -233,7 +392,7 @@ def _tally(ids: list, statuses: Counter, started_at, landed: dict) -> dict:
         "runs_failed": sum(statuses[s] for s in FAILED),
         "runs_needs_human": sum(statuses[s] for s in PARKED),
         # Neither finished nor parked when the benchmark gave up on them.
-        "runs_lost": runs - succeeded - sum(statuses[s] for s in (*FAILED, *PARKED)),
+        "lost": runs - succeeded - sum(statuses[s] for s in (*FAILED, *PARKED)),
         "landed_without_receipt": len(received - committed),
         "receipt_without_landing": len(committed - received),
         "step_p50_ms": _rounded(percentile(steps_ms, 50)),
@@ -277,81 +436,196 @@ def _current_database() -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# DBOS Transact: the same workflow in one process.
+# DBOS Transact: the same workflow in P processes (bench_peers `dbos-io`).
 
 
-def _dbos(
-    runs: int,
-    tool: WaitingTool,
-    sampler: Sampler,
-    deadline_s: float,
-    tool_timeout: float,
-    say: Say,
-) -> dict:
-    name = scratch.scratch_name("dbos")
-    scratch.create_database(name)
-    try:
-        sampler.watch(database=name, process_groups=[])
+class _Dbos:
+    """DBOS processes on a system database of their own (created once, dropped at the end),
+    launched and warmed up; each `measure` has every process start its share of N workflows,
+    then releases them all at once."""
+
+    def __init__(self, side, processes, threads, pool_size, common):
+        self.side, self.processes, self.threads, self.pool_size = (
+            side,
+            processes,
+            threads,
+            pool_size,
+        )
+        self.tool, self.sampler, self.deadline_s, self.tool_timeout, self.say = common
+        self.database = scratch.scratch_name(side)
+        self.peers: list[_Peer] = []
+
+    @classmethod
+    def started(cls, side, processes, threads, pool_size, common, enabled: bool):
+        return cls(side, processes, threads, pool_size, common) if enabled else _Nothing()
+
+    def __enter__(self) -> _Dbos:
+        scratch.create_database(self.database)
+        threads = self.threads or "unbounded"
+        self.say(
+            f"DBOS ({self.side}): {self.processes} process(es), {threads} executor threads, "
+            f"system database pool {self.pool_size or 'default'}"
+        )
+        try:
+            self.peers = [
+                _Peer(
+                    [
+                        *[sys.executable, "-m", "taskpilots.evidence.bench_peers", "dbos-io"],
+                        *["--url", database_url(self.database), "--call-url", self.tool.url],
+                        *["--timeout", str(self.tool_timeout), "--threads", str(self.threads)],
+                        *["--pool-size", str(self.pool_size)],
+                        *["--executor-id", f"{self.side}-{n}"],
+                    ]
+                )
+                for n in range(self.processes)
+            ]
+            launched = [peer.answer(120) for peer in self.peers]  # launch, migrate, warm up
+            self.sys_db_pool_size = launched[0]["sys_db_pool_size"]
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for peer in self.peers:
+            peer.close()
+        scratch.drop_database(self.database)
+
+    def measure(self, runs: int, label: str) -> dict:
+        tool, sampler, say, side = self.tool, self.sampler, self.say, self.side
+        groups = [peer.process.pid for peer in self.peers]
+        tool.reset(side)
+        sampler.watch(database=self.database, process_groups=groups)
         sampler.restart()
-        say(f"DBOS: {runs} workflows in one process")
-        peer = subprocess.Popen(
-            [
-                *[sys.executable, "-m", "taskpilots.evidence.bench_peers", "dbos-io"],
-                *["--url", database_url(name), "--workflows", str(runs)],
-                *["--call-url", tool.url, "--timeout", str(tool_timeout)],
-            ],
+        shares = [
+            runs // len(self.peers) + (n < runs % len(self.peers)) for n in range(len(groups))
+        ]
+        for peer, share in zip(self.peers, shares, strict=True):
+            peer.send({"start": {"side": side, "count": share}})
+        ready = [peer.answer(self.deadline_s) for peer in self.peers]
+        start_s = max(r["start_s"] for r in ready)
+        db_before, cpu_before = backend_cpu_s(self.database), process_groups_cpu_s(groups)
+        released_at = time.time()
+        for peer in self.peers:
+            peer.send("go")
+        deadline = time.monotonic() + self.deadline_s
+        done: list[dict] = []
+        for peer in self.peers:
+            while True:
+                try:
+                    done.append(peer.answer(1, deadline=deadline))
+                    break
+                except queue.Empty:
+                    stats = tool.stats(side)
+                    say(
+                        f"  {side}: {stats.get('answered', 0) // 2}/{runs} done, "
+                        f"{stats.get('in_flight', 0)} in flight (peak "
+                        f"{stats.get('peak_in_flight', 0)}), {sampler.connections} connections"
+                    )
+        cpu_after, db_after = process_groups_cpu_s(groups), backend_cpu_s(self.database)
+        sampler.pause()
+        landed = tool.stats(side, keys=True)
+        makespan = max(d["done_at"] for d in done) - released_at
+        failed = sum(d["failed"] for d in done)
+        say(
+            f"DBOS ({side}): {runs - failed}/{runs} workflows in {makespan:.2f} s, peak "
+            f"{landed['peak_in_flight']} calls in flight, {sampler.peak_rss_mb:.0f} MB, "
+            f"{sampler.peak_connections} connections"
+        )
+        return {
+            "makespan_s": round(makespan, 3),
+            "start_s": round(start_s, 3),
+            "peak_in_flight": landed["peak_in_flight"],
+            "calls": landed["calls"],
+            "duplicates": landed["duplicate_keys"],
+            "failed": failed,
+            "failures": [f for d in done for f in d["failures"]][:5],
+            # Workflows whose two calls did not both land (keys are `<workflow id>-a` and `-b`).
+            "lost": runs - _both_calls_landed(landed.get("keys", [])),
+            "cpu_s": _rounded(None if cpu_before is None else cpu_after - cpu_before, 2),
+            "cpu_ms_per_run": _per_run_ms(cpu_before, cpu_after, runs),
+            "db_cpu_ms_per_run": _per_run_ms(db_before, db_after, runs),
+            "rss_mb": round(sampler.peak_rss_mb, 1),
+            "connections_peak": sampler.peak_connections,
+            "threads_peak": max(d["threads_peak"] for d in done),
+            "processes": len(self.peers),
+            "threads": self.threads or None,
+            "sys_db_pool_size": self.sys_db_pool_size,
+        }
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+class _Peer:
+    """One `bench_peers dbos-io` process in a process group of its own: JSON commands to its
+    stdin, its JSON answers read from stdout by a thread."""
+
+    def __init__(self, command: list[str]):
+        self.process = subprocess.Popen(
+            command,
             cwd=ROOT,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
-        output: dict[str, str] = {}
-        reader = threading.Thread(
-            target=lambda: output.update(zip(("out", "err"), peer.communicate(), strict=True)),
-            daemon=True,
-        )
-        reader.start()
-        deadline = time.monotonic() + deadline_s + 60  # DBOS launches and migrates first
-        while reader.is_alive() and time.monotonic() < deadline:
-            reader.join(1)
-            stats = tool.stats("dbos")
-            if stats:
-                say(
-                    f"  DBOS: {stats['answered'] // 2}/{runs} done, {stats['in_flight']} in "
-                    f"flight (peak {stats['peak_in_flight']}), {sampler.connections} connections"
-                )
-        if reader.is_alive():
-            peer.kill()
-            reader.join(10)
-        sampler.pause()
-    finally:
-        scratch.drop_database(name)
-    lines = [line for line in output.get("out", "").splitlines() if line.startswith("{")]
-    landed = tool.stats("dbos", keys=True)
-    if peer.returncode != 0 or not lines:
-        say(f"DBOS failed: {output.get('err', '').strip()[-800:]}")
-        return {"dbos_makespan_s": None, "dbos_error": output.get("err", "")[-300:]}
-    peer_result = json.loads(lines[-1])
-    say(
-        f"DBOS: {runs - peer_result['failed']}/{runs} workflows in {peer_result['elapsed_s']:.2f} "
-        f"s, peak {landed['peak_in_flight']} calls in flight, {peer_result['rss_mb']:.0f} MB"
-    )
-    return {
-        "dbos_makespan_s": round(peer_result["elapsed_s"], 3),
-        "dbos_start_s": round(peer_result["start_s"], 3),
-        "dbos_peak_in_flight": landed["peak_in_flight"],
-        "dbos_calls": landed["calls"],
-        "dbos_duplicates": landed["duplicate_keys"],
-        "dbos_failed": peer_result["failed"],
-        "dbos_failures": peer_result["failures"],
-        # Workflows whose two calls did not both land (keys are `<workflow id>-a` and `-b`).
-        "dbos_lost": runs - _both_calls_landed(landed.get("keys", [])),
-        "dbos_rss_mb": round(peer_result["rss_mb"], 1),
-        "dbos_cpu_s": round(peer_result["cpu_s"], 3),
-        "dbos_threads_peak": peer_result["threads_peak"],
-        "dbos_sys_db_pool_size": peer_result["sys_db_pool_size"],
-        "dbos_db_connections_peak": sampler.peak_connections,
-    }
+        self.answers: queue.Queue = queue.Queue()
+        self.errors: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                self.answers.put(json.loads(line))
+        self.answers.put(None)  # the process ended
+
+    def _drain(self) -> None:
+        for line in self.process.stderr:
+            self.errors = [*self.errors[-40:], line]
+
+    def send(self, command) -> None:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+
+    def answer(self, timeout: float, deadline: float | None = None) -> dict:
+        """The next answer; queue.Empty after `timeout` s (RuntimeError past the deadline or
+        when the process ended)."""
+        if deadline is not None and time.monotonic() > deadline:
+            raise RuntimeError("DBOS did not finish in time:\n" + "".join(self.errors[-20:]))
+        try:
+            answer = self.answers.get(timeout=timeout)
+        except queue.Empty:
+            if deadline is None:
+                raise RuntimeError(
+                    "DBOS did not answer in time:\n" + "".join(self.errors[-20:])
+                ) from None
+            raise
+        if answer is None:
+            raise RuntimeError("DBOS ended:\n" + "".join(self.errors[-20:]))
+        return answer
+
+    def close(self) -> None:
+        import contextlib
+        import signal
+
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                self.send("quit")
+                self.process.stdin.close()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
 
 
 def _rounded(value: float | None, digits: int = 1) -> float | None:
@@ -493,3 +767,133 @@ def _pairs(listing: str):
         fields = line.split()
         if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
             yield int(fields[0]), int(fields[1])
+
+
+# --------------------------------------------------------------------------------------------
+# docs/benchmarks.md's block (manage.py bench_report), from docs/results/io.jsonl.
+
+
+def render_io(records: list[dict]) -> str:
+    """The last recorded `bench io` (its environment, samples and result) as Markdown."""
+    starts = [n for n, r in enumerate(records) if r.get("kind") == "environment"]
+    if not starts:
+        return "_No `bench io` recorded yet._\n"
+    last = records[starts[-1] :]
+    env = last[0]
+    result = next((r for r in last if r.get("kind") == "result"), None)
+    samples = [r for r in last if r.get("kind") == "sample"]
+    if result is None:
+        return "_The last `bench io` recorded did not finish._\n"
+    pg = env.get("postgres") or {}
+    load = env.get("load_avg") or []
+    lines = [
+        f"Recorded {env.get('at')} at commit `{(env.get('commit') or '?')[:10]}`"
+        f"{' (uncommitted changes)' if env.get('dirty') else ''}: {env.get('cpus')} × "
+        f"{env.get('cpu_model')}, {env.get('memory_gib')} GiB, load average "
+        f"{' / '.join(f'{x:.1f}' for x in load)} (1/5/15 min) as the record was written, "
+        f"PostgreSQL {pg.get('server_version', '?').split(' ')[0]} (synchronous_commit "
+        f"{pg.get('synchronous_commit', '?')}, max_connections {pg.get('max_connections', '?')}), "
+        f"broker {env.get('broker')}. {result['runs']} runs of two {result['latency_ms']} ms "
+        f"calls per measurement (ideal makespan {result['ideal_makespan_s']} s), "
+        f"{result['pairs']} pairs in the order {result['order']}.",
+        "",
+        "| configuration | processes × threads | PostgreSQL pool | makespan, median (range) "
+        "| DBOS ÷ TaskPilots, median (range) | client CPU / run | PostgreSQL CPU / run "
+        "| peak in flight | peak connections | peak RSS | duplicates / lost |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    processes, threads, pool = result["processes"], result["concurrency"], result["db_pool_size"]
+    rows = [
+        (
+            "TaskPilots (`make run`'s workers)",
+            "",
+            f"{processes} × {threads}",
+            f"{processes} × {pool}",
+        ),
+    ]
+    if result.get("dbos_makespan_s") is not None or result.get("vs_dbos") is not None:
+        rows += [
+            (
+                "DBOS, same resources",
+                "dbos_",
+                f"{result['dbos_processes']} × {result['dbos_threads']}",
+                f"{result['dbos_processes']} × {result['dbos_sys_db_pool_size']}",
+            ),
+            (
+                "DBOS, one process (its defaults)",
+                "dbos_one_process_",
+                "1 × unbounded",
+                f"1 × {result['dbos_one_process_sys_db_pool_size']}",
+            ),
+        ]
+    for label, prefix, shape, connections in rows:
+        side = prefix.rstrip("_") or TASKPILOTS
+        ratio = "—"
+        if prefix:
+            ratio = f"{_num(result.get(f'vs_{side}'))} ({_range(result.get(f'vs_{side}_range'))})"
+        rss = result.get(f"{prefix}rss_mb") if prefix else result.get("worker_rss_mb")
+        lost = result.get(f"{prefix}lost") if prefix else result.get("runs_lost")
+        lines.append(
+            f"| {label} | {shape} | {connections} | {_num(result.get(f'{prefix}makespan_s'))} s "
+            f"({_range(result.get(f'{prefix}makespan_range_s'))}) | {ratio} "
+            f"| {_num(result.get(f'{prefix}cpu_ms_per_run'))} ms "
+            f"| {_num(result.get(f'{prefix}db_cpu_ms_per_run'))} ms "
+            f"| {result.get(f'{prefix}peak_in_flight')} "
+            f"| {result.get(f'{prefix}db_connections_peak')} | {_num(rss)} MB "
+            f"| {result.get(f'{prefix}duplicates')} / {lost} |"
+        )
+    if samples:
+        lines += [
+            "",
+            "Each measurement (makespan, s; client + PostgreSQL CPU per run, ms; load average "
+            "over 1 min):",
+            "",
+            "| pair | order | TaskPilots | DBOS, same resources | DBOS, one process |",
+            "|---|---|---|---|---|",
+        ]
+        for pair in sorted({s["pair"] for s in samples}):
+            these = sorted((s for s in samples if s["pair"] == pair), key=lambda s: s["position"])
+            cells = {s["side"]: s for s in these}
+
+            order = " → ".join(
+                {TASKPILOTS: "TP", DBOS: "DBOS", DBOS_ONE: "DBOS×1"}[s["side"]] for s in these
+            )
+            lines.append(
+                f"| {pair + 1} | {order} | {_cell(cells.get(TASKPILOTS))} "
+                f"| {_cell(cells.get(DBOS))} | {_cell(cells.get(DBOS_ONE))} |"
+            )
+    totals = (
+        f"Every measurement together: TaskPilots {result['runs_succeeded']} runs succeeded, "
+        f"{result['runs_failed']} failed, {result['runs_lost']} lost, {result['calls']} calls, "
+        f"{result['duplicates']} duplicates, ledger and tool disagreeing on "
+        f"{result['landed_without_receipt'] + result['receipt_without_landing']} keys"
+    )
+    if result.get("dbos_calls") is not None:
+        totals += (
+            f"; DBOS (same resources) {result['dbos_calls']} calls, {result['dbos_duplicates']} "
+            f"duplicates, {result['dbos_failed']} failed, {result['dbos_lost']} lost; DBOS (one "
+            f"process) {result['dbos_one_process_calls']} calls, "
+            f"{result['dbos_one_process_duplicates']} duplicates, "
+            f"{result['dbos_one_process_failed']} failed, {result['dbos_one_process_lost']} lost"
+        )
+    lines += ["", totals + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(sample: dict | None) -> str:
+    if sample is None:
+        return "—"
+    return (
+        f"{_num(sample['makespan_s'])} ({_num(sample['cpu_ms_per_run'])} + "
+        f"{_num(sample['db_cpu_ms_per_run'])}; load {_num(sample.get('load_avg'))})"
+    )
+
+
+def _num(value) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.2f}" if isinstance(value, float) and abs(value) < 100 else f"{value:.0f}"
+
+
+def _range(values) -> str:
+    return "—" if not values else f"{_num(values[0])}–{_num(values[1])}"

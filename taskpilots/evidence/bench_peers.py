@@ -37,6 +37,20 @@ def inserts(args) -> None:
 
 
 def dbos_io(args) -> None:
+    """bench io's workflow on DBOS Transact, one process of several, driven over stdin/stdout.
+
+    `--threads` bounds DBOS's executor (the threads that run workflows and their steps, 0 for
+    DBOS's default: unbounded) and `--pool-size` its system database pool (0 for DBOS's default,
+    20), so the benchmark can give it exactly a TaskPilots worker's budget. `--executor-id`
+    keeps each process's startup recovery to its own workflows.
+
+    After launching and one warm-up workflow it prints {"launched": ...} and reads one JSON
+    command a line: {"start": {"side": S, "count": N}} starts N workflows (each recorded
+    durably, then held at a barrier before its first step; beyond --threads they wait in the
+    executor's queue) and answers {"ready": ...}; "go" releases them and answers, once every
+    one finished, with the wall-clock time (time.time()) this process saw its last result;
+    "quit" or the end of stdin ends the process."""
+    import sys
     import threading
 
     from dbos import DBOS, DBOSConfig
@@ -48,7 +62,12 @@ def dbos_io(args) -> None:
         "name": "taskpilots-bench-io",
         "system_database_url": args.url,
         "log_level": "WARNING",
+        "executor_id": args.executor_id,
     }
+    if args.threads:
+        config["max_executor_threads"] = args.threads
+    if args.pool_size:
+        config["sys_db_pool_size"] = args.pool_size
     dbos = DBOS(config=config)
 
     @DBOS.step()
@@ -72,31 +91,44 @@ def dbos_io(args) -> None:
         call(side, n, "a", f"{DBOS.workflow_id}-a")
         call(side, n, "b", f"{DBOS.workflow_id}-b")
 
+    def answer(figures: dict) -> None:
+        print(json.dumps(figures), flush=True)
+
     DBOS.launch()
     release.set()
     io("dbos-warmup", -1)  # connections, schema
     release.clear()
-    with _ThreadPeak() as threads:
-        begun = time.perf_counter()
-        handles = [DBOS.start_workflow(io, "dbos", n) for n in range(args.workflows)]
-        started = time.perf_counter()
-        cpu_before = _cpu_s()
-        release.set()
-        failed = _results(handles)
-        elapsed = time.perf_counter() - started
-        cpu_s = _cpu_s() - cpu_before
-    figures = {
-        "workflows": args.workflows,
-        "failed": len(failed),
-        "failures": failed[:5],
-        "elapsed_s": elapsed,
-        "start_s": started - begun,
-        "rss_mb": _peak_rss_mb(),
-        "cpu_s": cpu_s,
-        "threads_peak": threads.peak,
-        "sys_db_pool_size": _dbos_pool_size(dbos),
-    }
-    print(json.dumps(figures), flush=True)
+    answer({"launched": True, "sys_db_pool_size": _dbos_pool_size(dbos)})
+    handles: list = []
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command == "go":
+            with _ThreadPeak() as threads:
+                cpu_before = _cpu_s()
+                release.set()
+                failed = _results(handles)
+                done_at = time.time()
+                cpu_s = _cpu_s() - cpu_before
+            release.clear()
+            answer(
+                {
+                    "workflows": len(handles),
+                    "done_at": done_at,
+                    "failed": len(failed),
+                    "failures": failed[:5],
+                    "cpu_s": cpu_s,
+                    "rss_mb": _peak_rss_mb(),
+                    "threads_peak": threads.peak,
+                }
+            )
+            handles = []
+        elif isinstance(command, dict) and "start" in command:
+            side, count = command["start"]["side"], command["start"]["count"]
+            begun = time.perf_counter()
+            handles = [DBOS.start_workflow(io, side, n) for n in range(count)]
+            answer({"ready": True, "start_s": time.perf_counter() - begun})
+        else:
+            break
     DBOS.destroy()
 
 
@@ -172,9 +204,11 @@ def main() -> None:
     ins.add_argument("--start-at", type=float, default=0.0)
     dbos_io_parser = sub.add_parser("dbos-io")
     dbos_io_parser.add_argument("--url", required=True)
-    dbos_io_parser.add_argument("--workflows", type=int, required=True)
     dbos_io_parser.add_argument("--call-url", required=True)
     dbos_io_parser.add_argument("--timeout", type=float, default=10.0)
+    dbos_io_parser.add_argument("--threads", type=int, default=0)
+    dbos_io_parser.add_argument("--pool-size", type=int, default=0)
+    dbos_io_parser.add_argument("--executor-id", default="local")
     args = parser.parse_args()
     if args.peer == "inserts":
         inserts(args)

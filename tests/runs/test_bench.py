@@ -140,7 +140,7 @@ def test_the_io_benchmark_loses_nothing_and_sends_nothing_twice():
     """make run's worker configuration and DBOS, a few runs: guarded on counts, never on times."""
     from taskpilots.evidence.bench_io import bench_io
 
-    result = bench_io(runs=6, latency_ms=50, say=lambda line: None)
+    result = bench_io(runs=6, latency_ms=50, pairs=1, say=lambda line: None)
     assert result["runs_succeeded"] == 6, result
     assert (result["runs_failed"], result["runs_lost"], result["runs_needs_human"]) == (0, 0, 0)
     # Counted where the calls land: two per run, each key once, each one in the ledger.
@@ -149,7 +149,14 @@ def test_the_io_benchmark_loses_nothing_and_sends_nothing_twice():
     assert 1 <= result["peak_in_flight"] <= result["concurrency"], result
     assert 0 < result["db_connections_peak"] <= result["max_connections"], result
     assert result["worker_rss_mb"] > 0 and result["worker_processes"] >= 1, result
-    assert (result["dbos_calls"], result["dbos_duplicates"]) == (12, 0), result
-    assert (result["dbos_failed"], result["dbos_lost"]) == (0, 0), result
-    for key in ("makespan_s", "dbos_makespan_s", "vs_dbos"):
+    for dbos in ("dbos_", "dbos_one_process_"):
+        assert (result[f"{dbos}calls"], result[f"{dbos}duplicates"]) == (12, 0), result
+        assert (result[f"{dbos}failed"], result[f"{dbos}lost"]) == (0, 0), result
+    # DBOS on TaskPilots' resources: as many processes, threads and pooled connections (its
+    # notification listener holds one more connection per process, outside the pool).
+    assert result["dbos_processes"] == result["processes"], result
+    assert result["dbos_threads"] == result["concurrency"], result
+    assert result["dbos_sys_db_pool_size"] == result["db_pool_size"], result
+    assert result["dbos_db_connections_peak"] <= result["processes"] * (result["db_pool_size"] + 1)
+    for key in ("makespan_s", "dbos_makespan_s", "vs_dbos", "vs_dbos_one_process"):
         assert result[key] is not None, key
