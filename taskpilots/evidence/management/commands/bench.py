@@ -15,13 +15,18 @@ class Command(BaseCommand):
         "next step), io (waiting runs in flight on make run's workers vs DBOS), console (every "
         "console page through gunicorn at --runs fake runs: p50, p95, queries), inbox "
         "(--consoles open inboxes polling for --seconds: requests/s, p95, PostgreSQL work against "
-        "idle). Runs in a scratch database next to the configured one; ends with a JSON line."
+        "idle), crash (workers SIGKILLed mid-call on TaskPilots and DBOS: runs lost, effects "
+        "duplicated or left unknown, kill to resumed work). Runs in a scratch database next to "
+        "the configured one; ends with a JSON line."
     )
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "which", choices=["engine", "snapshot", "recovery", "io", "console", "inbox"]
+            "which", choices=["engine", "snapshot", "recovery", "io", "console", "inbox", "crash"]
         )
+        # crash: kills per system and target, and the seed of the kill schedule.
+        parser.add_argument("--kills", type=int, default=20)
+        parser.add_argument("--seed", type=int)
         # inbox: how many open inboxes poll, and for how long (and as long again idle).
         parser.add_argument("--consoles", type=int, default=50)
         parser.add_argument("--seconds", type=float, default=20.0)
@@ -66,6 +71,9 @@ class Command(BaseCommand):
                 if value is not None:
                     argv += [f"--{name.replace('_', '-')}", str(value)]
             argv += ["--consoles", str(options["consoles"]), "--seconds", str(options["seconds"])]
+            argv += ["--kills", str(options["kills"])]
+            if options["seed"] is not None:
+                argv += ["--seed", str(options["seed"])]
             if record:
                 argv += ["--record", str(Path(record).resolve())]
             if which == "console":
@@ -100,6 +108,13 @@ class Command(BaseCommand):
                 raise CommandError("--consoles must be at least 1 and --seconds at least 5")
             consoles, seconds = options["consoles"], options["seconds"]
             result = bench_inbox(runs, consoles, seconds, say, workers=workers)
+        elif which == "crash":
+            from taskpilots.evidence.bench_crash import DEFAULT_SEED, bench_crash
+
+            if options["kills"] < 1:
+                raise CommandError("--kills must be at least 1")
+            seed = DEFAULT_SEED if options["seed"] is None else options["seed"]
+            result = bench_crash(options["kills"], say, seed=seed, latency_ms=io["latency_ms"])
         elif which == "snapshot":
             result = bench.bench_snapshot(samples, say)
         else:
