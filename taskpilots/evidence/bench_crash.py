@@ -58,6 +58,7 @@ from taskpilots.evidence.workers import ROOT, database_url
 
 CRASH_MODULES = "taskpilots.evidence.crash_flows"
 PHASES = ("before", "during", "after")
+HITS = (*PHASES, "recorded", "not arrived")
 SYSTEMS = ("taskpilots", "dbos")
 DEFAULT_SEED = 20261207
 SETTLED = ("succeeded", "failed", "cancelled", "compensated")
@@ -215,12 +216,15 @@ def _taskpilots_kill(kind, item, pool, worker, target, latency_ms, tag) -> dict:
     resumed = _first_at(run.pk, Verb.STEP_LEASE_RECLAIMED, killed)
     parked = _first_at(run.pk, Verb.RUN_NEEDS_HUMAN, killed)
     done = run.finished_at if status in SETTLED else parked
+    hit = _hit(target, key, killed_at)
+    if status == "succeeded" and done is not None and done <= killed:
+        hit, resumed, done = "recorded", None, None  # the kill came after the run's end
     return {
         "system": "taskpilots",
         "target": kind,
         **item,
         "aimed_late_ms": None if at is None else round((killed_at - at) * 1000, 1),
-        "hit": _hit(target, key, killed_at),
+        "hit": hit,
         "outcome": status if status in (*SETTLED, *PARKED) else "lost",
         "status": status,
         "side_effect": effect.status if effect else None,
@@ -366,13 +370,16 @@ def _dbos_kill(kind, item, peer: _Peer, system_db, url, target: CrashTarget, tag
     status, updated_ms = _settle_dbos(system_db, workflow_id)
     done_at = updated_ms / 1000 if status == "SUCCESS" and updated_ms else None
     again = _calls_after(target, key, killed_at)
+    hit = _hit(target, key, killed_at)
+    if done_at is not None and done_at <= killed_at and not again:
+        hit, done_at = "recorded", None  # the kill came after the workflow's end
     resumed_at = again[0] if again else done_at
     sample = {
         "system": "dbos",
         "target": kind,
         **item,
         "_late": None if at is None else round((killed_at - at) * 1000, 1),
-        "hit": _hit(target, key, killed_at),
+        "hit": hit,
         "outcome": "succeeded" if status == "SUCCESS" else ("failed" if status else "lost"),
         "status": status,
         **_target_counts(target, kind, "dbos", key),
@@ -430,7 +437,8 @@ def _summary(samples: list[dict], landed: dict) -> dict:
     unknown = [s for s in samples if s["outcome"] in PARKED and s.get("side_effect") == "unknown"]
     return {
         "kills": len(samples),
-        "hit": {p: sum(1 for s in samples if s["hit"] == p) for p in (*PHASES, "not arrived")},
+        # Where the kills landed, by the target's record ("recorded": after the run's end).
+        "hit": {p: sum(1 for s in samples if s["hit"] == p) for p in HITS},
         "succeeded": sum(1 for s in samples if s["outcome"] == "succeeded"),
         "with_a_person": sum(1 for s in samples if s["outcome"] in PARKED),
         "failed": sum(1 for s in samples if s["outcome"] in ("failed", "cancelled")),
@@ -494,7 +502,7 @@ def render_crash(records: list[dict]) -> str:
         f"{(environment.get('commit') or '?')[:10]}"
         + (" (uncommitted changes)" if environment.get("dirty") else "")
         + f": {environment.get('cpus', '?')} CPUs ({environment.get('cpu_model') or '?'}), "
-        f"load average {', '.join(f'{x:.2f}' for x in load) or '?'} at the start, PostgreSQL "
+        f"load average {', '.join(f'{x:.2f}' for x in load) or '?'} when recorded, PostgreSQL "
         f"{postgres}, {result.get('broker', '?')}; lease {result['lease_seconds']} s, heartbeat "
         f"{result['heartbeat_seconds']} s.",
         "",
@@ -504,8 +512,8 @@ def render_crash(records: list[dict]) -> str:
         "|---|" + "---|" * len(columns),
         row("kills", lambda x: str(x["kills"])),
         row(
-            "kill landed before / during / after the call",
-            lambda x: " / ".join(str(x["hit"][p]) for p in PHASES),
+            "kill landed before / during / after the call / after the run's end",
+            lambda x: " / ".join(str(x["hit"].get(p, 0)) for p in (*PHASES, "recorded")),
         ),
         row("**runs lost**", lambda x: f"**{x['lost']}**"),
         row("**effects duplicated** (a key landed twice)", lambda x: f"**{x['duplicated']}**"),
