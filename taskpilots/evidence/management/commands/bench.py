@@ -15,19 +15,25 @@ class Command(BaseCommand):
         "next step), io (waiting runs in flight on make run's workers vs DBOS), console (every "
         "console page through gunicorn at --runs fake runs: p50, p95, queries), inbox "
         "(--consoles open inboxes polling for --seconds: requests/s, p95, PostgreSQL work against "
-        "idle). Runs in a scratch database next to the configured one; ends with a JSON line."
+        "idle), crash (workers SIGKILLed mid-call on TaskPilots and DBOS: runs lost, effects "
+        "duplicated or left unknown, kill to resumed work). Runs in a scratch database next to "
+        "the configured one; ends with a JSON line."
     )
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "which", choices=["engine", "snapshot", "recovery", "io", "console", "inbox"]
+            "which", choices=["engine", "snapshot", "recovery", "io", "console", "inbox", "crash"]
         )
+        # crash: kills per system and target, and the seed of the kill schedule.
+        parser.add_argument("--kills", type=int, default=20)
+        parser.add_argument("--seed", type=int)
         # inbox: how many open inboxes poll, and for how long (and as long again idle).
         parser.add_argument("--consoles", type=int, default=50)
         # inbox: how long the inboxes poll (20 s); engine: how long each measurement lasts (30 s).
         parser.add_argument("--seconds", type=float)
-        # engine: the calibration's runs (and each measurement's least), the interleaved pairs.
-        parser.add_argument("--runs", type=int, default=300)
+        # engine: the calibration's runs (and each measurement's least, 300), the interleaved
+        # pairs; the other benchmarks: their runs (500).
+        parser.add_argument("--runs", type=int)
         parser.add_argument("--pairs", type=int, default=5)
         parser.add_argument("--workers", type=int, default=2)
         parser.add_argument("--samples", type=int, default=200)
@@ -50,6 +56,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, which, runs, workers, samples, no_dbos, here, record, **options):
+        runs = runs or (300 if which == "engine" else 500)
         if runs < 1 or workers < 1 or samples < 1:
             raise CommandError("--runs, --workers and --samples must be at least 1")
         io = {k: options[k] for k in ("latency_ms", "pool", "concurrency")}
@@ -71,6 +78,9 @@ class Command(BaseCommand):
             argv += ["--consoles", str(options["consoles"]), "--pairs", str(options["pairs"])]
             if options["seconds"] is not None:
                 argv += ["--seconds", str(options["seconds"])]
+            argv += ["--kills", str(options["kills"])]
+            if options["seed"] is not None:
+                argv += ["--seed", str(options["seed"])]
             if record:
                 argv += ["--record", str(Path(record).resolve())]
             if which == "console":
@@ -110,6 +120,13 @@ class Command(BaseCommand):
                 raise CommandError("--consoles must be at least 1 and --seconds at least 5")
             consoles, seconds = options["consoles"], options["seconds"]
             result = bench_inbox(runs, consoles, seconds, say, workers=workers)
+        elif which == "crash":
+            from taskpilots.evidence.bench_crash import DEFAULT_SEED, bench_crash
+
+            if options["kills"] < 1:
+                raise CommandError("--kills must be at least 1")
+            seed = DEFAULT_SEED if options["seed"] is None else options["seed"]
+            result = bench_crash(options["kills"], say, seed=seed, latency_ms=io["latency_ms"])
         elif which == "snapshot":
             result = bench.bench_snapshot(samples, say)
         else:
