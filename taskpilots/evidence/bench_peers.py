@@ -1,16 +1,13 @@
-"""The references of the engine benchmark, each run as its own process, without Django:
+"""The references of the benchmarks, each run as its own process, without Django:
 
-    python -m taskpilots.evidence.bench_peers dbos --url postgresql://... --workflows N --start-at T
-        the same 5-step workflow on DBOS Transact (the peer)
     python -m taskpilots.evidence.bench_peers inserts --dsn URL --table T --seconds S --start-at T
         single-row INSERT commits from plain psycopg (the physical baseline)
-    python -m taskpilots.evidence.bench_peers dbos-io --url postgresql://... --workflows N
-            --call-url http://127.0.0.1:PORT [--timeout S]
-        bench io's workflow on DBOS Transact: two steps, each a call to the waiting tool. All N
-        workflows are started (recorded durably, a thread each over DBOS's bounded pool, held
-        at a barrier), then released at once; the clock runs from the release to the last result
+    python -m taskpilots.evidence.bench_peers dbos-io --url postgresql://... --call-url URL
+            [--threads T --pool-size P --executor-id ID --timeout S]
+        bench io's workflow on DBOS Transact, one long-lived process driven by one JSON command
+        a line on stdin (`start` its share of the workflows, `go`, `quit`; bench_io.py)
 
-Each prints one JSON line with what it did and how long it took.
+`bench engine`'s DBOS side is engine_peer.py, `bench crash`'s crash_peer.py.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import uuid
 
 
 def inserts(args) -> None:
@@ -192,11 +188,6 @@ def _dbos_pool_size(dbos) -> int | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="peer", required=True)
-    dbos = sub.add_parser("dbos")
-    dbos.add_argument("--url", required=True)
-    dbos.add_argument("--workflows", type=int, required=True)
-    dbos.add_argument("--start-at", type=float, default=0.0)
-    dbos.add_argument("--threads", type=int, default=1)
     ins = sub.add_parser("inserts")
     ins.add_argument("--dsn", required=True)
     ins.add_argument("--table", required=True)
@@ -213,60 +204,7 @@ def main() -> None:
     if args.peer == "inserts":
         inserts(args)
         return
-    if args.peer == "dbos-io":
-        dbos_io(args)
-        return
-
-    from dbos import DBOS, DBOSConfig
-
-    config: DBOSConfig = {
-        "name": "taskpilots-bench",
-        "system_database_url": args.url,
-        "log_level": "WARNING",
-    }
-    DBOS(config=config)
-
-    @DBOS.step()
-    def prepare(n: int) -> dict:
-        return {"n": n}
-
-    @DBOS.step()
-    def fetch(n: int) -> dict:
-        return {"value": n}
-
-    @DBOS.step()
-    def write(n: int, key: str) -> dict:
-        return {"id": key}
-
-    @DBOS.step()
-    def finish() -> dict:
-        return {"ok": True}
-
-    @DBOS.workflow()
-    def five(n: int) -> dict:
-        prepare(n)
-        fetch(n)
-        wid = DBOS.workflow_id
-        write(n, f"{wid}-a")
-        write(n + 1, f"{wid}-b")
-        return finish()
-
-    DBOS.launch()
-    five(-1)  # warm up: connections, schema
-    while time.time() < args.start_at:
-        time.sleep(0.005)
-    started = time.perf_counter()
-    if args.threads <= 1:
-        for n in range(args.workflows):
-            five(n)
-    else:  # the workflows at once, a thread each over a bounded pool (as a DBOS app would)
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(args.threads) as pool:
-            list(pool.map(five, range(args.workflows)))
-    elapsed = time.perf_counter() - started
-    print(json.dumps({"steps": args.workflows * 5, "elapsed_s": elapsed, "id": str(uuid.uuid4())}))
-    DBOS.destroy()
+    dbos_io(args)
 
 
 if __name__ == "__main__":
