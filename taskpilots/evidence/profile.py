@@ -14,8 +14,9 @@ plans, in a scratch database, and reports CPU per run of starting and of advanci
 - `perf`: the measured loop under `perf record -g` (a sampled profile including PostgreSQL's
   side when run as root: `perf report`).
 
-The output files go to `--out` (var/profiles by default); each run appends its figures as a JSON
-line to `--out`/profiles.jsonl with the environment (artifacts.py), so a profile quoted in the docs
+The profiles go to `--out` (var/profiles by default); each measurement appends its figures with
+its environment (artifacts.py) to `--record` (`--out`/profile.jsonl by default;
+docs/results/profile.jsonl for the table docs/benchmarks.md quotes), so a figure quoted in the docs
 names the commit and the machine it came from.
 """
 
@@ -82,7 +83,9 @@ def measure(workflow: str, runs: int, payload_kb: tuple[int, int], profiler=None
     }
 
 
-def profile(tool: str, workflow: str, runs: int, payload_kb: tuple[int, int], out: Path) -> dict:
+def profile(
+    tool: str, workflow: str, runs: int, payload_kb: tuple[int, int], out: Path, record: Path
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if tool in ("callgrind", "perf"):
@@ -100,7 +103,7 @@ def profile(tool: str, workflow: str, runs: int, payload_kb: tuple[int, int], ou
     else:
         figures = measure(workflow, runs, payload_kb)
     figures["tool"] = tool
-    artifacts.write(out / "profiles.jsonl", "profile", figures, [])
+    artifacts.write(record, "profile", figures, [])
     return figures
 
 
@@ -130,6 +133,8 @@ def _under(tool: str, workflow: str, runs: int, payload_kb, out: Path, stamp: st
         ",".join(map(str, payload_kb)),
         "--out",
         str(out),
+        "--record",
+        str(out / "profile.jsonl"),
         "--here",
     ]
     subprocess.run(command, cwd=artifacts.ROOT, env=os.environ.copy(), check=True)
@@ -138,3 +143,31 @@ def _under(tool: str, workflow: str, runs: int, payload_kb, out: Path, stamp: st
 
 def main_json(figures: dict) -> str:
     return json.dumps(figures, sort_keys=True)
+
+
+def render_profile(records: list[dict]) -> str:
+    """docs/benchmarks.md's table of CPU per run, from docs/results/profile.jsonl: every `cpu`
+    result recorded there, in order, under the environment of the last."""
+    from taskpilots.evidence.bench_engine import describe_environment
+
+    pairs = []
+    env = None
+    for record in records:
+        if record["kind"] == "environment":
+            env = record
+        elif record["kind"] == "result" and record.get("tool") == "cpu":
+            pairs.append((env, record))
+    lines = [
+        describe_environment(pairs[-1][0]),
+        "",
+        "| workflow | payloads | start, CPU ms per run | advance (5 steps), CPU ms per run |",
+        "|---|---|---|---|",
+    ]
+    for _, result in pairs:
+        low, high = result["payload_kb"]
+        payload = "none" if not high else f"{low}–{high} KB"
+        lines.append(
+            f"| `{result['workflow']}` | {payload} | {result['start_cpu_ms_per_run']:.2f} | "
+            f"{result['advance_cpu_ms_per_run']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"

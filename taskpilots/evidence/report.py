@@ -25,7 +25,8 @@ RENDERERS = {
     "engine": "taskpilots.evidence.bench_engine:render_engine",
     "io": "taskpilots.evidence.bench_io:render_io",
     "crash": "taskpilots.evidence.bench_crash:render_crash",
-    "recovery": "taskpilots.evidence.bench:render_recovery",
+    "recovery": "taskpilots.evidence.bench_recovery:render_recovery",
+    "profile": "taskpilots.evidence.profile:render_profile",
 }
 
 BLOCK = re.compile(
@@ -40,9 +41,10 @@ def render(name: str) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def regenerate(doc: Path = DOC) -> tuple[str, list[str]]:
-    """The document with every block regenerated, and the names of the blocks that changed."""
-    original = doc.read_text(encoding="utf-8")
+def regenerate(doc: Path | None = None) -> tuple[str, list[str]]:
+    """The document (docs/benchmarks.md unless `doc`) with every block regenerated, and the
+    names of the blocks that changed."""
+    original = (doc or DOC).read_text(encoding="utf-8")
     changed = []
 
     def block(match: re.Match) -> str:

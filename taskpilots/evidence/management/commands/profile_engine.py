@@ -20,9 +20,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--payload-kb", default="1,16", help="LOW,HIGH; 0,0 for none")
         parser.add_argument("--out", default=str(Path("var") / "profiles"))
+        parser.add_argument(
+            "--record", help="the JSON Lines file to append to (--out/profile.jsonl)"
+        )
         parser.add_argument("--here", action="store_true", help="in the configured database")
 
-    def handle(self, *args, tool, runs, workflow, payload_kb, out, here, **options):
+    def handle(self, *args, tool, runs, workflow, payload_kb, out, here, record, **options):
         try:
             low, high = (int(v) for v in payload_kb.split(","))
         except ValueError:
@@ -32,12 +35,13 @@ class Command(BaseCommand):
                 "--runs must be at least 1 and --payload-kb LOW,HIGH with LOW <= HIGH"
             )
         out_dir = Path(out).resolve()
+        record = Path(record).resolve() if record else out_dir / "profile.jsonl"
         if not here:  # in a scratch database, as bench does
             argv = ["--tool", tool, "--runs", str(runs), "--workflow", workflow]
-            argv += ["--payload-kb", payload_kb, "--out", str(out_dir)]
+            argv += ["--payload-kb", payload_kb, "--out", str(out_dir), "--record", str(record)]
             raise SystemExit(self._in_scratch(argv))
         try:
-            figures = profile.profile(tool, workflow, runs, (low, high), out_dir)
+            figures = profile.profile(tool, workflow, runs, (low, high), out_dir, record)
         except RuntimeError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(profile.main_json(figures))
