@@ -25,7 +25,7 @@ RENDERERS = {
     "engine": "taskpilots.evidence.bench:render_engine",
     "io": "taskpilots.evidence.bench_io:render_io",
     "crash": "taskpilots.evidence.bench_crash:render_crash",
-    "recovery": "taskpilots.evidence.bench:render_recovery",
+    "recovery": "taskpilots.evidence.bench_recovery:render_recovery",
 }
 
 BLOCK = re.compile(
