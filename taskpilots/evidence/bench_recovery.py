@@ -429,9 +429,7 @@ def render_recovery(records: list[dict]) -> str:
     for _, result in rows:
         phases = result.get("restart_phases_ms") or {}
         if phases:
-            steps = [f"spawned {_ms(phases.get('spawn'))}"] + [
-                f"{PHASE_LABELS[p]} {_ms(phases[p])}" for p in PHASES if p in phases
-            ]
+            steps = [f"{PHASE_LABELS[p]} {_ms(phases[p])}" for p in PHASES if p in phases]
             steps.append(f"step taken back {_ms(phases.get('resumed'))}")
             out.append(
                 f"Restarted worker, {result.get('machine', 'idle')} machine (medians, from the "
@@ -442,13 +440,13 @@ def render_recovery(records: list[dict]) -> str:
         load = result.get("load") or {}
         at_start = environment.get("load_avg")
         out.append(
-            f"- {result.get('machine', 'idle')}: {environment.get('at', '?')}, commit "
+            f"- {result.get('machine', 'idle')}: recorded {environment.get('at', '?')}, commit "
             f"{(environment.get('commit') or '?')[:10]}"
             f"{' (uncommitted changes)' if environment.get('dirty') else ''}, "
             f"{environment.get('cpus', '?')} CPUs ({environment.get('cpu_model') or '?'}), "
             f"{result.get('broker', '?')}; lease {result.get('lease_seconds')} s, heartbeat "
             f"{result.get('heartbeat_seconds')} s, dead after {result.get('worker_dead_seconds')} "
-            f"s. Load average at the start {_loads(at_start)}; during the measurement CPUs "
+            f"s. Load average when recorded {_loads(at_start)}; during the measurement CPUs "
             f"{_pct(load.get('cpu_busy_pct'))} busy, 1-minute load {load.get('load1_mean')} mean, "
             f"{load.get('load1_max')} max"
             + (
