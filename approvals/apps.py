@@ -9,11 +9,19 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         # The engine reaches people only through runs.people: this is where they answer.
-        from approvals import local_metadata, metrics
+        from approvals import local_metadata
         from approvals.people import People
         from runs import people, signals
 
         people.register(People())
         # Admins' decisions over tools' own metadata, applied by runs.tools.get (cached).
         local_metadata.install()
-        signals.payloads_pruning.connect(metrics.before_pruning, dispatch_uid="metrics-rollup")
+        signals.payloads_pruning.connect(_before_pruning, dispatch_uid="metrics-rollup")
+
+
+def _before_pruning(sender, **kwargs) -> None:
+    # The metrics (approvals.metrics.store.before_pruning) are imported when payloads are
+    # pruned, not by every process that starts: a worker's start stays short (approvals.tasks).
+    from approvals import metrics
+
+    metrics.before_pruning(sender, **kwargs)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from approvals import gate, notifications, permissions, sla
+from approvals import gate, permissions, sla
 from approvals.models import ApprovalRequest, EscalationRule, ToolPause
 from runs import people
 from runs.models import Run, Step
@@ -56,5 +56,8 @@ class People:
             if sla.escalate_overdue(run_id, now):
                 breaches += 1
                 hint(run_id)  # a rule that compensates has work for a worker
-        # Notifications: record those new timeline events ask for, send what is due.
+        # Notifications: record those new timeline events ask for, send what is due. Imported
+        # here, not at start: behind them are the console's forms (approvals.tasks).
+        from approvals import notifications
+
         return {"sla_breaches": breaches, "notifications_due": notifications.sweep(now, batch)}

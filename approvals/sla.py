@@ -20,7 +20,6 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from approvals import notifications
 from approvals.models import ApprovalRequest, SlaBreach
 from runs.engine import Origin, Route, choose, end_step
 from runs.models import FailureClass, RouteAction, Run, Step, Wait
@@ -136,5 +135,7 @@ def _record_breach(run: Run, route: Route, approval, now: datetime) -> dict | No
     if approval is not None and action == A.ESCALATE:
         approval.requeue(to_queue, next_due)
     # The breach's notifications, recorded in its transaction (keyed: at most once each).
+    from approvals import notifications  # not at a worker's start (approvals.tasks)
+
     notifications.record_event(run.pk, event.verb, event.seq, event.data)
     return data

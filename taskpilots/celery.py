@@ -1,15 +1,55 @@
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 from celery import Celery, signals
 
+
+def _process_started() -> float | None:
+    """When this process started (wall clock, to the kernel's 10 ms), from /proc: Linux only."""
+    try:
+        ticks = os.sysconf("SC_CLK_TCK")
+        since_boot = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - since_boot / ticks
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+# When this process reached each point of a worker's start (wall clock): printed with the ready
+# line, so a supervisor or a benchmark sees where a start's time goes (docs/benchmarks.md,
+# "Recovery latency"). process → app: the interpreter and Celery; → django: settings and the
+# apps; → tasks: the task modules; → heartbeat: registered, and its previous incarnation's
+# leases taken back; → ready: consuming.
+STARTED: dict[str, float | None] = {"process": _process_started(), "app": time.time()}
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "taskpilots.settings")
+# A worker skips Django's system checks as it starts. Celery's Django fixup runs them all, and
+# the URL checks import every view, the console and the API's schemas: a third of a second of
+# every start, and of a restarted worker's recovery. `manage.py migrate` and `check`, the web
+# process and the tests run them; CELERY_SKIP_CHECKS= (empty) runs them in the worker again.
+os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 app = Celery("taskpilots")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+@signals.import_modules.connect
+def _django_set_up(**kwargs) -> None:
+    # After Celery's Django fixup (django.setup()), before the task modules: connected before
+    # autodiscover_tasks below, so called in between.
+    STARTED.setdefault("django", time.time())
+
+
 app.autodiscover_tasks()
+
+
+@signals.import_modules.connect
+def _tasks_imported(**kwargs) -> None:
+    STARTED.setdefault("tasks", time.time())
 
 
 @signals.worker_init.connect
@@ -64,6 +104,7 @@ def _start_worker(sender=None, **kwargs) -> None:
         from runs.engine.liveness import Heartbeat
 
         Heartbeat.start(sender.hostname)
+        STARTED["heartbeat"] = time.time()
 
 
 @signals.worker_process_init.connect
@@ -94,8 +135,23 @@ READY_LINE = "taskpilots worker ready:"
 def _say_ready(sender=None, **kwargs) -> None:
     import sys
 
+    STARTED["ready"] = time.time()
+    first = STARTED["process"] or STARTED["app"]
+    took = f"in {STARTED['ready'] - first:.2f} s" if first else ""
     # The process's own stdout: Celery redirects sys.stdout into its logger, at its level.
     stream = sys.__stdout__
     if stream is not None:
-        stream.write(f"{READY_LINE} {getattr(sender, 'hostname', '')}\n")
+        hostname = getattr(sender, "hostname", "")
+        stream.write(f"{READY_LINE} {hostname} {took}; start {json.dumps(STARTED)}\n")
         stream.flush()
+
+
+def start_times(line: str) -> dict[str, float]:
+    """The start's wall-clock times a worker's ready line carries (see STARTED), or {}."""
+    _, found, times = line.partition("; start ")
+    if READY_LINE not in line or not found:
+        return {}
+    try:
+        return {k: v for k, v in json.loads(times).items() if v is not None}
+    except ValueError:
+        return {}

@@ -102,21 +102,6 @@ def test_the_snapshot_benchmark_compares_a_step_with_its_bare_call(sandbox):
     assert result["http"]["ratio"] > 1
 
 
-@pytest.mark.worker
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(300)
-def test_the_recovery_benchmark_measures_kill_approval_and_event(sandbox):
-    result = bench.bench_recovery(samples=3, say=lambda line: None)
-    keys = ("kill_to_resume", "restart_to_resume", "approval_to_next_step", "event_to_next_step")
-    for key in keys:
-        assert result[key]["p50_ms"] > 0, key
-    # With the default lease (60 s) a killed worker's step comes back through the heartbeat:
-    # anything near the lease means the heartbeat did not notice.
-    assert result["lease_seconds"] == 60
-    assert result["kill_to_resume"]["p95_ms"] < 20_000
-    assert result["restart_to_resume"]["p95_ms"] < 20_000
-
-
 def test_the_waiting_tool_counts_a_key_received_twice():
     # bench io reports "0 duplicates" from these counters: they must see a duplicate.
     from taskpilots.evidence.bench_io import WaitingTool
