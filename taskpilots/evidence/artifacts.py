@@ -43,7 +43,11 @@ def environment() -> dict:
     return {
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # Changes to tracked files other than the result files themselves (which the recording
+        # of one benchmark changes for the next).
+        "dirty": bool(
+            _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!docs/results")
+        ),
         "python": platform.python_version(),
         "cpu_model": _cpu_model(),
         "cpus": os.cpu_count(),
@@ -54,9 +58,18 @@ def environment() -> dict:
     }
 
 
-def write(path: str | os.PathLike, benchmark: str, result: dict, samples: list[dict]) -> None:
-    """Append one benchmark's environment, raw samples and result to `path` (JSON Lines)."""
-    lines = [{"kind": "environment", "benchmark": benchmark, **environment()}]
+def write(
+    path: str | os.PathLike,
+    benchmark: str,
+    result: dict,
+    samples: list[dict],
+    env: dict | None = None,
+) -> None:
+    """Append one benchmark's environment (`env`, taken as it started; now if not given), raw
+    samples and result to `path` (JSON Lines). The load average as it ended is added."""
+    env = dict(env or environment())
+    env["load_avg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    lines = [{"kind": "environment", "benchmark": benchmark, **env}]
     lines += [{"kind": "sample", "benchmark": benchmark, **sample} for sample in samples]
     lines.append({"kind": "result", "benchmark": benchmark, **result})
     path = Path(path)

@@ -46,13 +46,8 @@ from runs import engine
 from runs.models import Run, SideEffect
 from runs.verbs import Verb
 from taskpilots.evidence import scratch
-from taskpilots.evidence.bench import (
-    Say,
-    _first_at,
-    _worker_pool,
-    broker_name,
-    percentile,
-)
+from taskpilots.evidence.bench import Say, _worker_pool, broker_name, percentile
+from taskpilots.evidence.bench_recovery import _first_at
 from taskpilots.evidence.crash_target import KINDS, CrashTarget
 from taskpilots.evidence.workers import ROOT, database_url
 
@@ -502,7 +497,7 @@ def render_crash(records: list[dict]) -> str:
         f"{(environment.get('commit') or '?')[:10]}"
         + (" (uncommitted changes)" if environment.get("dirty") else "")
         + f": {environment.get('cpus', '?')} CPUs ({environment.get('cpu_model') or '?'}), "
-        f"load average {', '.join(f'{x:.2f}' for x in load) or '?'} when recorded, PostgreSQL "
+        f"load average {', '.join(f'{x:.2f}' for x in load) or '?'} as it started, PostgreSQL "
         f"{postgres}, {result.get('broker', '?')}; lease {result['lease_seconds']} s, heartbeat "
         f"{result['heartbeat_seconds']} s.",
         "",

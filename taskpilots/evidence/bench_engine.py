@@ -609,11 +609,16 @@ def describe_environment(env: dict) -> str:
     return (
         f"Recorded {env.get('at')} at commit `{(env.get('commit') or '?')[:10]}`"
         f"{' (uncommitted changes)' if env.get('dirty') else ''} on {env.get('cpu_model')} "
-        f"({env.get('cpus')} CPUs, {env.get('memory_gib')} GiB; load average {load} as the "
-        f"record was written), PostgreSQL {pg.get('server_version', '?')} "
+        f"({env.get('cpus')} CPUs, {env.get('memory_gib')} GiB; load average {load} as it "
+        f"started{_load_at_end(env)}), PostgreSQL {pg.get('server_version', '?')} "
         f"(synchronous_commit={pg.get('synchronous_commit', '?')}, "
         f"wal_sync_method={pg.get('wal_sync_method', '?')}), broker {env.get('broker')}."
     )
+
+
+def _load_at_end(env: dict) -> str:
+    end = env.get("load_avg_at_end")
+    return f", {', '.join(f'{v:.1f}' for v in end)} as it ended" if end else ""
 
 
 def _range(summary: dict) -> str:

@@ -790,7 +790,7 @@ def render_io(records: list[dict]) -> str:
         f"Recorded {env.get('at')} at commit `{(env.get('commit') or '?')[:10]}`"
         f"{' (uncommitted changes)' if env.get('dirty') else ''}: {env.get('cpus')} × "
         f"{env.get('cpu_model')}, {env.get('memory_gib')} GiB, load average "
-        f"{' / '.join(f'{x:.1f}' for x in load)} (1/5/15 min) as the record was written, "
+        f"{' / '.join(f'{x:.1f}' for x in load)} (1/5/15 min) as it started, "
         f"PostgreSQL {pg.get('server_version', '?').split(' ')[0]} (synchronous_commit "
         f"{pg.get('synchronous_commit', '?')}, max_connections {pg.get('max_connections', '?')}), "
         f"broker {env.get('broker')}. {result['runs']} runs of two {result['latency_ms']} ms "

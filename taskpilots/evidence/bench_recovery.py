@@ -446,7 +446,7 @@ def render_recovery(records: list[dict]) -> str:
             f"{environment.get('cpus', '?')} CPUs ({environment.get('cpu_model') or '?'}), "
             f"{result.get('broker', '?')}; lease {result.get('lease_seconds')} s, heartbeat "
             f"{result.get('heartbeat_seconds')} s, dead after {result.get('worker_dead_seconds')} "
-            f"s. Load average when recorded {_loads(at_start)}; during the measurement CPUs "
+            f"s. Load average as it started {_loads(at_start)}; during the measurement CPUs "
             f"{_pct(load.get('cpu_busy_pct'))} busy, 1-minute load {load.get('load1_mean')} mean, "
             f"{load.get('load1_max')} max"
             + (

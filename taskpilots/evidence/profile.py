@@ -87,6 +87,7 @@ def profile(
     tool: str, workflow: str, runs: int, payload_kb: tuple[int, int], out: Path, record: Path
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
+    started_in = artifacts.environment()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if tool in ("callgrind", "perf"):
         return _under(tool, workflow, runs, payload_kb, out, stamp)
@@ -103,7 +104,7 @@ def profile(
     else:
         figures = measure(workflow, runs, payload_kb)
     figures["tool"] = tool
-    artifacts.write(record, "profile", figures, [])
+    artifacts.write(record, "profile", figures, [], started_in)
     return figures
 
 

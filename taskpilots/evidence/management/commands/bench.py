@@ -95,6 +95,7 @@ class Command(BaseCommand):
                 run_in_scratch_database = bench.run_in_scratch_database
             raise SystemExit(run_in_scratch_database(argv, bench.to_stderr))
         say = bench.to_stderr
+        started_in = artifacts.environment() if record else None
         if which == "engine":
             from taskpilots.evidence.bench_engine import bench_engine
 
@@ -140,5 +141,5 @@ class Command(BaseCommand):
         # The raw samples go to the record only; the last line stays one readable summary.
         samples_taken = result.pop("samples", [])
         if record:
-            artifacts.write(record, which, result, samples_taken)
+            artifacts.write(record, which, result, samples_taken, started_in)
         self.stdout.write(json.dumps(result, sort_keys=True))
