@@ -26,6 +26,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -40,75 +41,108 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(workflow: str, runs: int, payload_kb: tuple[int, int], profiler=None) -> dict:
-    """Start and advance `runs` runs here (after `runs` warm-up runs): CPU ms per run of each."""
-    from django.conf import settings
-
+def _block(workflow: str, numbers: range, payload_kb: tuple[int, int], profiler=None):
+    """Start, then advance, one run per number: CPU ms per run of each (documents made first)."""
     from runs import engine
-    from taskpilots.evidence import bench_flows  # noqa: F401  (the bench workflows)
     from taskpilots.evidence.bench_payloads import document
 
-    settings.TASKPILOTS["DISPATCH"] = "none"
-    tag = uuid.uuid4().hex[:6]
     low, high = payload_kb
-
-    # The documents are made before the clock starts: making one costs more than storing it.
-    docs = {n: document(n, low, high) for n in range(2 * runs)} if high else {}
-
-    def start(n: int):
-        data = {"n": n, "doc": docs[n]} if high else {"n": n}
-        return engine.start_run(workflow, data, business_key=f"prof-{tag}-{n}")[0].pk
-
-    for pk in [start(n) for n in range(runs)]:
-        engine.advance(pk, budget=60)
-    inputs = range(runs, 2 * runs)
+    tag = uuid.uuid4().hex[:6]
+    inputs = [{"n": n, "doc": document(n, low, high)} if high else {"n": n} for n in numbers]
     if profiler is not None:
         profiler.enable()
-    began, wall = _cpu_s(), time.perf_counter()
-    ids = [start(n) for n in inputs]
+    began = _cpu_s()
+    ids = [
+        engine.start_run(workflow, data, business_key=f"prof-{tag}-{data['n']}")[0].pk
+        for data in inputs
+    ]
     started = _cpu_s()
     for pk in ids:
         engine.advance(pk, budget=60)
     advanced = _cpu_s()
-    wall = time.perf_counter() - wall
     if profiler is not None:
         profiler.disable()
+    count = len(numbers)
+    return (started - began) * 1000 / count, (advanced - started) * 1000 / count
+
+
+def _spread(values: list[float]) -> dict:
     return {
-        "workflow": workflow,
-        "runs": runs,
-        "payload_kb": list(payload_kb),
-        "start_cpu_ms_per_run": round((started - began) * 1000 / runs, 3),
-        "advance_cpu_ms_per_run": round((advanced - started) * 1000 / runs, 3),
-        "wall_ms_per_run": round(wall * 1000 / runs, 3),
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
     }
 
 
+def measure(
+    workflow: str, runs: int, payload_kb: tuple[int, int], repeat: int = 5, profiler=None
+) -> dict:
+    """`repeat` rounds of `runs` runs with the payloads and `runs` without, alternating (the
+    order reversed every other round), after one warm-up round: CPU ms per run of starting and
+    of advancing them, median and range over the rounds."""
+    from django.conf import settings
+
+    from taskpilots.evidence import bench_flows  # noqa: F401  (the bench workflows)
+
+    settings.TASKPILOTS["DISPATCH"] = "none"
+    kinds = (
+        {"with_payload": payload_kb, "without_payload": (0, 0)}
+        if payload_kb[1]
+        else {"without_payload": (0, 0)}
+    )
+    taken: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
+    numbers = iter(range(10**9))
+    for round_ in range(repeat + 1):
+        order = list(kinds) if round_ % 2 == 0 else list(reversed(kinds))
+        for kind in order:
+            first = next(numbers) * runs
+            block = range(first, first + runs)
+            figures = _block(workflow, block, kinds[kind], profiler if round_ else None)
+            if round_:  # the first round warms the caches and plans
+                taken[kind].append(figures)
+    result = {"workflow": workflow, "runs": runs, "repeat": repeat, "payload_kb": list(payload_kb)}
+    for kind, pairs in taken.items():
+        result[kind] = {
+            "start_cpu_ms_per_run": _spread([start for start, _ in pairs]),
+            "advance_cpu_ms_per_run": _spread([advance for _, advance in pairs]),
+        }
+    return result
+
+
 def profile(
-    tool: str, workflow: str, runs: int, payload_kb: tuple[int, int], out: Path, record: Path
+    tool: str,
+    workflow: str,
+    runs: int,
+    payload_kb: tuple[int, int],
+    out: Path,
+    record: Path,
+    repeat: int = 5,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started_in = artifacts.environment()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if tool in ("callgrind", "perf"):
-        return _under(tool, workflow, runs, payload_kb, out, stamp)
+        return _under(tool, workflow, runs, payload_kb, out, stamp, repeat)
     if tool == "cprofile":
         import cProfile
         import pstats
 
         profiler = cProfile.Profile()
-        figures = measure(workflow, runs, payload_kb, profiler)
+        figures = measure(workflow, runs, payload_kb, repeat, profiler)
         path = out / f"engine-{stamp}.prof"
         profiler.dump_stats(path)
         pstats.Stats(str(path), stream=sys.stderr).sort_stats("tottime").print_stats(30)
         figures["file"] = str(path)
     else:
-        figures = measure(workflow, runs, payload_kb)
+        figures = measure(workflow, runs, payload_kb, repeat)
     figures["tool"] = tool
     artifacts.write(record, "profile", figures, [], started_in)
     return figures
 
 
-def _under(tool: str, workflow: str, runs: int, payload_kb, out: Path, stamp: str) -> dict:
+def _under(
+    tool: str, workflow: str, runs: int, payload_kb, out: Path, stamp: str, repeat: int
+) -> dict:
     """This command again (`--tool cpu`) under valgrind or perf."""
     program = {"callgrind": "valgrind", "perf": "perf"}[tool]
     if shutil.which(program) is None:
@@ -130,6 +164,8 @@ def _under(tool: str, workflow: str, runs: int, payload_kb, out: Path, stamp: st
         workflow,
         "--runs",
         str(runs),
+        "--repeat",
+        str(repeat),
         "--payload-kb",
         ",".join(map(str, payload_kb)),
         "--out",
@@ -151,24 +187,34 @@ def render_profile(records: list[dict]) -> str:
     result recorded there, in order, under the environment of the last."""
     from taskpilots.evidence.bench_engine import describe_environment
 
-    pairs = []
-    env = None
+    pairs, env = [], None
     for record in records:
         if record["kind"] == "environment":
             env = record
-        elif record["kind"] == "result" and record.get("tool") == "cpu":
+        elif record["kind"] == "result" and record.get("tool") == "cpu" and "repeat" in record:
             pairs.append((env, record))
+    if not pairs:
+        return "_No profile recorded yet._\n"
+
+    def cell(figure: dict) -> str:
+        return f"{figure['median']:.2f} ({figure['min']:.2f}–{figure['max']:.2f})"
+
     lines = [
         describe_environment(pairs[-1][0]),
         "",
-        "| workflow | payloads | start, CPU ms per run | advance (5 steps), CPU ms per run |",
-        "|---|---|---|---|",
+        "| workflow | payloads | start, CPU ms per run | advance (its 5 steps), CPU ms per run "
+        "| rounds × runs |",
+        "|---|---|---|---|---|",
     ]
     for _, result in pairs:
         low, high = result["payload_kb"]
-        payload = "none" if not high else f"{low}–{high} KB"
-        lines.append(
-            f"| `{result['workflow']}` | {payload} | {result['start_cpu_ms_per_run']:.2f} | "
-            f"{result['advance_cpu_ms_per_run']:.2f} |"
-        )
+        for kind, label in (("with_payload", f"{low}–{high} KB"), ("without_payload", "none")):
+            if kind in result:
+                figures = result[kind]
+                lines.append(
+                    f"| `{result['workflow']}` | {label} | "
+                    f"{cell(figures['start_cpu_ms_per_run'])} | "
+                    f"{cell(figures['advance_cpu_ms_per_run'])} | "
+                    f"{result['repeat']} × {result['runs']} |"
+                )
     return "\n".join(lines) + "\n"

@@ -15,6 +15,7 @@ class Command(BaseCommand):
             "--tool", choices=["cpu", "cprofile", "callgrind", "perf"], default="cpu"
         )
         parser.add_argument("--runs", type=int, default=300)
+        parser.add_argument("--repeat", type=int, default=5, help="rounds, each with and without")
         parser.add_argument(
             "--workflow", choices=["bench.five", "bench.verified"], default="bench.five"
         )
@@ -25,23 +26,24 @@ class Command(BaseCommand):
         )
         parser.add_argument("--here", action="store_true", help="in the configured database")
 
-    def handle(self, *args, tool, runs, workflow, payload_kb, out, here, record, **options):
+    def handle(self, *args, tool, runs, repeat, workflow, payload_kb, out, here, record, **options):
         try:
             low, high = (int(v) for v in payload_kb.split(","))
         except ValueError:
             raise CommandError("--payload-kb is LOW,HIGH in KB, e.g. 1,16 (0,0 for none)") from None
-        if runs < 1 or low < 0 or high < low:
+        if runs < 1 or repeat < 1 or low < 0 or high < low:
             raise CommandError(
-                "--runs must be at least 1 and --payload-kb LOW,HIGH with LOW <= HIGH"
+                "--runs and --repeat must be at least 1 and --payload-kb LOW,HIGH with LOW <= HIGH"
             )
         out_dir = Path(out).resolve()
         record = Path(record).resolve() if record else out_dir / "profile.jsonl"
         if not here:  # in a scratch database, as bench does
-            argv = ["--tool", tool, "--runs", str(runs), "--workflow", workflow]
+            argv = ["--tool", tool, "--runs", str(runs), "--repeat", str(repeat)]
+            argv += ["--workflow", workflow]
             argv += ["--payload-kb", payload_kb, "--out", str(out_dir), "--record", str(record)]
             raise SystemExit(self._in_scratch(argv))
         try:
-            figures = profile.profile(tool, workflow, runs, (low, high), out_dir, record)
+            figures = profile.profile(tool, workflow, runs, (low, high), out_dir, record, repeat)
         except RuntimeError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(profile.main_json(figures))
