@@ -433,6 +433,75 @@ def _summary(samples: list[dict]) -> dict | None:
     }
 
 
+class _Session:
+    """The measurements of one `bench engine`, each kept as a raw sample and said as it ends."""
+
+    def __init__(self, ours: TaskPilotsSide, dbos: DbosSide, statements: dict, say: Say):
+        self.ours, self.dbos, self.statements, self.say = ours, dbos, statements, say
+        self.samples: list[dict] = []
+
+    def taskpilots(self, workflow: str, count: int, phase: str) -> dict:
+        sample = {
+            "phase": phase,
+            **self.ours.measure(workflow, count),
+            "statements_per_run": self.statements[workflow],
+        }
+        self.samples.append(sample)
+        self.say(
+            f"  TaskPilots {workflow}: {sample['steps_per_s']:,.0f} steps/s "
+            f"({count} runs, {sample['elapsed_s']:.1f} s)"
+        )
+        return sample
+
+    def peer(self, variant: str, count: int, threads: int, phase: str) -> dict:
+        sample = {"phase": phase, **self.dbos.measure(variant, count, threads)}
+        self.samples.append(sample)
+        self.say(
+            f"  DBOS {variant}, {threads} at once per process: "
+            f"{sample['steps_per_s']:,.0f} steps/s ({sample['runs']} workflows, "
+            f"{sample['elapsed_s']:.1f} s)"
+        )
+        return sample
+
+    def calibrate(self, runs: int, with_dbos: bool, dbos_threads) -> tuple[float, dict]:
+        """TaskPilots's rate, and DBOS's best (rate, concurrency) of each variant."""
+        self.say(f"calibration: {runs} runs each, every DBOS concurrency in {dbos_threads}")
+        our_rate = self.taskpilots("bench.five", runs, "calibration")["steps_per_s"]
+        best: dict[str, tuple[float, int]] = {}
+        for variant in VARIANTS if with_dbos else ():
+            for threads in dbos_threads:
+                rate = self.peer(variant, runs, threads, "calibration")["steps_per_s"]
+                if variant not in best or rate > best[variant][0]:
+                    best[variant] = (rate, threads)
+        return our_rate, best
+
+    def pairs(self, pairs: int, seconds: float, runs: int, our_rate: float, best: dict) -> dict:
+        """The interleaved rounds, the order reversed every other round."""
+        paired = {"taskpilots": [], **{v: [] for v in VARIANTS}}
+        for i in range(pairs):
+            order = ["taskpilots", *(VARIANTS if best else ())]
+            if i % 2:
+                order.reverse()
+            self.say(f"pair {i + 1}/{pairs}: {' → '.join(order)}, about {seconds:.0f} s each")
+            for side in order:
+                if side == "taskpilots":
+                    count = _sized(our_rate, seconds, runs)
+                    paired[side].append(self.taskpilots("bench.five", count, f"pair {i + 1}"))
+                else:
+                    rate, threads = best[side]
+                    count = _sized(rate, seconds, runs)
+                    paired[side].append(self.peer(side, count, threads, f"pair {i + 1}"))
+        return paired
+
+    def slow_path(self, seconds: float, runs: int, our_rate: float, best: dict) -> list[dict]:
+        self.say("the slow path: bench.verified on each, once")
+        slow = [self.taskpilots("bench.verified", _sized(our_rate / 2, seconds, runs), "slow")]
+        if "docs" in best:
+            rate, threads = best["docs"]
+            slow.append(self.peer("verified", _sized(rate / 2, seconds, runs), threads, "slow"))
+        return slow
+
+
 def bench_engine(
     runs: int = 300,
     workers: int = 2,
@@ -452,7 +521,6 @@ def bench_engine(
 
     config = worker_config(pool, concurrency or min(CONCURRENCY, settings.DB_POOL_SIZE or 8))
     env = {"TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES, "TASKPILOTS_INLINE_BUDGET_SECONDS": "30"}
-    samples: list[dict] = []
     statements = {wf: statements_per_run(wf) for wf in ("bench.five", "bench.verified")}
     dbos = DbosSide(workers, payload_kb)
     try:
@@ -464,71 +532,28 @@ def bench_engine(
             groups = [processes.start(options=config.options()).process.pid for _ in range(workers)]
             ours = TaskPilotsSide(processes, groups, payload_kb)
             ours.measure("bench.five", min(runs, 50))  # warm up: connections, plans, caches
-
-            def measure_ours(workflow: str, count: int, phase: str) -> dict:
-                sample = {
-                    "phase": phase,
-                    **ours.measure(workflow, count),
-                    "statements_per_run": statements[workflow],
-                }
-                samples.append(sample)
-                say(
-                    f"  TaskPilots {workflow}: {sample['steps_per_s']:,.0f} steps/s "
-                    f"({count} runs, {sample['elapsed_s']:.1f} s)"
-                )
-                return sample
-
-            def measure_dbos(variant: str, count: int, threads: int, phase: str) -> dict:
-                sample = {"phase": phase, **dbos.measure(variant, count, threads)}
-                samples.append(sample)
-                say(
-                    f"  DBOS {variant}, {threads} at once per process: "
-                    f"{sample['steps_per_s']:,.0f} steps/s ({sample['runs']} workflows, "
-                    f"{sample['elapsed_s']:.1f} s)"
-                )
-                return sample
-
-            say(f"calibration: {runs} runs each, every DBOS concurrency in {dbos_threads}")
-            our_rate = measure_ours("bench.five", runs, "calibration")["steps_per_s"]
-            best: dict[str, tuple[float, int]] = {}
-            if with_dbos:
-                for variant in VARIANTS:
-                    for threads in dbos_threads:
-                        rate = measure_dbos(variant, runs, threads, "calibration")["steps_per_s"]
-                        if variant not in best or rate > best[variant][0]:
-                            best[variant] = (rate, threads)
-            paired = {"taskpilots": [], **{v: [] for v in VARIANTS}}
-            for i in range(pairs):
-                order = ["taskpilots", *VARIANTS] if with_dbos else ["taskpilots"]
-                if i % 2:
-                    order.reverse()
-                say(f"pair {i + 1}/{pairs}: {' → '.join(order)}, about {seconds:.0f} s each")
-                for side in order:
-                    if side == "taskpilots":
-                        count = _sized(our_rate, seconds, runs)
-                        paired[side].append(measure_ours("bench.five", count, f"pair {i + 1}"))
-                    else:
-                        rate, threads = best[side]
-                        count = _sized(rate, seconds, runs)
-                        paired[side].append(measure_dbos(side, count, threads, f"pair {i + 1}"))
-            say("the slow path: bench.verified on each, once")
-            slow = [measure_ours("bench.verified", _sized(our_rate / 2, seconds, runs), "slow")]
-            if with_dbos:
-                rate, threads = best["docs"]
-                slow.append(
-                    measure_dbos("verified", _sized(rate / 2, seconds, runs), threads, "slow")
-                )
+            session = _Session(ours, dbos, statements, say)
+            our_rate, best = session.calibrate(runs, with_dbos, dbos_threads)
+            paired = session.pairs(pairs, seconds, runs, our_rate, best)
+            slow = session.slow_path(seconds, runs, our_rate, best)
     finally:
         dbos.close()
     tp_connections = workers * min(config.concurrency, settings.DB_POOL_SIZE or config.concurrency)
-    connections = {tp_connections} | {
-        workers * threads for _, threads in best.values() if with_dbos
-    }
+    connections = {tp_connections} | {workers * threads for _, threads in best.values()}
     say(f"baseline: single-row INSERT commits at {sorted(connections)} connections")
     baseline = {str(c): round(baseline_commits_per_s(c), 1) for c in sorted(connections)}
     fsync = fsync_ops_per_s()
     return _result(
-        samples, paired, slow, best, baseline, fsync, statements, config, workers, payload_kb
+        session.samples,
+        paired,
+        slow,
+        best,
+        baseline,
+        fsync,
+        statements,
+        config,
+        workers,
+        payload_kb,
     )
 
 
@@ -639,8 +664,7 @@ def _cpu(split: dict) -> str:
     return f"{split['total']:.2f} ({parts})"
 
 
-def render_engine(records: list[dict]) -> str:
-    env, samples, result = last_record(records, "engine")
+def _engine_table(env: dict, result: dict) -> list[str]:
     ours = result["taskpilots"]
     sides = [("TaskPilots", ours, None)]
     for variant, label in (
@@ -672,6 +696,11 @@ def render_engine(records: list[dict]) -> str:
         "|---" * (len(sides) + 1) + "|",
     ]
     lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return lines
+
+
+def _engine_pairs(samples: list[dict]) -> list[str]:
+    lines: list[str] = []
     lines += ["", "Each pair, steps/s in the order measured:", ""]
     pairs = sorted({s["phase"] for s in samples if s["phase"].startswith("pair")})
     lines += ["| pair | order | TaskPilots | DBOS docs | DBOS steps |", "|---|---|---|---|---|"]
@@ -686,6 +715,11 @@ def render_engine(records: list[dict]) -> str:
             for k in ("taskpilots", "docs", "steps")
         ]
         lines.append(f"| {phase.split()[1]} | {order} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _engine_notes(result: dict) -> list[str]:
+    lines: list[str] = []
     tried = result.get("concurrency_tried") or {}
     if tried:
         lines += [
@@ -734,4 +768,10 @@ def render_engine(records: list[dict]) -> str:
             else "."
         ),
     ]
+    return lines
+
+
+def render_engine(records: list[dict]) -> str:
+    env, samples, result = last_record(records, "engine")
+    lines = _engine_table(env, result) + _engine_pairs(samples) + _engine_notes(result)
     return "\n".join(lines) + "\n"

@@ -802,6 +802,13 @@ def render_io(records: list[dict]) -> str:
         "| peak in flight | peak connections | peak RSS | duplicates / lost |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    lines += _io_rows(result) + _io_pairs(samples) + ["", _io_totals(result) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def _io_rows(result: dict) -> list[str]:
+    """One table row per configuration."""
+    lines: list[str] = []
     processes, threads, pool = result["processes"], result["concurrency"], result["db_pool_size"]
     rows = [
         (
@@ -842,6 +849,12 @@ def render_io(records: list[dict]) -> str:
             f"| {result.get(f'{prefix}db_connections_peak')} | {_num(rss)} MB "
             f"| {result.get(f'{prefix}duplicates')} / {lost} |"
         )
+    return lines
+
+
+def _io_pairs(samples: list[dict]) -> list[str]:
+    """Each measurement, pair by pair, in the order measured."""
+    lines: list[str] = []
     if samples:
         lines += [
             "",
@@ -862,6 +875,10 @@ def render_io(records: list[dict]) -> str:
                 f"| {pair + 1} | {order} | {_cell(cells.get(TASKPILOTS))} "
                 f"| {_cell(cells.get(DBOS))} | {_cell(cells.get(DBOS_ONE))} |"
             )
+    return lines
+
+
+def _io_totals(result: dict) -> str:
     totals = (
         f"Every measurement together: TaskPilots {result['runs_succeeded']} runs succeeded, "
         f"{result['runs_failed']} failed, {result['runs_lost']} lost, {result['calls']} calls, "
@@ -876,8 +893,7 @@ def render_io(records: list[dict]) -> str:
             f"{result['dbos_one_process_duplicates']} duplicates, "
             f"{result['dbos_one_process_failed']} failed, {result['dbos_one_process_lost']} lost"
         )
-    lines += ["", totals + "."]
-    return "\n".join(lines) + "\n"
+    return totals
 
 
 def _cell(sample: dict | None) -> str:

@@ -49,22 +49,12 @@ def dbos_io(args) -> None:
     import sys
     import threading
 
-    from dbos import DBOS, DBOSConfig
+    from dbos import DBOS
 
     from taskpilots.httpclient import SharedClient
 
     client = SharedClient(trust_env=False)
-    config: DBOSConfig = {
-        "name": "taskpilots-bench-io",
-        "system_database_url": args.url,
-        "log_level": "WARNING",
-        "executor_id": args.executor_id,
-    }
-    if args.threads:
-        config["max_executor_threads"] = args.threads
-    if args.pool_size:
-        config["sys_db_pool_size"] = args.pool_size
-    dbos = DBOS(config=config)
+    dbos = DBOS(config=_io_config(args))
 
     @DBOS.step()
     def call(side: str, n: int, which: str, key: str) -> dict:
@@ -87,16 +77,38 @@ def dbos_io(args) -> None:
         call(side, n, "a", f"{DBOS.workflow_id}-a")
         call(side, n, "b", f"{DBOS.workflow_id}-b")
 
-    def answer(figures: dict) -> None:
-        print(json.dumps(figures), flush=True)
-
     DBOS.launch()
     release.set()
     io("dbos-warmup", -1)  # connections, schema
     release.clear()
-    answer({"launched": True, "sys_db_pool_size": _dbos_pool_size(dbos)})
+    _answer({"launched": True, "sys_db_pool_size": _dbos_pool_size(dbos)})
+    _serve_io(sys.stdin, lambda side, n: DBOS.start_workflow(io, side, n), release)
+    DBOS.destroy()
+
+
+def _io_config(args) -> dict:
+    """DBOS's configuration for one bench io process: its executor and pool budgets."""
+    config = {
+        "name": "taskpilots-bench-io",
+        "system_database_url": args.url,
+        "log_level": "WARNING",
+        "executor_id": args.executor_id,
+    }
+    if args.threads:
+        config["max_executor_threads"] = args.threads
+    if args.pool_size:
+        config["sys_db_pool_size"] = args.pool_size
+    return config
+
+
+def _answer(figures: dict) -> None:
+    print(json.dumps(figures), flush=True)
+
+
+def _serve_io(lines, start, release) -> None:
+    """The commands of dbos_io's docstring, one a line, until "quit" or the end of `lines`."""
     handles: list = []
-    for line in sys.stdin:
+    for line in lines:
         command = json.loads(line)
         if command == "go":
             with _ThreadPeak() as threads:
@@ -106,7 +118,7 @@ def dbos_io(args) -> None:
                 done_at = time.time()
                 cpu_s = _cpu_s() - cpu_before
             release.clear()
-            answer(
+            _answer(
                 {
                     "workflows": len(handles),
                     "done_at": done_at,
@@ -121,11 +133,10 @@ def dbos_io(args) -> None:
         elif isinstance(command, dict) and "start" in command:
             side, count = command["start"]["side"], command["start"]["count"]
             begun = time.perf_counter()
-            handles = [DBOS.start_workflow(io, side, n) for n in range(count)]
-            answer({"ready": True, "start_s": time.perf_counter() - begun})
+            handles = [start(side, n) for n in range(count)]
+            _answer({"ready": True, "start_s": time.perf_counter() - begun})
         else:
             break
-    DBOS.destroy()
 
 
 class _ThreadPeak:

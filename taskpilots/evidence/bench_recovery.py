@@ -394,14 +394,16 @@ def _cpu_times() -> tuple[int, int] | None:
 
 
 def render_recovery(records: list[dict]) -> str:
-    """The recovery block: for each recorded run (idle, busy), its figures with their spread, where
-    a restarted worker's recovery went, and the machine it ran on and how busy it was."""
-    rows, environment = [], None
+    """The recovery block: for the last recorded run of each kind (idle, busy; earlier ones stay
+    in the file), its figures with their spread, where a restarted worker's recovery went, and
+    the machine it ran on and how busy it was."""
+    last, environment = {}, None
     for record in records:
         if record.get("kind") == "environment":
             environment = record
         elif record.get("kind") == "result":
-            rows.append((environment or {}, record))
+            last[record.get("machine", "idle")] = (environment or {}, record)
+    rows = [last[kind] for kind in ("idle", "busy") if kind in last]
     if not rows:
         return "(no recorded run)\n"
     labels = {

@@ -57,6 +57,59 @@ def main() -> None:
         "log_level": "WARNING",
     }
     dbos = DBOS(config=config)
+    workflow = _workflows(DBOS)[args.variant]
+    DBOS.launch()
+
+    statements = [0]
+    engine = dbos._sys_db.engine  # the system database's SQLAlchemy engine
+
+    @sqlalchemy.event.listens_for(engine, "before_cursor_execute")
+    def _count(*_args) -> None:
+        statements[0] += 1
+
+    workflow(-1, document(-1, low, high))  # warm up: connections, schema, plans
+    numbers = range(args.first, args.first + args.workflows)
+    inputs = [(n, document(n, low, high)) for n in numbers]
+    print(json.dumps({"ready": True}), flush=True)
+    sys.stdin.readline()
+
+    statements[0] = 0
+    cpu_before = _cpu_s()
+    started, finished = _run(workflow, inputs, args.threads)
+    print(
+        json.dumps(
+            {
+                "workflows": args.workflows,
+                "started_at": started,
+                "finished_at": finished,
+                "cpu_s": _cpu_s() - cpu_before,
+                "statements": statements[0],
+                "input_bytes": sum(len(doc) for _, doc in inputs),
+            }
+        ),
+        flush=True,
+    )
+    sys.stdin.readline()
+    DBOS.destroy()
+
+
+def _run(workflow, inputs: list, threads: int) -> tuple[float, float]:
+    """Every workflow, one after another or `threads` at once (a thread each over a bounded
+    pool, as a DBOS app would): the wall clock when it began and when the last returned."""
+    started = time.time()
+    if threads <= 1:
+        for n, doc in inputs:
+            workflow(n, doc)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda item: workflow(*item), inputs))
+    return started, time.time()
+
+
+def _workflows(DBOS) -> dict:
+    """The three variants of the module's docstring, registered with DBOS (before its launch)."""
     stored: dict[str, dict] = {}  # the in-process system the writes change (as bench.write's)
 
     @DBOS.step()
@@ -108,49 +161,7 @@ def main() -> None:
             write(m, f"{wid}-{suffix}", fetched["doc"])
         return {"ok": True}
 
-    workflow = {"docs": docs, "steps": steps, "verified": verified}[args.variant]
-    DBOS.launch()
-
-    statements = [0]
-    engine = dbos._sys_db.engine  # the system database's SQLAlchemy engine
-
-    @sqlalchemy.event.listens_for(engine, "before_cursor_execute")
-    def _count(*_args) -> None:
-        statements[0] += 1
-
-    workflow(-1, document(-1, low, high))  # warm up: connections, schema, plans
-    numbers = range(args.first, args.first + args.workflows)
-    inputs = [(n, document(n, low, high)) for n in numbers]
-    print(json.dumps({"ready": True}), flush=True)
-    sys.stdin.readline()
-
-    statements[0] = 0
-    cpu_before = _cpu_s()
-    started = time.time()
-    if args.threads <= 1:
-        for n, doc in inputs:
-            workflow(n, doc)
-    else:  # the workflows at once, a thread each over a bounded pool (as a DBOS app would)
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(args.threads) as pool:
-            list(pool.map(lambda item: workflow(*item), inputs))
-    finished = time.time()
-    print(
-        json.dumps(
-            {
-                "workflows": args.workflows,
-                "started_at": started,
-                "finished_at": finished,
-                "cpu_s": _cpu_s() - cpu_before,
-                "statements": statements[0],
-                "input_bytes": sum(len(doc) for _, doc in inputs),
-            }
-        ),
-        flush=True,
-    )
-    sys.stdin.readline()
-    DBOS.destroy()
+    return {"docs": docs, "steps": steps, "verified": verified}
 
 
 if __name__ == "__main__":

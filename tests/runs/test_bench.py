@@ -145,3 +145,19 @@ def test_the_io_benchmark_loses_nothing_and_sends_nothing_twice():
     assert result["dbos_db_connections_peak"] <= result["processes"] * (result["db_pool_size"] + 1)
     for key in ("makespan_s", "dbos_makespan_s", "vs_dbos", "vs_dbos_one_process"):
         assert result[key] is not None, key
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["crash", "--kills", "0"], "--kills and --pairs"),
+        (["engine", "--pairs", "0"], "--kills and --pairs"),
+        (["inbox", "--consoles", "0"], "--consoles"),
+        (["io", "--latency-ms", "-1"], "--latency-ms"),
+    ],
+)
+def test_bad_benchmark_options_are_refused_before_a_scratch_database_is_made(argv, message):
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match=message):
+        call_command("bench", *argv)

@@ -64,29 +64,16 @@ class Command(BaseCommand):
         io = {k: options[k] for k in ("latency_ms", "pool", "concurrency")}
         if io["latency_ms"] < 0 or (io["concurrency"] is not None and io["concurrency"] < 1):
             raise CommandError("--latency-ms must be at least 0 and --concurrency at least 1")
+        if which == "inbox":
+            options["seconds"] = options["seconds"] or 20.0
+            if options["consoles"] < 1 or options["seconds"] < 5:
+                raise CommandError("--consoles must be at least 1 and --seconds at least 5")
+        if options["kills"] < 1 or options["pairs"] < 1:
+            raise CommandError("--kills and --pairs must be at least 1")
         if not here:
-            argv = [
-                which,
-                "--runs",
-                str(runs),
-                "--workers",
-                str(workers),
-                "--samples",
-                str(samples),
-            ] + (["--no-dbos"] if no_dbos else [])
-            for name, value in io.items():
-                if value is not None:
-                    argv += [f"--{name.replace('_', '-')}", str(value)]
-            argv += ["--consoles", str(options["consoles"]), "--pairs", str(options["pairs"])]
-            if options["seconds"] is not None:
-                argv += ["--seconds", str(options["seconds"])]
-            argv += ["--kills", str(options["kills"])]
-            if options["seed"] is not None:
-                argv += ["--seed", str(options["seed"])]
-            if record:
-                argv += ["--record", str(Path(record).resolve())]
-            if options["busy"]:
-                argv += ["--busy"]
+            argv = [which, "--runs", str(runs), "--workers", str(workers)]
+            argv += ["--samples", str(samples)] + (["--no-dbos"] if no_dbos else [])
+            argv += self._scratch_argv(io, record, options)
             if which == "console":
                 from taskpilots.evidence.bench_console import run_in_scratch_database
             elif which == "inbox":
@@ -94,52 +81,69 @@ class Command(BaseCommand):
             else:
                 run_in_scratch_database = bench.run_in_scratch_database
             raise SystemExit(run_in_scratch_database(argv, bench.to_stderr))
-        say = bench.to_stderr
         started_in = artifacts.environment() if record else None
-        if which == "engine":
-            from taskpilots.evidence.bench_engine import bench_engine
-
-            result = bench_engine(
-                runs,
-                workers,
-                say,
-                with_dbos=not no_dbos,
-                pool=io["pool"],
-                concurrency=io["concurrency"],
-                pairs=options["pairs"],
-                seconds=30.0 if options["seconds"] is None else options["seconds"],
-            )
-        elif which == "io":
-            from taskpilots.evidence.bench_io import bench_io
-
-            result = bench_io(runs, say=say, with_dbos=not no_dbos, **io)
-        elif which == "console":
-            from taskpilots.evidence.bench_console import bench_console
-
-            result = bench_console(runs, say, workers=workers)
-        elif which == "inbox":
-            from taskpilots.evidence.bench_live import bench_inbox
-
-            options["seconds"] = options["seconds"] or 20.0
-            if options["consoles"] < 1 or options["seconds"] < 5:
-                raise CommandError("--consoles must be at least 1 and --seconds at least 5")
-            consoles, seconds = options["consoles"], options["seconds"]
-            result = bench_inbox(runs, consoles, seconds, say, workers=workers)
-        elif which == "crash":
-            from taskpilots.evidence.bench_crash import DEFAULT_SEED, bench_crash
-
-            if options["kills"] < 1:
-                raise CommandError("--kills must be at least 1")
-            seed = DEFAULT_SEED if options["seed"] is None else options["seed"]
-            result = bench_crash(options["kills"], say, seed=seed, latency_ms=io["latency_ms"])
-        elif which == "snapshot":
-            result = bench.bench_snapshot(samples, say)
-        else:
-            from taskpilots.evidence.bench_recovery import bench_recovery
-
-            result = bench_recovery(max(3, samples // 10), say, busy=options["busy"])
+        result = self._run(which, runs, workers, samples, not no_dbos, io, options)
         # The raw samples go to the record only; the last line stays one readable summary.
         samples_taken = result.pop("samples", [])
         if record:
             artifacts.write(record, which, result, samples_taken, started_in)
         self.stdout.write(json.dumps(result, sort_keys=True))
+
+    @staticmethod
+    def _scratch_argv(io: dict, record: str | None, options: dict) -> list[str]:
+        """The options the run in the scratch database gets again."""
+        argv = []
+        for name, value in io.items():
+            if value is not None:
+                argv += [f"--{name.replace('_', '-')}", str(value)]
+        argv += ["--consoles", str(options["consoles"]), "--pairs", str(options["pairs"])]
+        if options["seconds"] is not None:
+            argv += ["--seconds", str(options["seconds"])]
+        argv += ["--kills", str(options["kills"])]
+        if options["seed"] is not None:
+            argv += ["--seed", str(options["seed"])]
+        if record:
+            argv += ["--record", str(Path(record).resolve())]
+        if options["busy"]:
+            argv += ["--busy"]
+        return argv
+
+    @staticmethod
+    def _run(which, runs, workers, samples, with_dbos, io, options) -> dict:
+        say = bench.to_stderr
+        if which == "engine":
+            from taskpilots.evidence.bench_engine import bench_engine
+
+            seconds = 30.0 if options["seconds"] is None else options["seconds"]
+            return bench_engine(
+                runs,
+                workers,
+                say,
+                with_dbos=with_dbos,
+                pool=io["pool"],
+                concurrency=io["concurrency"],
+                pairs=options["pairs"],
+                seconds=seconds,
+            )
+        if which == "io":
+            from taskpilots.evidence.bench_io import bench_io
+
+            return bench_io(runs, say=say, with_dbos=with_dbos, **io)
+        if which == "console":
+            from taskpilots.evidence.bench_console import bench_console
+
+            return bench_console(runs, say, workers=workers)
+        if which == "inbox":
+            from taskpilots.evidence.bench_live import bench_inbox
+
+            return bench_inbox(runs, options["consoles"], options["seconds"], say, workers=workers)
+        if which == "crash":
+            from taskpilots.evidence.bench_crash import DEFAULT_SEED, bench_crash
+
+            seed = DEFAULT_SEED if options["seed"] is None else options["seed"]
+            return bench_crash(options["kills"], say, seed=seed, latency_ms=io["latency_ms"])
+        if which == "snapshot":
+            return bench.bench_snapshot(samples, say)
+        from taskpilots.evidence.bench_recovery import bench_recovery
+
+        return bench_recovery(max(3, samples // 10), say, busy=options["busy"])
