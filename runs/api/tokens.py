@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from django.utils import timezone
 from ninja import Field, Router, Schema
 from ninja.decorators import decorate_view
+from pydantic import BeforeValidator
 
 from runs.api.auth import BearerAuth, Caller
 from runs.api.base import BODY_ERRORS, Identifier, StrictIn, api_client, errors, json_body
@@ -27,6 +28,7 @@ from runs.api.models import (
     ApiScope,
     PersonalToken,
 )
+from runs.api.schema import integral
 
 router = Router(tags=["people"])
 
@@ -48,7 +50,8 @@ class DelegationIn(StrictIn):
     scopes: Annotated[list[Scope], Field(min_length=1, max_length=4)] = Field(
         ..., description="at most the scopes your token and the client both hold"
     )
-    minutes: int = Field(
+    # 10.0 is the integer 10 in JSON (runs.api.schema.integral); 10.5 and "10" are refused.
+    minutes: Annotated[int, BeforeValidator(integral)] = Field(
         DELEGATION_MINUTES,
         ge=1,
         le=DELEGATION_MAX_MINUTES,

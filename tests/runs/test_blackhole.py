@@ -87,4 +87,7 @@ def test_a_hole_after_commit_lands_the_commit_and_holds_its_answer(proxy):
             proxy.cut()
             thread.join(5)
             assert isinstance(box.get("error"), psycopg.OperationalError)
+            # The cut connection is done with: closed here, or leaving the block would commit
+            # on it again (and libpq may still count the interrupted COMMIT as in progress).
+            conn.close()
         direct.execute("DROP TABLE blackhole_probe")

@@ -137,6 +137,11 @@ def test_a_person_issues_a_delegation_over_the_api(bot, support_user):
     body = {"client": "slack-bot", "scopes": ["approvals:write"], "minutes": 61}
     assert api.post("/delegations", body)[0] == 422
     assert api.post("/delegations", {**body, "client": "nobody", "minutes": 5})[0] == 404
+    # JSON has one number type: 5.0 minutes is 5 minutes (as the schema says); 5.5 and "5" are not.
+    status, data = api.post("/delegations", {**body, "minutes": 5.0})
+    assert status == 201, data
+    for minutes in (5.5, "5"):
+        assert api.post("/delegations", {**body, "minutes": minutes})[0] == 422, minutes
     status, data = Api(bearer(bot.token)).post(
         "/delegations", {"client": "slack-bot", "scopes": ["approvals:write"]}
     )
