@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -167,10 +166,8 @@ class TaskPilotsSide:
         checkpointed = _checkpoint()
         xid, wal = _server_counters()
         cpu = (process_groups_cpu_s(self.groups), backend_cpu_s(self.database), _broker_cpu_s())
-        client = _children_cpu_s()
         started = time.time()
-        _create_runs(workflow, inputs, f"be-{tag}-", len(self.groups))
-        client = _children_cpu_s() - client
+        client = _create_runs(workflow, inputs, f"be-{tag}-", len(self.groups))
         _wait_done(f"be-{tag}-", runs)
         mine = Run.objects.filter(business_key__startswith=f"be-{tag}-")
         finished = mine.aggregate(last=Max("finished_at"))["last"]
@@ -206,41 +203,27 @@ class TaskPilotsSide:
         }
 
 
-def _create_runs(workflow: str, inputs: list[dict], prefix: str, clients: int) -> None:
-    """Create the runs from `clients` processes at once (forked from this one), as the
-    application's processes would, each run hinted as its transaction commits: DBOS's processes
-    start their own workflows in the same way, inside its clock."""
-    import multiprocessing
+def _create_runs(workflow: str, inputs: list[dict], prefix: str, clients: int) -> float:
+    """Create the runs from `clients` threads at once, as an application's threads would, each
+    run hinted as its transaction commits (DBOS's processes start their own workflows inside its
+    clock in the same way); the CPU seconds the threads spent. Threads, not forked processes:
+    a fork of this process (its worker pumps, the broker's and the database's connections)
+    inherits state a child must not touch."""
+    from concurrent.futures import ThreadPoolExecutor
 
     from django.db import connections
 
-    # Nothing of this process's connections may cross the fork (a pooled connection used from
-    # two processes breaks both): closed here, each process opens its own.
-    connections.close_all()
-    for conn in connections.all():
-        if getattr(conn, "pool", None) is not None:
-            conn.close_pool()
+    def create(share: list[dict]) -> float:
+        began = time.thread_time()
+        try:
+            for data in share:
+                engine.start_run(workflow, data, business_key=f"{prefix}{data['n']}")
+            return time.thread_time() - began
+        finally:
+            connections.close_all()  # this thread's own
 
-    def create(share: list[dict]) -> None:
-        for data in share:
-            engine.start_run(workflow, data, business_key=f"{prefix}{data['n']}")
-        connections.close_all()
-
-    children = [
-        multiprocessing.get_context("fork").Process(target=create, args=(inputs[i::clients],))
-        for i in range(clients)
-    ]
-    for child in children:
-        child.start()
-    for child in children:
-        child.join()
-    if any(child.exitcode for child in children):
-        raise RuntimeError("a process creating benchmark runs failed (its traceback is above)")
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    with ThreadPoolExecutor(clients) as pool:
+        return sum(pool.map(create, [inputs[i::clients] for i in range(clients)]))
 
 
 def _wait_done(prefix: str, expected: int, timeout: float = 900) -> None:
