@@ -33,12 +33,14 @@ tools.register(
     replace=True,
 )
 
+
 # bench engine's payloads (taskpilots/evidence/bench_payloads.py): the input's `doc`, 1–16 KB,
 # comes back in the read's result and is carried by each write and its receipt. Without a `doc`
 # (the tests' runs) the steps are the same with empty text.
-FIVE = workflows.register(
-    Workflow(
-        "bench.five",
+def _five(name: str, write_tool: str) -> Workflow:
+    """prepare, fetch, write_a, write_b, finish: the writes to `write_tool`."""
+    return Workflow(
+        name,
         1,
         [
             compute("prepare", lambda ctx: {"n": ctx.input["n"]}),
@@ -49,19 +51,20 @@ FIVE = workflows.register(
             ),
             side_effect(
                 "write_a",
-                "bench.write",
+                write_tool,
                 params=lambda ctx: {"n": ctx.input["n"], "doc": ctx.results["fetch"]["doc"]},
             ),
             side_effect(
                 "write_b",
-                "bench.write",
+                write_tool,
                 params=lambda ctx: {"n": ctx.input["n"] + 1, "doc": ctx.results["fetch"]["doc"]},
             ),
             compute("finish", lambda ctx: {"ok": True}),
         ],
-    ),
-    replace=True,
-)
+    )
+
+
+FIVE = workflows.register(_five("bench.five", "bench.write"), replace=True)
 
 
 # bench engine's slow path: the same five steps, but the writes go to a tool that can neither be
@@ -97,32 +100,7 @@ tools.register(
     replace=True,
 )
 
-VERIFIED = workflows.register(
-    Workflow(
-        "bench.verified",
-        1,
-        [
-            compute("prepare", lambda ctx: {"n": ctx.input["n"]}),
-            read(
-                "fetch",
-                "bench.read",
-                params=lambda ctx: {"n": ctx.input["n"], "doc": ctx.input.get("doc", "")},
-            ),
-            side_effect(
-                "write_a",
-                "bench.verified_write",
-                params=lambda ctx: {"n": ctx.input["n"], "doc": ctx.results["fetch"]["doc"]},
-            ),
-            side_effect(
-                "write_b",
-                "bench.verified_write",
-                params=lambda ctx: {"n": ctx.input["n"] + 1, "doc": ctx.results["fetch"]["doc"]},
-            ),
-            compute("finish", lambda ctx: {"ok": True}),
-        ],
-    ),
-    replace=True,
-)
+VERIFIED = workflows.register(_five("bench.verified", "bench.verified_write"), replace=True)
 
 
 # --------------------------------------------------------------------------------------------
