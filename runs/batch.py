@@ -184,6 +184,42 @@ class Batch:
         return list(row[checks:])
 
 
+# A new run and its first events: nothing at all when its business key started a run already
+# (the key's unique index decides, also between two starts racing for it).
+_CREATE_RUN = (
+    "WITH run AS (INSERT INTO runs_run "
+    "SELECT * FROM json_populate_record(NULL::runs_run, %s::json) "
+    "ON CONFLICT (business_key) DO NOTHING RETURNING id), "
+    "events AS (INSERT INTO runs_timelineevent "
+    "(run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash) "
+    "SELECT run.id, e.seq, e.at, e.actor, e.verb, e.data, e.digest, false, e.prev, e.hash "
+    "FROM run, "
+    "json_to_recordset(%s::json) AS e(seq int, at timestamptz, actor text, verb text, "
+    "data jsonb, digest text, prev text, hash text)) "
+    "SELECT count(*) FROM run"
+)
+
+
+def create_run(run, events: list[tuple[str, dict, str]]) -> bool:
+    """INSERT the unsaved `run` with its first `events` ((verb, data, actor), chained from the
+    start of its chain) as one prepared statement, its own transaction. False, with nothing
+    written, when the run's business key started a run already. The run's chain head and times
+    are set on it from the events."""
+    batch = Batch(run.pk, (0, ""))
+    for verb, data, actor in events:
+        batch.event(verb, data, actor=actor)
+    run.event_seq, run.event_hash = batch.seq, batch.hash
+    run.created_at = run.updated_at = batch.last_at
+    row = {column: run.__dict__[attname] for column, attname in _columns(run)}
+    (created,) = execute_one(_CREATE_RUN, [_row_json(row), f"[{','.join(batch.events)}]"])
+    if not created:
+        return False
+    chain_heads.remember(run.pk, batch.seq, batch.hash)
+    run._state.adding = False
+    run._state.db = DEFAULT_DB_ALIAS
+    return True
+
+
 @functools.lru_cache(maxsize=512)
 def _native(text: str) -> str:
     """%s placeholders as $1, $2, … (a RawCursor sends the text as it is: psycopg would parse

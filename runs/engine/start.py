@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from django.db import IntegrityError, transaction
-
 from runs import workflows as workflow_registry
+from runs.batch import create_run
 from runs.engine.dispatch import enqueue
 from runs.invisible import character_name, first_forbidden_in_identifier
 from runs.models import Run, digest, to_json_value
@@ -60,40 +59,29 @@ def start_run(
             raise StartError(f"invalid input for {workflow}: {exc}") from None
     input = to_json_value(input)
     input_digest = digest(input)
-    if business_key is not None:
-        existing = Run.objects.filter(business_key=business_key).first()
-        if existing is not None:
-            return _same_start(existing, definition, version, input_digest)
-    try:
-        with transaction.atomic():
-            run = Run.objects.create(
-                workflow=definition.name,
-                workflow_version=definition.version,
-                input=input,
-                input_digest=input_digest,
-                business_key=business_key,
-                principal=principal,
-                scopes=list(scopes if scopes is not None else definition.scopes),
-                session_context_ref=session_context_ref,
-            )
-            run.record(
-                Verb.RUN_CREATED,
-                {
-                    "workflow": run.workflow,
-                    "version": run.workflow_version,
-                    "business_key": business_key,
-                    "input_digest": input_digest,
-                    "principal": principal,
-                },
-                actor=actor,
-            )
-            enqueue(run.pk)
-    except IntegrityError:
-        # Two starts with the same business key raced; the loser returns the winner's run.
-        existing = Run.objects.filter(business_key=business_key).first()
-        if business_key is None or existing is None:
-            raise
+    run = Run(
+        workflow=definition.name,
+        workflow_version=definition.version,
+        input=input,
+        input_digest=input_digest,
+        business_key=business_key,
+        principal=principal,
+        scopes=list(scopes if scopes is not None else definition.scopes),
+        session_context_ref=session_context_ref,
+    )
+    created = {
+        "workflow": run.workflow,
+        "version": run.workflow_version,
+        "business_key": business_key,
+        "input_digest": input_digest,
+        "principal": principal,
+    }
+    # One statement: the run, its run.created event and its chain head, or nothing at all when
+    # the business key started a run already (then that run is the answer, or a conflict).
+    if not create_run(run, [(Verb.RUN_CREATED, created, actor)]):
+        existing = Run.objects.get(business_key=business_key)
         return _same_start(existing, definition, version, input_digest)
+    enqueue(run.pk)
     return run, True
 
 

@@ -8,7 +8,8 @@ without Celery, so the figures are the engine's own), after as many again to war
 plans, in a scratch database, and reports CPU per run of starting and of advancing them:
 
 - `cpu` (the default): CPU seconds of this process per run, start and advance apart;
-- `cprofile`: the same under cProfile, the 30 functions with most own time, and the stats file;
+- `cprofile`: the same under cProfile timed by CPU (not wall) time, the 30 functions with most
+  own time, and the stats file;
 - `callgrind`: the measured loop again under `valgrind --tool=callgrind` (instruction counts,
   deterministic across runs of the same commit; read with callgrind_annotate or kcachegrind);
 - `perf`: the measured loop under `perf record -g` (a sampled profile including PostgreSQL's
@@ -127,7 +128,9 @@ def profile(
         import cProfile
         import pstats
 
-        profiler = cProfile.Profile()
+        # Timed by this process's CPU clock, not the wall's: time spent waiting for PostgreSQL
+        # is not the engine's cost (a wall-clock profile is mostly psycopg's wait).
+        profiler = cProfile.Profile(time.process_time)
         figures = measure(workflow, runs, payload_kb, repeat, profiler)
         path = out / f"engine-{stamp}.prof"
         profiler.dump_stats(path)

@@ -544,6 +544,48 @@ class TestDefinitions:
             engine.start_run("test.timer", {"a": 2}, business_key="order-7")
         assert Run.objects.count() == 1
 
+    def test_a_start_writes_what_the_model_verbs_would(self):
+        # start_run writes the run and its run.created event as one statement (runs.batch);
+        # the same run made by the ORM and TimelineEvent.append must be the same rows.
+        from runs.audit import verify_chain
+
+        run, _ = engine.start_run(
+            "test.timer", {"b": [1, "é"], "a": 1}, business_key="k-1", principal="agent:x"
+        )
+        fast = Run.objects.get(pk=run.pk)
+        slow = Run.objects.create(
+            workflow=fast.workflow,
+            workflow_version=fast.workflow_version,
+            input=fast.input,
+            input_digest=fast.input_digest,
+            business_key="k-2",
+            principal="agent:x",
+            scopes=fast.scopes,
+        )
+        event = TimelineEvent.objects.get(run=fast)
+        slow.record(event.verb, {**event.data, "business_key": "k-2"}, actor=event.actor)
+        slow.refresh_from_db()
+        skip = {"id", "business_key", "created_at", "updated_at", "event_hash"}
+        fields = [f.attname for f in Run._meta.concrete_fields if f.attname not in skip]
+        assert {f: getattr(fast, f) for f in fields} == {f: getattr(slow, f) for f in fields}
+        assert (fast.event_seq, fast.event_hash) == (1, event.hash)
+        assert fast.created_at == fast.updated_at == event.at
+        assert event.data == {
+            "workflow": "test.timer",
+            "version": fast.workflow_version,
+            "business_key": "k-1",
+            "input_digest": fast.input_digest,
+            "principal": "agent:x",
+        }
+        assert verify_chain(TimelineEvent.objects.filter(run=fast).order_by("seq")) == (True, "ok")
+        assert run.event_hash == event.hash and not run._state.adding
+
+    def test_a_start_refused_by_its_business_key_writes_nothing(self):
+        engine.start_run("test.timer", {"a": 1}, business_key="order-8")
+        with pytest.raises(engine.BusinessKeyConflict):
+            engine.start_run("test.reply", REPLY_INPUT, business_key="order-8")
+        assert Run.objects.count() == 1 and TimelineEvent.objects.count() == 1
+
     @pytest.mark.parametrize(("workflow", "input"), [("nope", {}), ("test.timer", [1, 2])])
     def test_a_bad_start_writes_nothing(self, workflow, input):
         with pytest.raises(engine.StartError):
