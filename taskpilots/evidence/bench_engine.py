@@ -22,8 +22,9 @@ What is compared (docs/benchmarks.md, "Engine throughput", says why each choice 
   client that creates the runs, the broker, PostgreSQL's backends; DBOS: its processes and their
   backends), durable commits per run (transaction ids the cluster handed out during the
   measurement: writing transactions only), statements per run (counted on the client: Django's
-  cursor in-process for TaskPilots, SQLAlchemy's for DBOS) and WAL bytes per run
-  (`pg_current_wal_lsn()` before and after).
+  cursor in-process for TaskPilots, SQLAlchemy's for DBOS), WAL bytes per run
+  (`pg_current_wal_lsn()` before and after) and, where pg_walinspect can be had, WAL records per
+  run by kind: row inserts, updates and HOT updates, index entries, row locks, full-page images.
 - **A baseline that means something.** Single-row INSERT commits per second at each system's
   connection count, and `pg_test_fsync`'s one-8 KB-write rate where it is installed.
 """
@@ -44,7 +45,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import Max
 from django.test.utils import CaptureQueriesContext
 
@@ -71,16 +72,61 @@ DBOS_THREADS = (1, 4, 16)
 # What the server says: transaction ids, WAL position, checkpoints.
 
 
-def _server_counters() -> tuple[int, int]:
-    """(the next transaction id, the WAL insert position in bytes), cluster-wide and exact: a
-    transaction id is handed out only to a transaction that writes, so their difference over a
-    measurement counts its durable commits (and the few aborts)."""
+def _server_counters() -> tuple[int, int, str]:
+    """(the next transaction id, the WAL insert position in bytes and as an LSN), cluster-wide
+    and exact: a transaction id is handed out only to a transaction that writes, so their
+    difference over a measurement counts its durable commits (and the few aborts)."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,"
-            " pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint"
+            " pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, pg_current_wal_lsn()::text"
         )
         return cursor.fetchone()
+
+
+# What PostgreSQL wrote, by kind of WAL record (pg_walinspect's record types).
+_WAL_KINDS = {
+    "heap_inserts": ("Heap/INSERT", "Heap/INSERT+INIT"),
+    "heap_updates": ("Heap/UPDATE", "Heap/UPDATE+INIT"),
+    "hot_updates": ("Heap/HOT_UPDATE", "Heap/HOT_UPDATE+INIT"),
+    "index_inserts": ("Btree/INSERT_LEAF", "Btree/INSERT_POST", "Btree/INSERT_UPPER"),
+    "row_locks": ("Heap/LOCK",),
+}
+
+
+def _walinspect() -> bool:
+    """pg_walinspect in the scratch database (PostgreSQL 15's contrib; a superuser's right):
+    False where it cannot be had, and the records by kind are then not reported."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        return True
+    except DatabaseError:
+        return False
+
+
+def _wal_records(start: str, end: str, runs: int) -> dict | None:
+    """WAL records per run between two LSNs, by kind (heap inserts, updates and HOT updates,
+    index insertions, row locks, full-page images): what each run made PostgreSQL do, which the
+    bytes alone do not say. Cluster-wide, as the bytes are; None without pg_walinspect."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                'SELECT "resource_manager/record_type", count, fpi_size'
+                " FROM pg_get_wal_stats(%s::pg_lsn,"
+                " LEAST(%s::pg_lsn, pg_current_wal_flush_lsn()), true)",
+                [start, end],
+            )
+            rows = cursor.fetchall()
+    except DatabaseError:
+        return None
+    counts = {kind: count for kind, count, _ in rows}
+    figures = {
+        name: round(sum(counts.get(kind, 0) for kind in kinds) / runs, 1)
+        for name, kinds in _WAL_KINDS.items()
+    }
+    figures["full_page_image_bytes"] = round(sum(fpi for _, _, fpi in rows) / runs)
+    return figures
 
 
 def _checkpoint() -> bool:
@@ -164,7 +210,7 @@ class TaskPilotsSide:
         inputs = [{"n": n, "doc": document(n, low, high)} for n in range(first, first + runs)]
         tag = uuid.uuid4().hex[:8]
         checkpointed = _checkpoint()
-        xid, wal = _server_counters()
+        xid, wal, lsn = _server_counters()
         cpu = (process_groups_cpu_s(self.groups), backend_cpu_s(self.database), _broker_cpu_s())
         started = time.time()
         client = _create_runs(workflow, inputs, f"be-{tag}-", len(self.groups))
@@ -172,7 +218,7 @@ class TaskPilotsSide:
         mine = Run.objects.filter(business_key__startswith=f"be-{tag}-")
         finished = mine.aggregate(last=Max("finished_at"))["last"]
         elapsed = finished.timestamp() - started
-        xid_after, wal_after = _server_counters()
+        xid_after, wal_after, lsn_after = _server_counters()
         after = (process_groups_cpu_s(self.groups), backend_cpu_s(self.database), _broker_cpu_s())
         durations = [
             (done - begun).total_seconds() * 1000
@@ -189,6 +235,7 @@ class TaskPilotsSide:
             "checkpoint": checkpointed,
             "commits_per_run": round((xid_after - xid) / runs, 2),
             "wal_bytes_per_run": round((wal_after - wal) / runs),
+            "wal_records_per_run": _wal_records(lsn, lsn_after, runs),
             "cpu_ms_per_step": _cpu_split(
                 {
                     "workers": _delta(cpu[0], after[0]),
@@ -294,13 +341,13 @@ class DbosSide:
             for proc in procs:
                 _expect_line(proc, "ready")
             checkpointed = _checkpoint()
-            xid, wal = _server_counters()
+            xid, wal, lsn = _server_counters()
             backends = backend_cpu_s(name)
             for proc in procs:  # released together
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
             results = [_expect_line(proc, "workflows") for proc in procs]
-            xid_after, wal_after = _server_counters()
+            xid_after, wal_after, lsn_after = _server_counters()
             backends = _delta(backends, backend_cpu_s(name))
             for proc in procs:
                 proc.stdin.write("quit\n")
@@ -327,6 +374,7 @@ class DbosSide:
             "commits_per_run": round((xid_after - xid) / count, 2),
             "statements_per_run": round(sum(r["statements"] for r in results) / count, 2),
             "wal_bytes_per_run": round((wal_after - wal) / count),
+            "wal_records_per_run": _wal_records(lsn, lsn_after, count),
             "cpu_ms_per_step": _cpu_split(
                 {"processes": sum(r["cpu_s"] for r in results), "postgres": backends}, steps
             ),
@@ -404,7 +452,14 @@ def _summary(samples: list[dict]) -> dict | None:
         return None
     rates = [s["steps_per_s"] for s in samples]
     keys = ("commits_per_run", "wal_bytes_per_run", "statements_per_run")
+    records = [s.get("wal_records_per_run") for s in samples]
+    by_kind = (
+        {"wal_records_per_run": {k: statistics.median(r[k] for r in records) for k in records[0]}}
+        if all(records)
+        else {}
+    )
     return {
+        **by_kind,
         "steps_per_s_median": round(statistics.median(rates), 1),
         "steps_per_s_min": round(min(rates), 1),
         "steps_per_s_max": round(max(rates), 1),
@@ -505,6 +560,8 @@ def bench_engine(
     config = worker_config(pool, concurrency or min(CONCURRENCY, settings.DB_POOL_SIZE or 8))
     env = {"TASKPILOTS_WORKFLOW_MODULES": BENCH_MODULES, "TASKPILOTS_INLINE_BUDGET_SECONDS": "30"}
     statements = {wf: statements_per_run(wf) for wf in ("bench.five", "bench.verified")}
+    if not _walinspect():
+        say("pg_walinspect is not available: WAL records by kind are not reported")
     dbos = DbosSide(workers, payload_kb)
     try:
         with _worker_pool("celery", {**env, **config.env}) as processes:
@@ -642,6 +699,16 @@ def _ratio(ratio: dict | None) -> str:
     return f"**{ratio['median']:.2f}×** ({ratio['min']:.2f}–{ratio['max']:.2f})"
 
 
+def _records(kinds: dict | None) -> str:
+    if not kinds:
+        return "—"
+    return (
+        f"{kinds['heap_inserts']:g} row inserts, {kinds['heap_updates']:g} updates "
+        f"(+{kinds['hot_updates']:g} HOT), {kinds['index_inserts']:g} index entries, "
+        f"{kinds['row_locks']:g} row locks; full-page images {kinds['full_page_image_bytes']:,} B"
+    )
+
+
 def _cpu(split: dict) -> str:
     parts = ", ".join(f"{k} {v:.2f}" for k, v in split.items() if k != "total" and v is not None)
     return f"{split['total']:.2f} ({parts})"
@@ -666,6 +733,7 @@ def _engine_table(env: dict, result: dict) -> list[str]:
         ("durable commits per run", [f"{s['commits_per_run']:.2f}" for _, s, _ in sides]),
         ("statements per run", [f"{s.get('statements_per_run', 0):g}" for _, s, _ in sides]),
         ("WAL bytes per run", [f"{s['wal_bytes_per_run']:,.0f}" for _, s, _ in sides]),
+        ("WAL records per run", [_records(s.get("wal_records_per_run")) for _, s, _ in sides]),
         ("CPU ms per step (where)", [_cpu(s["cpu_ms_per_step"]) for _, s, _ in sides]),
     ]
     lines = [
