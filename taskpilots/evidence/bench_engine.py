@@ -45,7 +45,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import connection
 from django.db.models import Max
 from django.test.utils import CaptureQueriesContext
 
@@ -94,14 +94,24 @@ _WAL_KINDS = {
 }
 
 
+def _owner():
+    """A connection to this database as its owner (the tests act as the application role, which
+    may neither create the extension nor read the WAL)."""
+    import psycopg
+
+    return psycopg.connect(database_url(owner=True), autocommit=True)
+
+
 def _walinspect() -> bool:
     """pg_walinspect in the scratch database (PostgreSQL 15's contrib; a superuser's right):
     False where it cannot be had, and the records by kind are then not reported."""
+    import psycopg
+
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        with _owner() as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         return True
-    except DatabaseError:
+    except psycopg.Error:
         return False
 
 
@@ -109,16 +119,17 @@ def _wal_records(start: str, end: str, runs: int) -> dict | None:
     """WAL records per run between two LSNs, by kind (heap inserts, updates and HOT updates,
     index insertions, row locks, full-page images): what each run made PostgreSQL do, which the
     bytes alone do not say. Cluster-wide, as the bytes are; None without pg_walinspect."""
+    import psycopg
+
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(
+        with _owner() as conn:
+            rows = conn.execute(
                 'SELECT "resource_manager/record_type", count, fpi_size'
                 " FROM pg_get_wal_stats(%s::pg_lsn,"
                 " LEAST(%s::pg_lsn, pg_current_wal_flush_lsn()), true)",
                 [start, end],
-            )
-            rows = cursor.fetchall()
-    except DatabaseError:
+            ).fetchall()
+    except psycopg.Error:
         return None
     counts = {kind: count for kind, count, _ in rows}
     figures = {

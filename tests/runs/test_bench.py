@@ -65,6 +65,13 @@ def test_the_engine_benchmark_pairs_taskpilots_with_dbos_and_reports_what_each_c
     # WAL: the run's rows and events with its 1–16 KB document a few times over; a run writing
     # far more than that has started to copy its payloads around.
     assert 0 < ours["wal_bytes_per_run"] < 200_000, ours
+    # WAL records by kind, where pg_walinspect can be had: a run inserts its row, 5 steps, 2
+    # snapshots, 2 ledger rows and 19 events (29 rows), and the heartbeats write nothing new.
+    # More means the protocol started writing rows it did not before.
+    if _walinspect_available():
+        records = ours["wal_records_per_run"]
+        assert 29 <= records["heap_inserts"] <= 31, records
+        assert result["dbos_docs"]["wal_records_per_run"]["heap_inserts"] > 0
     for part in ("workers", "client", "postgres"):
         assert ours["cpu_ms_per_step"][part] > 0, (part, ours)
     # DBOS, the same workflow as its docs teach and with every line a step: each durable step
@@ -161,3 +168,11 @@ def test_bad_benchmark_options_are_refused_before_a_scratch_database_is_made(arg
 
     with pytest.raises(CommandError, match=message):
         call_command("bench", *argv)
+
+
+def _walinspect_available() -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'pg_walinspect'")
+        return cursor.fetchone() is not None
