@@ -51,10 +51,16 @@ INSTALLED_APPS = [
     "django_htmx",
     "runs",
     "approvals",
-    # Demo and evidence tooling, apart from the production apps: management commands only.
+    # The demo workflows, tools and commands (the default TASKPILOTS_WORKFLOW_MODULES).
     "taskpilots.demo",
-    "taskpilots.evidence",
 ]
+# Evidence tooling (benchmarks, drills, the load generator, fault injection): development and
+# tests only, or where a command asks for it by name (TASKPILOTS_EVIDENCE=1, e.g. a drill
+# against a staging deployment). A production process never loads it, so fault variables set
+# by mistake in its environment inject nothing.
+EVIDENCE = DEBUG or TESTING or env_bool("TASKPILOTS_DEV") or env_bool("TASKPILOTS_EVIDENCE")
+if EVIDENCE:
+    INSTALLED_APPS.append("taskpilots.evidence")
 
 MIDDLEWARE = [
     # First, so it sees every final response under /api/v1/ (runs/api/middleware.py).
@@ -74,7 +80,7 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
 ]
 # `manage.py bench console` only: each response says how many queries it ran.
-if env_bool("TASKPILOTS_BENCH_QUERY_HEADER", False):
+if EVIDENCE and env_bool("TASKPILOTS_BENCH_QUERY_HEADER", False):
     MIDDLEWARE.insert(0, "taskpilots.evidence.querycount.QueryCountMiddleware")
 
 ROOT_URLCONF = "taskpilots.urls"

@@ -1,0 +1,107 @@
+"""The evidence tooling stays out of production: a process with production settings does not
+install it, does not know its commands, and a production worker with every fault-injection
+variable set injects nothing — while the same variables under test settings do (the control)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+
+from runs import engine
+from runs.models import Run
+from taskpilots.evidence import faults
+from taskpilots.evidence.workers import ROOT, database_url
+from tests.worker import private_workers, wait_for
+
+# What a production unit's environment holds: the production settings module (the tests' own,
+# tests.settings, switches test mode on) and none of the development or test switches.
+PRODUCTION = {
+    "DJANGO_SETTINGS_MODULE": "taskpilots.settings",
+    "DEBUG": "0",
+    "TASKPILOTS_TESTING": "0",
+    "TASKPILOTS_DEV": "0",
+    "TASKPILOTS_EVIDENCE": "0",
+    "SECRET_KEY": secrets.token_urlsafe(50),
+}
+# Every fault variable, aimed at the mail tool test.reply calls.
+FAULTS = {
+    faults.VARIABLE: "mail.send",
+    faults.CRASH_BEFORE_CALL: "mail.send",
+    faults.CRASH_DURING_CALL: "mail.send",
+    faults.CRASH_DURING_CALL_AFTER: "0",
+}
+REPLY_INPUT = {"message": "Where is my refund?", "email": "ann@example.com", "ticket": "T-1"}
+APPS = (
+    "import django; django.setup(); from django.apps import apps; "
+    "print(' '.join(a.name for a in apps.get_app_configs()))"
+)
+
+
+def _env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(
+        DATABASE_URL=database_url(),
+        CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+        TASKPILOTS_VAR_DIR=str(settings.VAR_DIR),
+    )
+    env.update(overrides)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.django_db
+def test_production_settings_install_no_evidence_and_know_none_of_its_commands():
+    production = _env(**PRODUCTION)
+    installed = _run(["-c", APPS], production)
+    assert installed.returncode == 0, installed.stderr
+    assert "taskpilots.evidence" not in installed.stdout.split()
+    assert {"runs", "approvals"} <= set(installed.stdout.split())
+    for command in ("bench", "drill", "profile_engine", "load_fake_runs"):
+        unknown = _run(["manage.py", command, "--help"], production)
+        assert unknown.returncode != 0 and f"Unknown command: '{command}'" in unknown.stderr
+    deploy = _run(["manage.py", "check", "--deploy"], production)
+    assert deploy.returncode == 0, deploy.stderr
+    assert "evidence" not in deploy.stdout + deploy.stderr
+    # Asked for by name (a drill against a staging deployment), it is there.
+    asked = _run(["-c", APPS], {**production, "TASKPILOTS_EVIDENCE": "1"})
+    assert "taskpilots.evidence" in asked.stdout.split(), asked.stderr
+
+
+def settled(run_id):
+    def check():
+        run = Run.objects.get(pk=run_id)
+        return run if run.status in (Run.TERMINAL | Run.HUMAN) else None
+
+    return check
+
+
+@pytest.mark.worker
+@pytest.mark.django_db(transaction=True)
+def test_a_production_worker_with_every_fault_variable_set_injects_nothing(sandbox, tmp_path):
+    stalls = {faults.STALL_DIR: str(tmp_path / "stalls")}
+    with private_workers() as pool:
+        worker = pool.start(**PRODUCTION, **FAULTS, **stalls)
+        run, _ = engine.start_run("test.reply", REPLY_INPUT)
+        run = wait_for(settled(run.pk), what="the run to finish")
+        assert run.status == "succeeded", run.attention_reason
+        assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+        assert worker.alive
+        assert "chaos" not in "".join(worker.output)
+        assert not (tmp_path / "stalls").exists()
+    # The control: the same kind of worker under test settings dies before sending.
+    with private_workers() as pool:
+        worker = pool.start(**{faults.CRASH_BEFORE_CALL: "mail.send"})
+        run, _ = engine.start_run("test.reply", {**REPLY_INPUT, "ticket": "T-2"})
+        wait_for(lambda: not worker.alive, what="the test-settings worker to crash")
+        assert "chaos: SIGKILL before sending mail.send" in "".join(worker.output)
+        assert sandbox.ledger(system="mail", run=str(run.pk)) == []
