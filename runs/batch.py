@@ -26,6 +26,7 @@ import itertools
 import json
 import os
 import re
+import threading
 import uuid
 from datetime import datetime
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
@@ -288,20 +289,27 @@ def _execute(db, sql: str, params: list):
         return cursor.fetchone()
 
 
+# Each thread's RawCursor, kept across statements (a cursor caches how each parameter type is
+# sent) in a thread-local of this module's rather than on Django's connection wrapper. Only the
+# last one is kept: it holds its connection, which must not outlive the pool's use of it.
+_local = threading.local()
+
+
 def _cursor(db) -> psycopg.RawCursor:
-    """The thread's cursor on its current connection, kept across statements (a cursor caches
-    how each parameter type is sent). A pooled wrapper may hold another connection than the
-    last time: then a new one."""
-    cursor = getattr(db, "_taskpilots_cursor", None)
+    """This thread's cursor on the connection the wrapper `db` holds now: a new one when the
+    pooled wrapper holds another connection than the last time, or the last one was closed."""
+    cursor = getattr(_local, "cursor", None)
     if cursor is None or cursor.connection is not db.connection or cursor.closed:
-        cursor = db._taskpilots_cursor = psycopg.RawCursor(db.connection)
+        cursor = _local.cursor = psycopg.RawCursor(db.connection)
     return cursor
 
 
 class Ids:
     """Ids taken from a table's sequence ahead of the INSERTs, so an event in the same statement
     can name the row (a snapshot's `snapshot.written` event names its id). Per process: a block
-    at a time, fetched again after a fork."""
+    at a time, fetched again after a fork. Thread-safe: the block is handed out under a lock, and
+    a refill only adds ids the sequence gave this process (nextval never repeats), so no id is
+    handed out twice."""
 
     BLOCK = 64
 
@@ -309,21 +317,25 @@ class Ids:
         self.table = table
         self.free: list[int] = []
         self.pid = os.getpid()
+        self.lock = threading.Lock()
 
     def next(self) -> int:
-        if self.pid != os.getpid():
-            self.free, self.pid = [], os.getpid()
-        try:
-            return self.free.pop()
-        except IndexError:
-            pass
+        with self.lock:
+            if self.pid != os.getpid():
+                self.free, self.pid = [], os.getpid()
+            if self.free:
+                return self.free.pop()
+        # Refilled outside the lock (a round trip): threads that find it empty at once each
+        # fetch a block of their own, and keep the rest for the others.
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
                 [self.table, self.BLOCK],
             )
             block = [row[0] for row in cursor.fetchall()]
-        self.free = block[::-1][:-1] + self.free  # threads may refill at once: keep theirs
+        with self.lock:
+            if self.pid == os.getpid():
+                self.free.extend(block[:0:-1])
         return block[0]
 
 
