@@ -2,8 +2,9 @@
 hot path calls it while it builds the statement that records the steps before it and claims the
 next one, as it does for pure compute steps. These tests hold the rules that keep that safe: a
 paused tool is never called ahead; a read never goes ahead of a receipt that is not committed
-yet; a read that fails ahead counts as its claim's attempt (one call, not two); and a pause that
-commits between the worker's last look and its statement refuses the statement."""
+yet; a read that fails ahead counts as its claim's attempt (one call, not two); a pause that
+commits between the worker's last look and its statement refuses the statement; and two workers
+taking one fresh run at once may both read, but the run records one read and one write."""
 
 from __future__ import annotations
 
@@ -188,3 +189,52 @@ def test_a_read_ahead_is_called_once_when_the_approval_rules_changed_since_the_l
     engine.run_until_quiet(run.pk)
     assert [c["step"] for c in CALLS] == ["first", "second"]
     assert Run.objects.get(pk=run.pk).status == Run.Status.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_starting_one_fresh_run_at_once_may_read_twice_but_record_and_write_once():
+    # Two hints for one fresh run, taken by two workers at once: each reads the run, finds it
+    # fresh, and calls `first` ahead of its claim (no claim exists yet to stop the second).
+    # Here the second worker runs the whole run while the first one's read is in flight. The
+    # read is the one thing done twice, and a read changes nothing: the first worker's
+    # statement is refused (the run moved from under it), so the run records one read, one
+    # write and one success.
+    import threading
+
+    from runs.audit import verify_chain
+    from runs.models import TimelineEvent
+
+    run, _ = engine.start_run("test.ahead", {"n": 7})
+    other: list[threading.Thread] = []
+    original = tools.get("ahead.lookup").invoke
+
+    def racing_lookup(params, ctx):
+        if not other:  # the first call: the other worker takes the same run meanwhile
+            other.append(threading.Thread(target=_advance_elsewhere, args=(run.pk,)))
+            other[0].start()
+            other[0].join()
+        return original(params, ctx)
+
+    tool = tools.get("ahead.lookup")
+    tool.invoke = racing_lookup
+    try:
+        engine.run_until_quiet(run.pk)
+    finally:
+        tool.invoke = original
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED
+    assert [c["step"] for c in CALLS].count("first") == 2  # read twice: once by each worker
+    first = Step.objects.get(run=run, name="first")
+    assert first.attempts == 1 and first.status == Step.Status.SUCCEEDED
+    assert SideEffect.objects.filter(run=run).count() == 1
+    assert SideEffect.objects.get(run=run).status == SideEffect.Status.COMMITTED
+    events = TimelineEvent.objects.filter(run=run).order_by("seq")
+    assert [e.verb for e in events].count("run.succeeded") == 1
+    assert verify_chain(events) == (True, "ok")
+
+
+def _advance_elsewhere(run_id) -> None:
+    try:
+        engine.run_until_quiet(run_id)
+    finally:
+        connection.close()
