@@ -38,8 +38,7 @@ from approvals.permissions import (
 from runs import tools as tool_registry
 from runs.conditions import ConditionError, parse_text
 from runs.conditions import validate as validate_conditions
-from runs.engine import begin_compensation, enqueue
-from runs.engine.compensation import undoable
+from runs.engine import begin_compensation, enqueue, undoable
 from runs.models import Receipt, Run, SideEffect, Snapshot, Step, Wait, digest, to_json_value
 
 D = ApprovalRequest.Decision

@@ -37,7 +37,7 @@ from approvals.models import HumanDecision, known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
 from approvals.permissions import ActionForbidden, can_act, check_may_act, is_admin
 from runs import tools as tool_registry
-from runs.engine.compensation import undoable
+from runs.engine import undoable
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
 from runs.tools import CallContext, ToolError
 from runs.verbs import Verb

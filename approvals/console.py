@@ -39,8 +39,7 @@ from approvals.permissions import (
 )
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
-from runs.engine.compensation import BY_HAND_QUEUE, undoable
-from runs.engine.context import build_context, prior_results_summary
+from runs.engine import BY_HAND_QUEUE, build_context, prior_results_summary, undoable
 from runs.models import (
     FailureClass,
     Risk,

@@ -39,7 +39,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from approvals.models import EscalationRule
-from runs.engine.routing import Origin, decide, tool_risk
+from runs.engine import Origin, decide, tool_risk
 from runs.models import FailureClass, RouteAction, Step, TimelineEvent
 from runs.verbs import Verb
 

@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy
 
 from approvals import console
 from approvals.models import HumanDecision
-from runs.engine.gate import params_change
+from runs.engine import params_change
 from runs.models import TimelineEvent, shown
 from runs.verbs import Verb
 

@@ -11,22 +11,26 @@ it: one executor per kind), calls (parameters, call context, scope), ledger (the
 protocol and reconciliation), record (commit what happened), routing (the one place a failure
 is decided), compensation, waits (events, timers, deadlines), sweep (re-derive due work),
 execute (the loop), dispatch (Celery hints). People are reached through runs.people only.
+Other apps use the names below, never the modules (approvals imports `runs.engine` only).
 """
 
 from runs.engine.claim import Claim, claim_next
-from runs.engine.compensation import begin_compensation
+from runs.engine.compensation import BY_HAND_QUEUE, begin_compensation, undoable
+from runs.engine.context import build_context, prior_results_summary
 from runs.engine.dispatch import enqueue
 from runs.engine.execute import advance, invoke_step, run_until_quiet
+from runs.engine.gate import params_change
 from runs.engine.ledger import IdempotencyKeyConflict, Verdict, idempotency_key_for
 from runs.engine.outcomes import Outcome
 from runs.engine.record import record_outcome
-from runs.engine.routing import Origin, Route, choose, end_step, route_failure
+from runs.engine.routing import Origin, Route, choose, decide, end_step, route_failure, tool_risk
 from runs.engine.start import BusinessKeyConflict, StartError, start_run
 from runs.engine.steps import execute
 from runs.engine.sweep import SweepReport, sweep
 from runs.engine.waits import deliver_event
 
 __all__ = [
+    "BY_HAND_QUEUE",
     "BusinessKeyConflict",
     "Claim",
     "IdempotencyKeyConflict",
@@ -38,17 +42,23 @@ __all__ = [
     "Verdict",
     "advance",
     "begin_compensation",
+    "build_context",
     "choose",
     "claim_next",
+    "decide",
     "deliver_event",
     "end_step",
     "enqueue",
     "execute",
     "idempotency_key_for",
     "invoke_step",
+    "params_change",
+    "prior_results_summary",
     "record_outcome",
     "route_failure",
     "run_until_quiet",
     "start_run",
     "sweep",
+    "tool_risk",
+    "undoable",
 ]
