@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from runs import models
 from runs.models import StepKind
 
 END = None
@@ -341,6 +340,3 @@ def pending_steps(run, recorded: list[dict]) -> dict:
         ],
         "pending_steps_exact": not branches,
     }
-
-
-models.set_planned_steps(pending_steps)
