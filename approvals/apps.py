@@ -14,7 +14,8 @@ class ApprovalsConfig(AppConfig):
         from runs import people, signals
 
         people.register(People())
-        # Admins' decisions over tools' own metadata, applied by runs.tools.get (cached).
+        # Admins' decisions over tools' own metadata (People.local_metadata) follow the
+        # connection: the cache learns of changes when the process connects.
         local_metadata.install()
         signals.payloads_pruning.connect(_before_pruning, dispatch_uid="metrics-rollup")
 

@@ -223,7 +223,7 @@ def _decisions(rows: list[tuple], now: float) -> _Loaded:
     return _Loaded((rows[0][0], rows[0][1]), decisions, now)
 
 
-# This process's copy, behind runs.tools.get.
+# This process's copy, behind runs.tools.get (approvals.people.People.local_metadata).
 CACHE = LocalMetadata()
 # A forked child (a prefork pool process) must not inherit a lock held by a parent's thread.
 os.register_at_fork(after_in_child=CACHE.reset)
@@ -233,7 +233,6 @@ def install() -> None:
     connection_created.connect(_on_connection_created, dispatch_uid="local-tool-metadata")
     if connections["default"].connection is not None:  # installed late (a test)
         _django_connected.set()
-    tool_registry.set_local_metadata(CACHE.apply)
 
 
 def changed() -> None:

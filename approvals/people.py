@@ -7,10 +7,11 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from approvals import gate, permissions, sla
+from approvals import gate, local_metadata, permissions, sla
 from approvals.models import ApprovalRequest, EscalationRule, ToolPause
 from runs import people
 from runs.models import Run, Step
+from runs.tools import Tool
 
 
 class People:
@@ -49,6 +50,9 @@ class People:
 
     def rules_seen(self, value: Any) -> None:
         gate.rules_seen(value)
+
+    def local_metadata(self, tool: Tool) -> Tool:
+        return local_metadata.CACHE.apply(tool)
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         breaches = 0

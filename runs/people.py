@@ -4,7 +4,8 @@
 pauses, approval requests, and the sweeps that watch people's deadlines and send notifications —
 through this interface, which `approvals` registers when Django starts
 (`approvals.apps.ApprovalsConfig.ready`). Without it (the core alone) no rule matches, so every
-failure goes to a person; no tool is paused; and an approval step cannot be asked.
+failure goes to a person; no tool is paused; an approval step cannot be asked; and every tool is
+as its code registered it.
 """
 
 from __future__ import annotations
@@ -164,6 +165,10 @@ class People(Protocol):
         """The run's decided approvals of `tools` that may still cover a call of step
         `step_id`, newest first: approved, and not executed by another step's call."""
 
+    def local_metadata(self, tool: Tool) -> Tool:
+        """The tool as this deployment's admins decided it (the same object when nothing is
+        overridden): runs.tools.get asks on every lookup, so it must be cheap (cached)."""
+
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         """The people's side of a sweeper pass: escalate runs past a person's SLA, send due
         notifications. Calls `hint(run_id)` for runs that have work for a worker again."""
@@ -202,6 +207,9 @@ class NoPeople:
 
     def rules_seen(self, value: Any) -> None:
         return None
+
+    def local_metadata(self, tool: Tool) -> Tool:
+        return tool  # as registered
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
         return {}

@@ -24,6 +24,7 @@ import httpx2
 from django.conf import settings
 
 from runs.models import FailureClass, Risk
+from runs.people import people
 from taskpilots.httpclient import NOT_SENT, SharedClient
 
 DEFAULT_REQUIRED_SNAPSHOT_FIELDS = ("target_resource", "permissions", "idempotency_key")
@@ -250,17 +251,10 @@ class Tool:
 # --------------------------------------------------------------------------------------------
 # Registry
 
+# As their code registered them; `get` returns each as this deployment decided it (an admin's
+# local decisions over a tool's own metadata, from the console), asked of the people's side
+# (runs.people: `local_metadata`).
 _TOOLS: dict[str, Tool] = {}
-# Local decisions over a tool's own metadata (an admin's, from the console): set by the
-# people's side at start-up (approvals.apps), which `runs` never imports. None: as registered.
-_local_metadata: Callable[[Tool], Tool] | None = None
-
-
-def set_local_metadata(apply: Callable[[Tool], Tool] | None) -> None:
-    """Install `apply(tool) -> tool`: the tool as this deployment decided it (the same object
-    when nothing is overridden). It runs on every `get`, so it must be cheap (cached)."""
-    global _local_metadata
-    _local_metadata = apply
 
 
 class UnknownTool(LookupError):
@@ -308,7 +302,7 @@ def get(name: str) -> Tool:
         tool = _TOOLS[name]
     except KeyError:
         raise UnknownTool(f"tool {name!r} is not registered") from None
-    return tool if _local_metadata is None else _local_metadata(tool)
+    return people().local_metadata(tool)
 
 
 def registered(name: str) -> Tool:
@@ -325,9 +319,8 @@ def all_tools() -> dict[str, Tool]:
     load_all_lazily()
     for load in list(_SOURCES.values()):
         load(False)
-    if _local_metadata is None:
-        return dict(_TOOLS)
-    return {name: _local_metadata(tool) for name, tool in _TOOLS.items()}
+    decided = people().local_metadata
+    return {name: decided(tool) for name, tool in _TOOLS.items()}
 
 
 # --------------------------------------------------------------------------------------------
