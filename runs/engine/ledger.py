@@ -48,7 +48,6 @@ from runs.engine.outcomes import (
 from runs.models import (
     FailureClass,
     Receipt,
-    RouteAction,
     Run,
     SideEffect,
     Snapshot,
@@ -167,47 +166,25 @@ def fallback_key_for(key: str, fallback_tool: str) -> str:
 
 
 def _degrade_if_ruled(claim, tool, effect, params, key, exc: ToolError) -> Outcome | None:
-    """The original call was refused: when its rule says degrade, switch to the fallback (or
-    say exactly why that cannot be done). None: the rule says something else."""
-    from runs.engine.routing import match_rule
+    """The original call was refused: when routing says degrade, switch to the fallback (or
+    fail saying exactly why that cannot be done). None: the rule says something else."""
+    from runs.engine.routing import degrade_route
 
-    rule = match_rule(claim.run, claim.step, exc.failure_class, tool.name)
-    if rule is None or rule.action != RouteAction.DEGRADE:
+    route = degrade_route(claim, tool, exc.failure_class)
+    if route is None:
         return None
     failed = f"{tool.name} failed ({exc.failure_class}: {exc.message})"
-    fallback, why_not = _usable_fallback(claim, tool)
-    if fallback is None:
-        return Failed(exc.failure_class, f"{failed}; {why_not}", not_committed=effect)
+    if route.fallback is None:
+        return Failed(exc.failure_class, f"{failed}; {route.why_not}", not_committed=effect)
     _settle(effect, effect.mark_not_committed)  # before anything else is sent
     why = {
-        "rule": rule.describe(),
+        "rule": route.rule.describe(),
         "failure_class": exc.failure_class,
         "error": exc.message[:500],
         "original_tool": tool.name,
         "original_key": key,
     }
-    return _degrade_with(claim, tool, fallback, params, key, why=why)
-
-
-def _usable_fallback(claim: Claim, tool: Tool) -> tuple[Tool | None, str]:
-    from runs.people import people
-
-    name = tool.fallback_tool
-    if not name:
-        return None, f"the rule says degrade, but {tool.name} has no fallback tool"
-    try:
-        fallback = tool_registry.get(name)
-    except tool_registry.UnknownTool:
-        return None, f"its fallback tool {name} is not registered"
-    if not fallback.side_effect:
-        return None, f"its fallback {name} is not a side-effect tool, so it cannot do this write"
-    if people().pause_of(name) is not None:
-        return None, f"its fallback {name} is paused by an admin"
-    try:
-        check_scope(claim, fallback)
-    except ToolError as exc:
-        return None, f"its fallback {name} cannot be called: {exc.message}"
-    return fallback, ""
+    return _degrade_with(claim, tool, route.fallback, params, key, why=why)
 
 
 def _switched_to_fallback(claim: Claim, key: str) -> Tool | None:

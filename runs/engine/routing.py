@@ -7,9 +7,11 @@ escalation rule (read at routing time, so an admin's edit routes the next failur
 
 - retry: back off with jitter until the rule's attempts are spent, then escalate;
 - wait: probe the tool until the rule's wait window closes, then escalate;
-- degrade: reads and refused side effects switch to their tool's fallback before they are
-  recorded (runs.engine.steps, runs.engine.ledger); a degrade that comes here could not apply
-  (no fallback, paused, failed too, or an unknown outcome): escalate, saying why;
+- degrade: a failed read or a refused side effect switches to its tool's fallback before it is
+  recorded; `degrade_route` decides whether it does (the rule, and whether the fallback may be
+  called), and the executors (runs.engine.steps, runs.engine.ledger) only carry that out. A
+  degrade that comes to `route_failure` could not apply (no usable fallback, failed too, or an
+  unknown outcome): escalate, saying why;
 - compensate: undo the run's committed side effects;
 - escalate: a person's queue, with the rule's SLA;
 - fail: the run fails.
@@ -302,5 +304,52 @@ def end_step(
 
 
 def match_rule(run: Run, step: Step, failure_class: str, tool: str = "") -> Rule | None:
-    """The rule that would route this failure (reads use it to degrade before recording)."""
+    """The rule that would route this failure."""
     return choose(run, step, failure_class, tool=tool).rule
+
+
+@dataclass(frozen=True)
+class Degrade:
+    """A failed call whose rule says degrade: the fallback tool to call instead (the same
+    parameters), or, when it may not be called, why not (the step then fails with that)."""
+
+    rule: Rule
+    fallback: tool_registry.Tool | None
+    why_not: str = ""
+
+
+def degrade_route(claim, tool: tool_registry.Tool, failure_class: str) -> Degrade | None:
+    """Whether a failed call of `tool` degrades, decided before anything is recorded: None when
+    its rule says something else (the failure is routed as any other, by `route_failure`). An
+    unknown outcome never comes here: it is reconciled or goes to a person (both could land)."""
+    rule = match_rule(claim.run, claim.step, failure_class, tool.name)
+    if rule is None or rule.action != RouteAction.DEGRADE:
+        return None
+    fallback, why_not = _usable_fallback(claim, tool)
+    return Degrade(rule, fallback, why_not)
+
+
+def _usable_fallback(claim, tool: tool_registry.Tool) -> tuple[tool_registry.Tool | None, str]:
+    """The tool's fallback when this step may call it: registered, of the same kind (a write's
+    fallback writes, under its own snapshot and key; a read's only reads), not paused, and
+    within the run's scopes."""
+    from runs.engine.calls import check_scope
+
+    name = tool.fallback_tool
+    if not name:
+        return None, f"the rule says degrade, but {tool.name} has no fallback tool"
+    try:
+        fallback = tool_registry.get(name)
+    except tool_registry.UnknownTool:
+        return None, f"its fallback tool {name} is not registered"
+    if tool.side_effect and not fallback.side_effect:
+        return None, f"its fallback {name} is not a side-effect tool, so it cannot do this write"
+    if not tool.side_effect and fallback.side_effect:
+        return None, f"its fallback {name} is a side-effect tool, which a read may not call"
+    if people().pause_of(name) is not None:
+        return None, f"its fallback {name} is paused by an admin"
+    try:
+        check_scope(claim, fallback)
+    except tool_registry.ToolError as exc:
+        return None, f"its fallback {name} cannot be called: {exc.message}"
+    return fallback, ""

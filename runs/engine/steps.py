@@ -21,8 +21,8 @@ from runs.engine.outcomes import (
     Succeeded,
 )
 from runs.engine.pauses import end_pause_hold
-from runs.engine.routing import match_rule
-from runs.models import FailureClass, RouteAction, StepKind, Wait, read_record, to_json_value
+from runs.engine.routing import degrade_route
+from runs.models import FailureClass, StepKind, Wait, read_record, to_json_value
 from runs.people import Approval, people
 from runs.tools import Tool, ToolError
 
@@ -98,18 +98,14 @@ def execute_read(claim: Claim, tool: Tool) -> Outcome:
 
 
 def degrade_or_fail(claim: Claim, tool: Tool, params: dict, exc: ToolError) -> Outcome:
-    """A read failed: if its rule says degrade and there is a fallback, use it right away."""
-    rule = match_rule(claim.run, claim.step, exc.failure_class, tool.name)
-    if rule is None or rule.action != RouteAction.DEGRADE:
+    """A read failed: when routing says degrade, call the fallback right away (the same
+    parameters); otherwise the failure is recorded and routed as any other."""
+    route = degrade_route(claim, tool, exc.failure_class)
+    if route is None:
         return Failed(exc.failure_class, exc.message)
-    if not tool.fallback_tool:
-        return Failed(
-            exc.failure_class,
-            f"{exc.message} (rule says degrade, but {tool.name} has no fallback tool)",
-        )
-    fallback = tool_registry.get(tool.fallback_tool)
-    if people().pause_of(fallback.name) is not None:
-        return Failed(exc.failure_class, f"{exc.message}; fallback {fallback.name} is paused")
+    if route.fallback is None:
+        return Failed(exc.failure_class, f"{exc.message}; {route.why_not}")
+    fallback, rule = route.fallback, route.rule
     try:
         result = invoke(claim, fallback, params)
     except ToolError as fallback_exc:

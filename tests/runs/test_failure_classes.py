@@ -219,6 +219,35 @@ def test_an_empty_result_degrades_to_the_fallback_under_a_degrade_rule():
     assert event.data["failure_class"] == "empty_result"
 
 
+def test_a_reads_fallback_that_writes_is_never_called(monkeypatch):
+    # Routing decides every degrade before anything is called: a read's fallback must read too
+    # (a side-effect tool would be called without its snapshot and key).
+    from runs import tools
+
+    SERVER.answers["/orders/list"] = (200, [])
+    EscalationRuleFactory(position=0, name="orders empty: use the cache",
+                          tool="test.orders_list", failure_class="empty_result",
+                          action="degrade", queue="support")  # fmt: skip
+    calls = []
+    real_get = tools.get
+
+    def writing_cache(name):
+        tool = real_get(name)
+        if name != "test.orders_cache":
+            return tool
+        return tools.Tool(
+            **{**tool.__dict__, "side_effect": True, "invoke": lambda p, c: calls.append(p)}
+        )
+
+    monkeypatch.setattr(tools, "get", writing_cache)
+    run = drive("test.classes_orders")
+    assert run.status == Run.Status.NEEDS_HUMAN
+    step = fetch_step(run)
+    assert step.status != "degraded"
+    assert "its fallback test.orders_cache is a side-effect tool" in step.last_error
+    assert calls == []
+
+
 # -- API drift --------------------------------------------------------------------------------
 
 
