@@ -29,7 +29,6 @@ import re
 import threading
 import uuid
 from datetime import datetime
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 import psycopg
@@ -249,20 +248,10 @@ def _json_default(value):
 
 
 # Rows for json_populate_record: datetimes to the microsecond (DjangoJSONEncoder keeps
-# milliseconds only), JSONField values as they are (already plain JSON: to_json_value). The C
-# encoder is built once (JSONEncoder.encode builds one per call).
-_ROW_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default)
-_row_chunks = (
-    c_make_encoder(None, _json_default, encode_basestring, None, ":", ",", False, False, True)
-    if c_make_encoder is not None
-    else None
-)
-
-
-def _row_json(row: dict) -> str:
-    if _row_chunks is None:
-        return _ROW_JSON.encode(row)
-    return "".join(_row_chunks(row, 0))
+# milliseconds only), JSONField values as they are (already plain JSON: to_json_value).
+_row_json = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), default=_json_default, check_circular=False
+).encode
 
 
 def execute_one(sql: str, params: list, *, writes: bool = True):

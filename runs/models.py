@@ -13,8 +13,6 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
-from json.scanner import c_make_scanner  # type: ignore[attr-defined]
 from typing import Any
 
 from django.conf import settings
@@ -98,23 +96,17 @@ def json_string(text: str) -> str:
 # What a time, a digest or a hash holds: nothing JSON would escape.
 _PLAIN = re.compile(r"[0-9A-Za-z:+.\-]*")
 
-# One encoder for every call (json.dumps would build one each time), and its C encoder built
-# once too (JSONEncoder.encode builds one per call: a third of a small value's cost). The hot
-# path encodes every event, row and result. No circular-reference markers: a value that holds
-# itself ends in RecursionError instead of ValueError.
-_CANONICAL = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-_canonical_chunks = (
-    c_make_encoder(None, _CANONICAL.default, encode_basestring, None, ":", ",", True, False, True)
-    if c_make_encoder is not None
-    else None
+# One encoder for every call (json.dumps would build one each time). The hot path encodes every
+# event, row and result through it. No circular-reference markers (a dict of ids kept for every
+# container): a value that holds itself ends in RecursionError instead of ValueError.
+_CANONICAL = DjangoJSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
 )
 
 
 def canonical_json(value: Any) -> str:
     """The one serialisation used for checksums and hashes: sorted keys, no spaces, UTF-8."""
-    if _canonical_chunks is None:
-        return _CANONICAL.encode(value)
-    return "".join(_canonical_chunks(value, 0))
+    return _CANONICAL.encode(value)
 
 
 def to_json_value(value: Any) -> Any:
@@ -122,16 +114,14 @@ def to_json_value(value: Any) -> Any:
     return from_canonical_json(canonical_json(value))
 
 
-# The C scanner json.loads uses, called directly: canonical JSON has no whitespace around its
-# one value to skip (json.loads matches it twice with a regular expression).
-_scan_json = c_make_scanner(json.JSONDecoder()) if c_make_scanner is not None else None
+# raw_decode, not json.loads: canonical JSON has no whitespace around its one value to skip
+# (json.loads matches it twice with a regular expression).
+_DECODER = json.JSONDecoder()
 
 
 def from_canonical_json(text: str) -> Any:
     """The value of a text canonical_json produced."""
-    if _scan_json is None:
-        return json.loads(text)
-    return _scan_json(text, 0)[0]
+    return _DECODER.raw_decode(text)[0]
 
 
 def digest(value: Any) -> str:
