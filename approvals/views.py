@@ -45,6 +45,7 @@ from approvals.models import ApprovalRequest
 from approvals.permissions import ACT, READ, forbidden, may_act, require_role
 from runs.conditions import describe as describe_condition
 from runs.models import Run, Snapshot, Step, TimelineEvent, TransitionError
+from runs.rehydration import rehydration_document
 
 logger = logging.getLogger("taskpilots.console")
 
@@ -180,7 +181,7 @@ def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, A
         "state": state,
     }
     if tab == "rehydration":
-        document = run.rehydration()
+        document = rehydration_document(run)
         context["rehydration"] = untrusted.json_html(console.to_pretty_json(document))
     elif tab == "events":
         context["events"] = list(TimelineEvent.objects.filter(run=run).order_by("-seq")[:200])
@@ -214,7 +215,7 @@ def run_raw(request: HttpRequest, run_id, part: str, ident: int | None = None) -
     elif kind == "result":
         value = run.result
     elif kind == "rehydration":
-        value = run.rehydration()
+        value = rehydration_document(run)
     elif kind == "snapshot" and ident:
         value = get_object_or_404(Snapshot, pk=ident, run=run).content()
     elif kind == "step" and ident:

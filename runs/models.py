@@ -682,16 +682,6 @@ class Run(models.Model):
             attention_due_at=None,
         )
 
-    # -- reading -----------------------------------------------------------------------------
-    def rehydration(self) -> dict:
-        """The one document a paused run needs to resume, from the database alone (the third
-        source article's fields): run id, current stage and step, latest checkpoint, input
-        snapshot ref, awaited event and deadlines, external resource ids, idempotency keys of
-        executed side effects, human decision records, failure count and escalation state."""
-        from runs.rehydration import document  # it reads the workflow registry too
-
-        return document(self)
-
 
 # --------------------------------------------------------------------------------------------
 # Step

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from runs.models import Run, Step
-    from runs.tools import Tool
 
 
 class Rule(Protocol):
@@ -32,7 +31,7 @@ class Rule(Protocol):
     escalate_to: str  # the queue an SLA breach moves the run to ("" keeps it)
     escalate_after_seconds: int  # the SLA after a breach (0: none)
 
-    def approvers_for(self, params: Any, tool: Tool | None = None) -> int: ...  # approvers needed
+    def approvers_for(self, params: Any, tool: Any = None) -> int: ...  # approvers needed
 
     def backoff(self, attempt: int) -> timedelta: ...
 
@@ -140,7 +139,7 @@ class People(Protocol):
         *,
         workflow: str,
         step: str,
-        tool: Tool,
+        tool: Any,  # a runs.tools.Tool
         params: Any,
         declared: str = "",
         cached: bool = False,
@@ -165,8 +164,9 @@ class People(Protocol):
         """The run's decided approvals of `tools` that may still cover a call of step
         `step_id`, newest first: approved, and not executed by another step's call."""
 
-    def local_metadata(self, tool: Tool) -> Tool:
-        """The tool as this deployment's admins decided it (the same object when nothing is
+    def local_metadata(self, tool: Any) -> Any:
+        """The tool (a runs.tools.Tool: typed loosely, as runs.tools asks this module) as this
+        deployment's admins decided it (the same object when nothing is
         overridden): runs.tools.get asks on every lookup, so it must be cheap (cached)."""
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:
@@ -208,7 +208,7 @@ class NoPeople:
     def rules_seen(self, value: Any) -> None:
         return None
 
-    def local_metadata(self, tool: Tool) -> Tool:
+    def local_metadata(self, tool: Any) -> Any:
         return tool  # as registered
 
     def sweep(self, now: datetime, batch: int, hint: Callable[[Any], None]) -> dict[str, int]:

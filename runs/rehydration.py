@@ -1,7 +1,8 @@
-"""Rehydration: the one document a paused run needs to resume (Run.rehydration), read from its
-rows alone — current stage and step, the latest checkpoint, awaited events and deadlines, the
-side effects with their keys and external ids, the human decisions, the escalation — and what its
-workflow still plans after the recorded steps (runs.workflows.pending_steps)."""
+"""Rehydration: the one document a paused run needs to resume (`rehydration_document(run)`),
+read from its rows alone — current stage and step, the latest checkpoint, awaited events and
+deadlines, the side effects with their keys and external ids, the human decisions, the
+escalation — and what its workflow still plans after the recorded steps
+(runs.workflows.pending_steps)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ def _iso(value):
     return value.isoformat() if value else None
 
 
-def document(run: Run) -> dict:
-    """Run.rehydration's document, read from the run's rows and its workflow's definition."""
+def rehydration_document(run: Run) -> dict:
+    """The one document a paused run needs to resume, from the database alone (the third
+    source article's fields): run id, current stage and step, latest checkpoint, input
+    snapshot ref, awaited event and deadlines, external resource ids, idempotency keys of
+    executed side effects, human decision records, failure count and escalation state, the
+    recorded reads, and the steps its workflow still plans."""
     steps = list(
         run.steps.order_by("position").values(
             "id",

@@ -34,6 +34,7 @@ from runs.api.errors import (
 )
 from runs.api.schema import CURSOR_PATTERN, integral
 from runs.models import Run, RunStatus
+from runs.rehydration import rehydration_document
 from taskpilots.env import env_bool
 
 EVENTS_STRICT = env_bool("TASKPILOTS_EVENTS_STRICT", False)
@@ -192,5 +193,5 @@ def run_out(run: Run) -> dict:
         "input": run.input,
         "session_context_ref": run.session_context_ref,
         "result": run.result,
-        "rehydration": run.rehydration(),
+        "rehydration": rehydration_document(run),
     }

@@ -14,6 +14,7 @@ from approvals.models import ApprovalRequest, EscalationRule, HumanDecision
 from runs import engine, tools, workflows
 from runs.engine import calls, ledger
 from runs.models import FailureClass, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
+from runs.rehydration import rehydration_document
 from tests.factories import EscalationRuleFactory
 from tests.worker import wait_for
 
@@ -131,7 +132,7 @@ class TestHappyPathAndReplay:
     def test_a_finished_run_has_nothing_pending_and_a_branching_one_says_so(self, sandbox):
         run = drive(start("test.reply", REPLY_INPUT))
         assert run.status == "succeeded"
-        assert run.rehydration()["pending_steps"] == []
+        assert rehydration_document(run)["pending_steps"] == []
         branching = workflows.Workflow(
             "test.pending_branch",
             1,
@@ -143,17 +144,17 @@ class TestHappyPathAndReplay:
         )
         workflows.register(branching, replace=True)
         run = drive(start("test.pending_branch", {}))
-        doc = run.rehydration()
+        doc = rehydration_document(run)
         assert doc["current_step"]["name"] == "c"
         assert doc["pending_steps"] == [] and doc["pending_steps_exact"] is True
         run2, _ = engine.start_run("test.pending_branch", {}, business_key="pending-2")
-        doc = Run.objects.get(pk=run2.pk).rehydration()
+        doc = rehydration_document(Run.objects.get(pk=run2.pk))
         assert [s["name"] for s in doc["pending_steps"]] == ["a", "b", "c"]
         assert doc["pending_steps_exact"] is False  # "a" chooses its next step at run time
 
     def test_the_rehydration_document_has_every_field_from_the_seed(self, sandbox):
         run = drive(start("test.refund", {"amount": 150, "payment": "pay_1"}))
-        doc = run.rehydration()
+        doc = rehydration_document(run)
         for key in ("run_id", "current_stage", "latest_checkpoint", "input_snapshot_ref",
                     "awaited_event_type", "timer_deadline", "external_resource_ids",
                     "executed_side_effect_keys", "human_decisions", "failure_count",

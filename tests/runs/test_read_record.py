@@ -13,6 +13,7 @@ from runs import engine, tools, workflows
 from runs.engine import inline
 from runs.engine.outcomes import Succeeded
 from runs.models import READ_PREVIEW_CHARS, Run, Step, digest
+from runs.rehydration import rehydration_document
 from runs.tools import python_tool
 from runs.workflows import Workflow, compute, read
 
@@ -125,7 +126,7 @@ def test_large_params_are_kept_as_a_digest_and_a_preview(hot):
 
 def test_the_rehydration_document_lists_the_reads(hot):
     run = run_read()
-    reads = run.rehydration()["reads"]
+    reads = rehydration_document(run)["reads"]
     assert [(r["step"], r["stage"], r["tool"]) for r in reads] == [
         ("lookup", "research", "test.inputs_lookup")
     ]

@@ -8,6 +8,7 @@ import pytest
 from runs import engine
 from runs.api.models import ApiClient, ApiScope
 from runs.models import Run, Snapshot
+from runs.rehydration import rehydration_document
 from tests.runs.test_api import Api, bearer
 
 pytestmark = pytest.mark.django_db
@@ -34,7 +35,7 @@ def test_an_api_start_with_a_session_ref_puts_it_in_every_snapshot(api, sandbox)
     run = engine.run_until_quiet(data["id"])
     assert run.status == Run.Status.SUCCEEDED
     assert run.session_context_ref == "conv-7/turn-3"
-    assert run.rehydration()["session_context_ref"] == "conv-7/turn-3"
+    assert rehydration_document(run)["session_context_ref"] == "conv-7/turn-3"
     snapshots = Snapshot.objects.filter(run=run)
     assert {s.tool for s in snapshots} == {"mail.send", "tickets.update"}
     for snapshot in snapshots:
