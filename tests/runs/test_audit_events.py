@@ -91,6 +91,10 @@ ALLOWED = {
         "(no status change); the claim that reclaims the step writes step.lease_reclaimed, "
         "naming the worker and why it lost the step"
     ),
+    ("runs/batch.py", "<module>"): (
+        "_CREATE_RUN, a new run's row (pending, its default status) inserted by the same "
+        "statement as its run.created event (runs.batch.create_run): both commit or neither does"
+    ),
     ("runs/batch.py", "Batch._run_change"): (
         "the run's row in a batch: the chain head, and the changes of Run.start_in / "
         "Run.succeed_in, which add their events to the same statement"

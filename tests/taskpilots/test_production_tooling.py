@@ -42,8 +42,13 @@ APPS = (
 )
 
 
+# What this test process holds that no deployment does (the browser tests allow Django's sync
+# calls from their event loop; `check --deploy` rightly refuses that).
+NOT_IN_PRODUCTION = ("PYTEST", "DJANGO_ALLOW_ASYNC_UNSAFE")
+
+
 def _env(**overrides: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(NOT_IN_PRODUCTION)}
     env.update(
         DATABASE_URL=database_url(),
         CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
