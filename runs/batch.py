@@ -45,7 +45,7 @@ _INSERT_EVENTS = (
     "INSERT INTO runs_timelineevent "
     "(run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash) "
     "SELECT %s, e.seq, e.at, e.actor, e.verb, e.data, e.digest, false, e.prev, e.hash FROM "
-    "json_to_recordset(%s::json) AS e(seq int, at timestamptz, actor text, verb text, "
+    "jsonb_to_recordset(%s::jsonb) AS e(seq int, at timestamptz, actor text, verb text, "
     "data jsonb, digest text, prev text, hash text)"
 )
 
@@ -90,7 +90,7 @@ class Batch:
         values = instance.__dict__
         row = {column: values[attname] for column, attname in _columns(instance)}
         self.must(
-            f"INSERT INTO {table} SELECT * FROM json_populate_record(NULL::{table}, %s::json)",
+            f"INSERT INTO {table} SELECT * FROM jsonb_populate_record(NULL::{table}, %s::jsonb)",
             [_row_json(row)],
             f"{table} row not written",
         )
@@ -188,13 +188,13 @@ class Batch:
 # (the key's unique index decides, also between two starts racing for it).
 _CREATE_RUN = (
     "WITH run AS (INSERT INTO runs_run "
-    "SELECT * FROM json_populate_record(NULL::runs_run, %s::json) "
+    "SELECT * FROM jsonb_populate_record(NULL::runs_run, %s::jsonb) "
     "ON CONFLICT (business_key) DO NOTHING RETURNING id), "
     "events AS (INSERT INTO runs_timelineevent "
     "(run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash) "
     "SELECT run.id, e.seq, e.at, e.actor, e.verb, e.data, e.digest, false, e.prev, e.hash "
     "FROM run, "
-    "json_to_recordset(%s::json) AS e(seq int, at timestamptz, actor text, verb text, "
+    "jsonb_to_recordset(%s::jsonb) AS e(seq int, at timestamptz, actor text, verb text, "
     "data jsonb, digest text, prev text, hash text)) "
     "SELECT count(*) FROM run"
 )

@@ -10,7 +10,7 @@ from django.db import connection
 from runs.engine.claim import Claim
 from runs.engine.dispatch import conf
 from runs.engine.liveness import fence
-from runs.models import FailureClass, canonical_json, from_canonical_json
+from runs.models import FailureClass, canonical_json, to_json_value
 from runs.tools import CallContext, LookupResult, Tool, ToolError, ToolResult, when_waiting
 
 MAX_PARAMS_BYTES = 256 * 1024
@@ -37,7 +37,7 @@ def build_params(claim: Claim, tool: Tool | None) -> dict:
         raise ToolError(FailureClass.INVALID_INPUT, "parameters exceed 256 KiB")
     if "\x00" in text:
         raise ToolError(FailureClass.INVALID_INPUT, "parameters contain a NUL character")
-    return from_canonical_json(text)  # to_json_value, from the text already encoded
+    return to_json_value(params)  # a copy of plain JSON, or the value its text decodes to
 
 
 def call_context(claim: Claim, tool: Tool, key: str = "") -> CallContext:

@@ -47,9 +47,23 @@ def build_context(run: Run, steps: list[Step] | None = None) -> Context:
 
 
 def summarize(value: Any, limit: int = SUMMARY_CHARS) -> str:
-    """One result as canonical JSON, cut to `limit` characters (with an ellipsis)."""
-    text = canonical_json(value)
+    """One result as canonical JSON, cut to `limit` characters (with an ellipsis).
+
+    Strings longer than `limit` are cut to `limit` characters before encoding: each character
+    encodes to at least one, so the text agrees with the whole value's up to past `limit`, and
+    a 16 KB document is not encoded to keep 300 characters of it."""
+    text = canonical_json(_strings_cut(value, limit))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _strings_cut(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        return value[:limit] if len(value) > limit else value
+    if isinstance(value, dict):
+        return {key: _strings_cut(item, limit) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strings_cut(item, limit) for item in value]
+    return value
 
 
 def prior_results_summary(results: dict[str, Any]) -> dict[str, str]:

@@ -199,3 +199,37 @@ def test_a_refused_statement_leaves_the_callers_transaction_usable(sandbox):
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             assert cursor.fetchone() == (1,)
+
+
+def test_large_payloads_go_through_the_statement_unchanged_and_compressed(sandbox):
+    # The statement's rows travel as jsonb (parsed once by the server): what comes back is what
+    # went in — text with quotes, escapes and non-ASCII, big and fractional numbers — and a
+    # payload over the 2 KB at which PostgreSQL compresses is compressed with lz4 where the
+    # server has it (runs/migrations/0025), with pglz where it has not.
+    from taskpilots.evidence import bench_flows  # noqa: F401
+    from taskpilots.evidence.bench_payloads import document
+
+    doc = document(7, 12, 12) + ' "quoted" \\back\\slash\\ 退款 ✓ \t end'
+    data = {"n": 7, "doc": doc, "big": 2**62 + 1, "ratio": 0.1, "none": None}
+    run, _ = engine.start_run("bench.five", data)
+    engine.advance(run.pk, budget=60)
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED
+    assert run.input == data
+    assert run.steps.get(name="fetch").result == {"value": 7, "doc": doc}
+    receipts = [e.receipt for e in SideEffect.objects.filter(run=run)]
+    assert len(receipts) == 2 and all(r["response"]["record"] == doc for r in receipts)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT 'lz4' = ANY (enumvals) FROM pg_settings "
+            "WHERE name = 'default_toast_compression'"
+        )
+        method = "lz4" if cursor.fetchone()[0] else "pglz"
+        cursor.execute("SELECT pg_column_compression(input) FROM runs_run WHERE id = %s", [run.pk])
+        assert cursor.fetchone()[0] == method
+        cursor.execute(
+            "SELECT DISTINCT pg_column_compression(result) FROM runs_step "
+            "WHERE run_id = %s AND name = 'fetch'",
+            [run.pk],
+        )
+        assert cursor.fetchall() == [(method,)]
