@@ -3,7 +3,7 @@ same rule for the console and the API) under the run's row lock, with a compare-
 version, is recorded as a HumanDecision and a timeline event in the same transaction, and leaves
 the run where the engine can pick it up.
 
-Lock order (as everywhere, see runs/models.py `Run.lock`): the Run row first, then its Step,
+Lock order (as everywhere, see `Run.lock` in runs/models/run.py): the Run row first, then its Step,
 then SideEffect / Wait / ApprovalRequest rows.
 
 Two people acting at once, a double submit, or acting on a run that moved on: exactly one wins;

@@ -99,7 +99,7 @@ EFFECT_STATUS_LABELS = {
 }
 # One plain name per failure class, everywhere a person reads one: the inbox filter and badges,
 # the bulk form, rule chips, the rule form and tester, metrics and the API docs. (The model
-# choices in runs/models.py keep their technical names for the Django admin and migrations.)
+# choices in runs/models/ keep their technical names for the Django admin and migrations.)
 FAILURE_LABELS = {
     FailureClass.TRANSIENT: gettext_lazy("Kept failing"),
     FailureClass.OUTAGE: gettext_lazy("System outage"),
@@ -155,7 +155,7 @@ DECISION_LABELS = {
 }
 
 FAILURE_CLASS_LABELS = FAILURE_LABELS
-# Translatable in runs/models.py (the tools page and rule chips show them).
+# Translatable in runs/models/ (the tools page and rule chips show them).
 RISK_LABELS = dict(Risk.choices)
 
 

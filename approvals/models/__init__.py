@@ -1316,7 +1316,7 @@ class SoftClaim(models.Model):
     def claim(cls, run: Run, user, *, minutes: int) -> SoftClaim:
         """Claim `run` for `user` for `minutes` (or extend their own claim by as much from now).
 
-        Serialised on the run's row lock (as every change to one run is, runs/models.py
+        Serialised on the run's row lock (as every change to one run is, runs/models/run.py
         Run.lock), so two people pressing “I'll handle it” at once get one claim and one
         ClaimHeld. A finished run cannot be claimed (InvalidTransition)."""
         now = timezone.now()

@@ -57,10 +57,10 @@ RAW_SQL = re.compile(
 
 # (file, enclosing function) → why writing status there cannot lose an event.
 ALLOWED = {
-    ("runs/models.py", "Run._move"): "the transition itself: event in the same atomic",
-    ("runs/models.py", "Step._move"): "the transition itself: event in the same atomic",
-    ("runs/models.py", "SideEffect._move"): "the transition itself: event in the same atomic",
-    ("runs/models.py", "Wait._move"): "the transition itself: event in the same atomic",
+    ("runs/models/run.py", "Run._move"): "the transition itself: event in the same atomic",
+    ("runs/models/step.py", "Step._move"): "the transition itself: event in the same atomic",
+    ("runs/models/ledger.py", "SideEffect._move"): "the transition itself: event in the same atomic",
+    ("runs/models/step.py", "Wait._move"): "the transition itself: event in the same atomic",
     ("approvals/models/__init__.py", "ApprovalRequest._move"): (
         "the transition itself: event in the same atomic"
     ),
@@ -68,10 +68,10 @@ ALLOWED = {
         "approvals/models/__init__.py",
         "Takeover.end",
     ): "ends the takeover with takeover.ended beside it",
-    ("runs/models.py", "Run.count_failure"): (
+    ("runs/models/run.py", "Run.count_failure"): (
         "UPDATE(**updates) holds only failure_count and escalation_level"
     ),
-    ("runs/models.py", "Step.reclaim"): (
+    ("runs/models/step.py", "Step.reclaim"): (
         "the lease-reclaim UPDATE(**fields) holds only the lease (attempts, owner, expiry); the "
         "status stays running and step.lease_reclaimed is appended with it"
     ),
@@ -80,11 +80,16 @@ ALLOWED = {
         "INSERT + claim); whoever saves it appends step.started in the same transaction "
         "(claim._open_next_step, or Step.open_in in a batch)"
     ),
-    ("runs/models.py", "<module>"): (
-        "_APPEND_SQL, the timeline append itself (its UPDATE runs_run moves only the chain "
-        "head), and the statements of the batched verbs (Step.open_in, Step.succeed_in, "
-        "Step.remember_key_in, Snapshot.write_in, SideEffect.intend_in, SideEffect.commit_in): "
-        "each of those methods adds its event to the same batch, so both commit or neither does"
+    ("runs/models/timeline.py", "<module>"): (
+        "_APPEND_SQL, the timeline append itself (its UPDATE runs_run moves only the chain head)"
+    ),
+    ("runs/models/step.py", "<module>"): (
+        "the statements of the batched step verbs (Step.succeed_in, Step.remember_key_in): each "
+        "adds its event to the same batch, so both commit or neither does"
+    ),
+    ("runs/models/ledger.py", "<module>"): (
+        "the statement of SideEffect.commit_in, which adds side_effect.committed to the same "
+        "batch, so both commit or neither does"
     ),
     ("runs/engine/liveness.py", "<module>"): (
         "takes back the leases of a worker that stopped beating: moves only lease_expires_at "

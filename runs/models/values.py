@@ -1,0 +1,160 @@
+"""JSON values and their digests: canonical JSON, the copy of plain JSON, the timeline's chain
+hash, read records and short renderings of untrusted values."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import re
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+
+def chain_hash(seq: int, at_iso: str, actor: str, verb: str, data_digest: str, prev: str) -> str:
+    """An event's hash over its place in the chain and its content (the one definition: the
+    append, the verifier and the offline export check all use it): sha256 of the canonical JSON
+    of [seq, at, actor, verb, data digest, previous hash]. Built directly (the hot path hashes
+    every event): the time and the digests are ASCII without anything JSON escapes, actor and
+    verb are encoded as canonical_json encodes strings (tests/runs/test_audit_verify.py)."""
+    if _PLAIN.fullmatch(at_iso) and _PLAIN.fullmatch(data_digest) and _PLAIN.fullmatch(prev):
+        actor_json, verb_json = json_string(actor), json_string(verb)
+        return plain_chain_hash(seq, at_iso, actor_json, verb_json, data_digest, prev)
+    # e.g. an export someone edited: whatever it holds is encoded, never spliced in
+    material = canonical_json([seq, at_iso, actor, verb, data_digest, prev])
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def plain_chain_hash(
+    seq: int, at_iso: str, actor_json: str, verb_json: str, data_digest: str, prev: str
+) -> str:
+    """`chain_hash` of parts that need no escaping, actor and verb already JSON-encoded
+    (json_string): what the engine hashes for the events it writes itself (its own times,
+    digests and hashes)."""
+    material = f'[{int(seq)},"{at_iso}",{actor_json},{verb_json},"{data_digest}","{prev}"]'
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+_json_string = json.JSONEncoder(ensure_ascii=False).encode
+
+
+@functools.lru_cache(maxsize=4096)
+def json_string(text: str) -> str:
+    """A string as canonical_json encodes it. Actors and verbs repeat on every event: each is
+    encoded once."""
+    return _json_string(text)
+
+
+# What a time, a digest or a hash holds: nothing JSON would escape.
+_PLAIN = re.compile(r"[0-9A-Za-z:+.\-]*")
+
+# One encoder for every call (json.dumps would build one each time). The hot path encodes every
+# event, row and result through it. No circular-reference markers (a dict of ids kept for every
+# container): a value that holds itself ends in RecursionError instead of ValueError.
+_CANONICAL = DjangoJSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, check_circular=False
+)
+
+
+def canonical_json(value: Any) -> str:
+    """The one serialisation used for checksums and hashes: sorted keys, no spaces, UTF-8."""
+    return _CANONICAL.encode(value)
+
+
+def to_json_value(value: Any) -> Any:
+    """Normalise to plain JSON types so the stored value and its hash agree after a round trip:
+    a copy, as decoding the value's canonical JSON would give it (keys sorted, tuples as lists,
+    other key types as strings, what the encoder's default makes of dates, decimals, uuids).
+
+    A value that is plain JSON already — exactly dict with str keys, list, str, int, float,
+    bool, None, as tools and workflows return — is copied without encoding it (a payload of
+    16 KB costs about 25 µs to encode and decode, its copy about 1 µs); anything else takes
+    the round trip."""
+    try:
+        return _plain_copy(value)
+    except _NotPlain:
+        return from_canonical_json(canonical_json(value))
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain_copy(value: Any) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        for key in value:
+            if type(key) is not str:
+                raise _NotPlain
+        return {key: _plain_copy(value[key]) for key in sorted(value)}
+    if kind is list:
+        return [_plain_copy(item) for item in value]
+    if kind is float and math.isfinite(value):
+        return value
+    raise _NotPlain
+
+
+# raw_decode, not json.loads: canonical JSON has no whitespace around its one value to skip
+# (json.loads matches it twice with a regular expression).
+_DECODER = json.JSONDecoder()
+
+
+def from_canonical_json(text: str) -> Any:
+    """The value of a text canonical_json produced."""
+    return _DECODER.raw_decode(text)[0]
+
+
+def digest(value: Any) -> str:
+    return text_digest(canonical_json(value))
+
+
+def text_digest(text: str) -> str:
+    """`digest` of a value whose canonical JSON is `text` (encoded once for both)."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# How much of a read's input and response its step keeps (Step.read_record).
+READ_PARAMS_MAX_CHARS = 4000
+READ_PREVIEW_CHARS = 200
+
+
+def read_record(params: Any, response: Any) -> dict:
+    """What a read step keeps of its call: the parameters (whole up to READ_PARAMS_MAX_CHARS
+    of JSON, else a digest and the first characters) and a summary of the response — its JSON
+    type, length (keys, items or characters), size, digest and the first characters. Bounded,
+    so a large response costs a few hundred bytes on the step row."""
+    params = to_json_value(params)
+    params_json = canonical_json(params)
+    if len(params_json) > READ_PARAMS_MAX_CHARS:
+        params = {
+            "truncated": True,
+            "sha256": text_digest(params_json),
+            "preview": params_json[:READ_PREVIEW_CHARS],
+        }
+    response = to_json_value(response)
+    text = canonical_json(response)
+    kind = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    output = {
+        "type": kind.get(type(response), "number"),
+        "size": len(text),
+        "sha256": text_digest(text),
+        "preview": text[:READ_PREVIEW_CHARS],
+    }
+    if isinstance(response, dict | list | str):
+        output["length"] = len(response)
+    return {"params": params, "output": output}
+
+
+# How much of an untrusted value an event or a page shows (its digest stands for all of it).
+SHOWN_CHARS = 300
+
+
+def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A short rendering of an untrusted value for an event: canonical JSON, cut at `limit`
+    characters (rendered escaped wherever it is shown)."""
+    text = canonical_json(to_json_value(value))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
