@@ -40,7 +40,7 @@ from runs.models import SqlValue, TimelineEvent, chain_heads
 # tp_assert's SQLSTATE, and the unique violation (a key or position someone else took first).
 _REFUSALS = {"TP001", "23505"}
 
-# The events travel as one JSON array (cheaper to build and to send than eight arrays).
+# The events travel as one jsonb array (cheaper to build and to send than eight arrays).
 _INSERT_EVENTS = (
     "INSERT INTO runs_timelineevent "
     "(run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash) "
@@ -85,7 +85,8 @@ class Batch:
 
     def insert(self, instance) -> None:
         """INSERT the unsaved model `instance`, every column (its id taken ahead: Ids), as one
-        JSON row: one parameter however many columns."""
+        jsonb row: one parameter however many columns, parsed once by the server (as `json` it
+        was lexed again by json_populate_record and by each jsonb column's input)."""
         table = instance._meta.db_table
         values = instance.__dict__
         row = {column: values[attname] for column, attname in _columns(instance)}
@@ -247,7 +248,7 @@ def _json_default(value):
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-# Rows for json_populate_record: datetimes to the microsecond (DjangoJSONEncoder keeps
+# Rows for jsonb_populate_record: datetimes to the microsecond (DjangoJSONEncoder keeps
 # milliseconds only), JSONField values as they are (already plain JSON: to_json_value).
 _row_json = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), default=_json_default, check_circular=False
