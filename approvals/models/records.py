@@ -16,16 +16,10 @@ from django.db import connection, models
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals.models import (
-    ApprovalRequest,
-    EscalationRule,
-    HumanDecision,
-    RuleVersion,
-    Takeover,
-    ToolMetadataOverride,
-    ToolPause,
-)
 from approvals.models.bulk import BulkAction, BulkActionItem
+from approvals.models.requests import ApprovalRequest, HumanDecision, Takeover
+from approvals.models.rules import EscalationRule, RuleVersion, ToolPause
+from approvals.models.tool_metadata import ToolMetadataOverride
 from runs import seal
 from runs.models import ImmutableModel, canonical_json, digest, to_json_value
 

@@ -59,13 +59,15 @@ RAW_SQL = re.compile(
 ALLOWED = {
     ("runs/models/run.py", "Run._move"): "the transition itself: event in the same atomic",
     ("runs/models/step.py", "Step._move"): "the transition itself: event in the same atomic",
-    ("runs/models/ledger.py", "SideEffect._move"): "the transition itself: event in the same atomic",
+    ("runs/models/ledger.py", "SideEffect._move"): (
+        "the transition itself: event in the same atomic"
+    ),
     ("runs/models/step.py", "Wait._move"): "the transition itself: event in the same atomic",
-    ("approvals/models/__init__.py", "ApprovalRequest._move"): (
+    ("approvals/models/requests.py", "ApprovalRequest._move"): (
         "the transition itself: event in the same atomic"
     ),
     (
-        "approvals/models/__init__.py",
+        "approvals/models/requests.py",
         "Takeover.end",
     ): "ends the takeover with takeover.ended beside it",
     ("runs/models/run.py", "Run.count_failure"): (

@@ -1,6 +1,6 @@
 """Row locks are taken in one order everywhere (the Run row first, then its Step, then SideEffect,
-Wait and ApprovalRequest rows; `Run.lock` in runs/models/run.py), so a person or an API client acting
-on a run never deadlocks with a worker executing it.
+Wait and ApprovalRequest rows; `Run.lock` in runs/models/run.py), so a person or an API client
+acting on a run never deadlocks with a worker executing it.
 
 An API cancel used to lock the run and then the current step while the worker, recording the
 step's outcome, held the step and waited for the run (its timeline event locks the run row):
