@@ -49,7 +49,7 @@ KIND_LABELS = {
     "wait": gettext_lazy("Wait"),
     "compensation": gettext_lazy("Compensation"),
 }
-# The outcomes the search filters on (runs/audit.py); run states and decisions are labelled as
+# The outcomes the search filters on (runs/audit/); run states and decisions are labelled as
 # everywhere else on the console.
 OUTCOME_LABELS = {
     **{s: label for s, label in console.RUN_STATUS_LABELS.items() if s in Run.TERMINAL},

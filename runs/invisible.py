@@ -1,5 +1,5 @@
 """Invisible and bidirectional format characters: how text that agents, tools and people
-produced is written out (the audit exports, runs/audit.py, and the console, approvals/
+produced is written out (the audit exports, runs/audit/export.py, and the console, approvals/
 untrusted.py), and which characters an identifier may not hold at all (the API and the console
 refuse them; see "Identifiers" below).
 

@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from runs import audit
-from runs.models import Run, SideEffect, Snapshot, TimelineEvent
+from runs.models import Run, SideEffect, Snapshot, TimelineEvent, chain_hash, digest
 from tests.approvals.console_helpers import approval_run, start
 from tests.dbroles import as_owner
 
@@ -127,9 +127,9 @@ def test_tampering_is_named_by_run_and_seq(runs, tamper, seq, message):
             )
             before = _event(reply, 2)
             data = {"note": "added later"}
-            data_digest = audit.digest(data)
+            data_digest = digest(data)
             at = before.at
-            event_hash = audit.chain_hash(
+            event_hash = chain_hash(
                 3, at.isoformat(), "system", "run.note", data_digest, "not-the-real-prev"
             )
             cursor.execute(
@@ -176,8 +176,8 @@ def test_a_changed_snapshot_is_caught_by_its_recorded_checksum(runs):
 
 
 def test_progress_goes_to_stderr(runs, monkeypatch):
-    monkeypatch.setattr(audit, "RUN_BATCH", 1)
-    monkeypatch.setattr(audit, "PROGRESS_EVERY", 1)
+    monkeypatch.setattr(audit.verify, "RUN_BATCH", 1)  # the module that walks the runs
+    monkeypatch.setattr(audit.verify, "PROGRESS_EVERY", 1)
     code, _out, err = verify()
     assert code == 0
     assert "… 1 runs" in err and "… 2 runs" in err
@@ -338,4 +338,4 @@ def test_the_chain_hash_hashes_the_canonical_json_of_its_fields(at, actor, verb,
     expected = hashlib.sha256(
         canonical_json([7, at, actor, verb, "d" * 64, prev]).encode()
     ).hexdigest()
-    assert audit.chain_hash(7, at, actor, verb, "d" * 64, prev) == expected
+    assert chain_hash(7, at, actor, verb, "d" * 64, prev) == expected
