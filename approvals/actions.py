@@ -12,12 +12,20 @@ the other gets DecisionConflict saying who did what, and when.
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.acting import (
+    actor_name,
+    cancel_waiting,
+    check_version,
+    current_step,
+    lock_run,
+    record_decision,
+    resume,
+)
 from approvals.gate import requirement
 from approvals.models import (
     ApprovalRequest,
@@ -57,108 +65,6 @@ __all__ = [
     "check_may_act",
     "validate_params",
 ]
-
-
-# Set by approvals/bulk.py while it carries out one item of a bulk action: the decision the
-# action records names the bulk action (HumanDecision.bulk_action).
-BULK_ACTION: ContextVar[int | None] = ContextVar("bulk_action", default=None)
-
-
-def _actor(user) -> str:
-    return f"user:{user.get_username()}"
-
-
-def _lock_run(run_id, expected_version: int | None, user=None, *, action: str) -> Run:
-    """Lock the run (always the first row a transaction locks), check that it has not moved on
-    since the person loaded it, then that `user` may take `action` on it now."""
-    run = Run.objects.select_for_update(of=("self",)).select_related("owner").get(pk=run_id)
-    _check_version(run, expected_version)
-    check_may_act(run, user, action)
-    return run
-
-
-def _check_version(run: Run, expected_version: int | None) -> None:
-    if expected_version is not None and run.lock_version != expected_version:
-        last = HumanDecision.objects.filter(run=run).select_related("user").order_by("-id").first()
-        who = (
-            f" — last action: {last.get_verb_display().lower()} by {last.user.get_username()} "
-            f"at {timezone.localtime(last.created_at):%Y-%m-%d %H:%M:%S}"
-            if last
-            else ""
-        )
-        raise DecisionConflict(
-            f"This run changed since you opened it (its status is now “{run.get_status_display()}”)"
-            f"{who}. Reload to see where it stands."
-        )
-
-
-def _current_step(run: Run) -> Step | None:
-    return (
-        Step.objects.select_for_update()
-        .filter(run=run, status__in=Step.UNFINISHED)
-        .order_by("position")
-        .first()
-    )
-
-
-def _decision(
-    run,
-    user,
-    verb,
-    *,
-    step=None,
-    approval=None,
-    snapshot=None,
-    shown=None,
-    before=None,
-    after=None,
-    proof="",
-    comment="",
-    conditions=(),
-) -> HumanDecision:
-    """The structured record of a person's action, bound to what they were shown: the approval
-    (tool, target, parameters and their digest), the snapshot of the call they settled, or the
-    parameters they edited. Nothing else is guessed onto it."""
-    return HumanDecision.objects.create(
-        run=run,
-        step=step,
-        approval=approval,
-        user=user,
-        verb=verb,
-        snapshot=snapshot,
-        shown=to_json_value(shown or (snapshot_shown(snapshot) if snapshot else {})),
-        before=to_json_value(before),
-        after=to_json_value(after),
-        proof=proof[:2000],
-        comment=comment[:4000],
-        conditions=list(conditions),
-        bulk_action_id=BULK_ACTION.get(),
-    )
-
-
-def snapshot_shown(snapshot: Snapshot) -> dict:
-    return shown(snapshot.tool, snapshot.params)
-
-
-def _cancel_waiting(*, run=None, step=None, actor: str, reason: str, waits: bool = True) -> None:
-    """Nobody waits any more for the step (or the run): its pending waits and approval
-    requests are cancelled, each with its event."""
-    scope = {"step": step} if step is not None else {"run": run}
-    if waits:
-        for wait in Wait.objects.filter(status=Wait.Status.PENDING, **scope):
-            wait.cancel(by=actor, actor=actor)
-    for approval in ApprovalRequest.objects.filter(
-        status=ApprovalRequest.Status.PENDING, **scope
-    ).select_related("step"):
-        approval.cancel(actor=actor, reason=reason)
-
-
-def _resume(run: Run, user, reason: str) -> None:
-    """Hand the run back to the engine (a taken-over run stays with its owner)."""
-    if run.status == Run.Status.NEEDS_HUMAN:
-        run.resume(actor=_actor(user), reason=reason)
-    if run.status in Run.RUNNABLE:
-        enqueue(run.pk)
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +164,7 @@ def _what_is_approved(approval, decision, edited_params, conditions) -> tuple[st
 def _approve_first(run, step, approval, user, decision, params, comment, conditions) -> None:
     """The first of two approvals: recorded and shown; the run waits for the second."""
     approval.approve_first(user, params=params, comment=comment, conditions=conditions)
-    _decision(
+    record_decision(
         run,
         user,
         DECISION_VERBS[decision],
@@ -275,12 +181,12 @@ def _approve_first(run, step, approval, user, decision, params, comment, conditi
 def _carry_out(run, step, approval, user, decision, params, comment, conditions) -> None:
     """A decided approval: resolve its wait, record the decision bound to what was shown, then
     resume the run with the approved call, or fail the step and undo what was done."""
-    actor = _actor(user)
+    actor = actor_name(user)
     for wait in Wait.objects.filter(step=step, kind=Wait.Kind.APPROVAL, status=Wait.Status.PENDING):
         wait.resolve({"decision": decision}, by=actor, actor=actor)
     edited = decision == D.APPROVED_WITH_EDITS
     diff = params_diff(approval.proposed_params, params)
-    record = _decision(
+    record = record_decision(
         run,
         user,
         DECISION_VERBS[decision],
@@ -301,7 +207,7 @@ def _carry_out(run, step, approval, user, decision, params, comment, conditions)
         # The gate asked about this very call (runs.engine.gate): it is made again with the
         # approved parameters, and meets the gate again, which now finds this approval.
         _call_again(step, params, record, actor=actor)
-        _resume(run, user, f"approval {decision}")
+        resume(run, user, f"approval {decision}")
         return
     # What the side effect after this step executes, and the decision its snapshot names
     # (runs.engine.ledger reads `human_decision`).
@@ -317,7 +223,7 @@ def _carry_out(run, step, approval, user, decision, params, comment, conditions)
         **({"conditions": conditions} if conditions else {}),
     }
     step.succeed(answer, actor=actor)
-    _resume(run, user, f"approval {decision}")
+    resume(run, user, f"approval {decision}")
 
 
 def _call_again(step: Step, params: dict, record: HumanDecision, *, actor: str) -> None:
@@ -369,7 +275,7 @@ def _lock_pending_approval(approval_id: int, user, expected_version):
     """The run, the step and the request, locked in that order, with the request still pending
     and the run as the person saw it; else DecisionConflict naming who decided and when."""
     run_id, step_id = ApprovalRequest.objects.values_list("run_id", "step_id").get(pk=approval_id)
-    run = _lock_run(run_id, None, user, action="decide")
+    run = lock_run(run_id, None, user, action="decide")
     step = Step.objects.select_for_update().get(pk=step_id)
     approval = (
         ApprovalRequest.objects.select_for_update(of=("self",))
@@ -386,7 +292,7 @@ def _lock_pending_approval(approval_id: int, user, expected_version):
         raise DecisionConflict(
             f"Already {approval.get_decision_display().lower() or approval.status} by {who}{when}."
         )
-    _check_version(run, expected_version)
+    check_version(run, expected_version)
     return run, step, approval
 
 
@@ -425,10 +331,10 @@ def confirm_outcome(
 ) -> Step:
     """A person settles an unknown outcome: it happened (the external reference is the proof)
     or it did not (the step is retried with the same idempotency key)."""
-    actor = _actor(user)
+    actor = actor_name(user)
     run_id = Step.objects.values_list("run_id", flat=True).get(pk=step_id)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="settle an outcome of")
+        run = lock_run(run_id, expected_version, user, action="settle an outcome of")
         step = Step.objects.select_for_update().get(pk=step_id)
         if step.status != Step.Status.UNKNOWN_OUTCOME:
             raise DecisionConflict(
@@ -469,7 +375,7 @@ def confirm_outcome(
         else:
             effect.mark_not_committed(confirmed_by=actor, actor=actor)
             step.request_retry(actor=actor)
-        _decision(
+        record_decision(
             run,
             user,
             "confirm_happened" if happened else "confirm_not_happened",
@@ -480,14 +386,14 @@ def confirm_outcome(
             proof=proof,
             comment=comment,
         )
-        _resume(run, user, "outcome confirmed")
+        resume(run, user, "outcome confirmed")
     return step
 
 
 def _accept_changed_result(run, user, step, effect, observed: dict, comment: str) -> Step:
     """confirm_outcome's "it happened, as the tool now reports it": the tool's answer found by
     key becomes the receipt and the step's result, confirmed by the person."""
-    actor = _actor(user)
+    actor = actor_name(user)
     answer = observed.get("response")
     changes = effect.changed_result.get("changes", {})
     effect.commit(
@@ -497,7 +403,7 @@ def _accept_changed_result(run, user, step, effect, observed: dict, comment: str
         data={"accepted_changed_result": True},
     )
     step.succeed(answer, actor=actor)
-    _decision(
+    record_decision(
         run,
         user,
         "confirm_happened",
@@ -508,7 +414,7 @@ def _accept_changed_result(run, user, step, effect, observed: dict, comment: str
         proof=observed.get("external_id", ""),
         comment=comment,
     )
-    _resume(run, user, "changed result accepted")
+    resume(run, user, "changed result accepted")
     return step
 
 
@@ -517,10 +423,10 @@ def _accept_changed_result(run, user, step, effect, observed: dict, comment: str
 
 
 def retry_step(run_id, user, *, comment: str = "", expected_version=None) -> Step:
-    actor = _actor(user)
+    actor = actor_name(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="retry a step of")
-        step = _current_step(run)
+        run = lock_run(run_id, expected_version, user, action="retry a step of")
+        step = current_step(run)
         _refuse_unknown(step)
         if step is None:
             raise ActionRefused("There is no unfinished step to retry.")
@@ -539,8 +445,8 @@ def retry_step(run_id, user, *, comment: str = "", expected_version=None) -> Ste
                 run.resume(actor=actor, reason="retry now")
         else:
             raise ActionRefused(f"Step {step.name} is {step.status}; it cannot be retried now.")
-        _decision(run, user, "retry", step=step, comment=comment)
-        _resume(run, user, "retry now")
+        record_decision(run, user, "retry", step=step, comment=comment)
+        resume(run, user, "retry now")
     return step
 
 
@@ -550,10 +456,10 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
     A side effect known not to have happened gets a new idempotency key (the old key stays
     bound to the old parameters); one whose outcome is unknown cannot be edited.
     """
-    actor = _actor(user)
+    actor = actor_name(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="edit a step of")
-        step = _current_step(run)
+        run = lock_run(run_id, expected_version, user, action="edit a step of")
+        step = current_step(run)
         _refuse_unknown(step)
         if (
             step is None
@@ -575,8 +481,8 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
                 fields["idempotency_key"] = _next_key(step, effect)
         # An approval the gate asked for covers the parameters it showed, not these: the call
         # with the edited parameters meets the gate again (runs.engine.gate).
-        _cancel_waiting(step=step, actor=actor, reason="parameters edited")
-        record = _decision(
+        cancel_waiting(step=step, actor=actor, reason="parameters edited")
+        record = record_decision(
             run,
             user,
             "approve_with_edits",
@@ -596,7 +502,7 @@ def retry_with_edits(run_id, user, params: dict, *, comment: str = "", expected_
             },
             **fields,
         )
-        _resume(run, user, "retry with edited parameters")
+        resume(run, user, "retry with edited parameters")
     return step
 
 
@@ -620,30 +526,30 @@ def _refuse_unknown(step: Step | None) -> None:
 
 
 def skip_step(run_id, user, *, reason: str, expected_version=None) -> Step:
-    actor = _actor(user)
+    actor = actor_name(user)
     if not reason.strip():
         raise ActionRefused("Say why the step is skipped.")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="skip a step of")
-        step = _current_step(run)
+        run = lock_run(run_id, expected_version, user, action="skip a step of")
+        step = current_step(run)
         if step is None:
             raise ActionRefused("There is no unfinished step to skip.")
         _refuse_unknown(step)
-        _cancel_waiting(step=step, actor=actor, reason="step skipped")
+        cancel_waiting(step=step, actor=actor, reason="step skipped")
         step.skip(reason=reason, actor=actor)
-        _decision(run, user, "skip", step=step, comment=reason)
+        record_decision(run, user, "skip", step=step, comment=reason)
         if run.status == Run.Status.WAITING:
             run.resume(actor=actor, reason="step skipped")
-        _resume(run, user, "step skipped")
+        resume(run, user, "step skipped")
     return step
 
 
 def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_version=None):
     """The person did the step's work outside TaskPilots; record its result and go on."""
-    actor = _actor(user)
+    actor = actor_name(user)
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="complete a step of")
-        step = _current_step(run)
+        run = lock_run(run_id, expected_version, user, action="complete a step of")
+        step = current_step(run)
         if step is None:
             raise ActionRefused("There is no unfinished step to complete.")
         _refuse_unknown(step)
@@ -656,14 +562,14 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
             raise ActionRefused("A worker is calling the tool right now; wait for it.")
         for wait in Wait.objects.filter(step=step, status=Wait.Status.PENDING):
             wait.resolve(None, by=actor, actor=actor)
-        _cancel_waiting(step=step, actor=actor, reason="step done by hand", waits=False)
+        cancel_waiting(step=step, actor=actor, reason="step done by hand", waits=False)
         if step.status in (Step.Status.RETRY_SCHEDULED, Step.Status.PENDING):
             step.escalate(failure_class="", error="", routing={}, actor=actor)
         step.complete_by_hand(result, actor=actor)
-        _decision(run, user, "complete_by_hand", step=step, after=result, comment=comment)
+        record_decision(run, user, "complete_by_hand", step=step, after=result, comment=comment)
         if run.status == Run.Status.WAITING:
             run.resume(actor=actor, reason="step done by hand")
-        _resume(run, user, "step done by hand")
+        resume(run, user, "step done by hand")
     return step
 
 
@@ -674,13 +580,13 @@ def complete_by_hand(run_id, user, *, result: Any, comment: str = "", expected_v
 def take_over(run_id, user, *, comment: str = "", expected_version=None) -> Run:
     """Claim the run: automation stops touching it until it is released."""
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="take over")
+        run = lock_run(run_id, expected_version, user, action="take over")
         if run.status == Run.Status.TAKEN_OVER:
             raise DecisionConflict(f"Already taken over by {run.owner.get_username()}.")
         if run.is_terminal:
             raise ActionRefused(f"The run is {run.status}; there is nothing to take over.")
         Takeover.begin(run, user)
-        _decision(run, user, "take_over", comment=comment)
+        record_decision(run, user, "take_over", comment=comment)
     return run
 
 
@@ -698,7 +604,7 @@ def release(
     if not isinstance(needed_engineer, bool):
         raise ActionRefused("Say whether this run needed an engineer (yes or no).")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="release")
+        run = lock_run(run_id, expected_version, user, action="release")
         if run.status != Run.Status.TAKEN_OVER:
             raise DecisionConflict("The run is not taken over.")
         Takeover.end(
@@ -708,13 +614,13 @@ def release(
             needed_engineer=needed_engineer,
             engineer_note=engineer_note,
         )
-        step = _current_step(run)
+        step = current_step(run)
         parked = step is not None and step.status in (
             Step.Status.NEEDS_HUMAN,
             Step.Status.UNKNOWN_OUTCOME,
         )
         answer = {"needed_engineer": needed_engineer, "engineer_note": engineer_note[:2000]}
-        _decision(run, user, "release", after=answer, comment=comment)
+        record_decision(run, user, "release", after=answer, comment=comment)
         if parked:
             run.release(user)
         elif step is not None and step.status == Step.Status.WAITING:
@@ -739,16 +645,16 @@ def cancel_run(
     Without a `user` the caller acts on its own account (`actor`, e.g. an API client), which
     is refused on a taken-over run: only its owner or an admin decides about it.
     """
-    actor = _actor(user) if user else actor
+    actor = actor_name(user) if user else actor
     if not reason.strip():
         raise ActionRefused("Say why the run is cancelled.")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="cancel")
+        run = lock_run(run_id, expected_version, user, action="cancel")
         if run.is_terminal:
             raise DecisionConflict(f"The run is already {run.get_status_display().lower()}.")
         if run.status == Run.Status.COMPENSATING:
             raise DecisionConflict("The run is already being compensated.")
-        step = _current_step(run)
+        step = current_step(run)
         if (
             step is not None
             and step.status == Step.Status.RUNNING
@@ -760,9 +666,9 @@ def cancel_run(
                 "or try again in a moment."
             )
         _refuse_unknown(step)
-        _cancel_waiting(run=run, actor=actor, reason=f"run cancelled: {reason}")
+        cancel_waiting(run=run, actor=actor, reason=f"run cancelled: {reason}")
         if user is not None:
-            _decision(run, user, "cancel", comment=reason)
+            record_decision(run, user, "cancel", comment=reason)
             Takeover.end(run, user, f"cancelled: {reason}")
         committed = SideEffect.objects.filter(run=run, status=SideEffect.Status.COMMITTED)
         if compensate and committed.exists() and not _only_by_hand_left(step, committed):
@@ -791,14 +697,14 @@ def move_to_queue(run_id, user, *, queue: str, comment: str = "", expected_versi
             f"Unknown queue {queue!r}: use one of {', '.join(known) or '(none configured)'}."
         )
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="reassign")
+        run = lock_run(run_id, expected_version, user, action="reassign")
         if run.status != Run.Status.NEEDS_HUMAN:
             raise ActionRefused("Only a run that waits for a person can move to another queue.")
         if run.queue == queue:
             raise ActionRefused(f"The run is in {queue} already.")
         before = run.queue
-        run.requeue(queue, actor=_actor(user), reason=comment)
-        _decision(
+        run.requeue(queue, actor=actor_name(user), reason=comment)
+        record_decision(
             run, user, "reassign", before={"queue": before}, after={"queue": queue}, comment=comment
         )
     return run
@@ -810,7 +716,7 @@ def reassign(run_id, user, *, to, comment: str = "", expected_version=None) -> R
     if not can_act(to):
         raise ActionRefused(f"{to.get_username()} is not in the support or admin group.")
     with transaction.atomic():
-        run = _lock_run(run_id, expected_version, user, action="reassign")
+        run = lock_run(run_id, expected_version, user, action="reassign")
         if run.status != Run.Status.TAKEN_OVER:
             raise DecisionConflict("The run is not taken over.")
         if run.owner_id == to.pk:
@@ -820,5 +726,7 @@ def reassign(run_id, user, *, to, comment: str = "", expected_version=None) -> R
         run.release(user)
         Takeover.begin(run, to)
         after = {"owner": to.get_username()}
-        _decision(run, user, "reassign", before={"owner": before}, after=after, comment=comment)
+        record_decision(
+            run, user, "reassign", before={"owner": before}, after=after, comment=comment
+        )
     return run

@@ -31,7 +31,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from approvals import actions, console, incidents, live, viewer_time
+from approvals import acting, actions, console, incidents, live, viewer_time
 from approvals.console import awaits_approval
 from approvals.models import HumanDecision, known_queues
 from approvals.models.bulk import MAX_RUNS, BulkAction, BulkActionItem, BulkItemStatus, BulkVerb
@@ -632,7 +632,7 @@ def execute_next(bulk: BulkAction) -> bool:
         )
         if item is None:
             return False
-        token = actions.BULK_ACTION.set(bulk.pk)
+        token = acting.BULK_ACTION.set(bulk.pk)
         try:
             with transaction.atomic():  # a savepoint: whatever fails leaves the item markable
                 _act(bulk, item)
@@ -651,7 +651,7 @@ def execute_next(bulk: BulkAction) -> bool:
             _finish(item, BulkItemStatus.FAILED, f"{type(exc).__name__}: {exc}")
             return True
         finally:
-            actions.BULK_ACTION.reset(token)
+            acting.BULK_ACTION.reset(token)
         decision = (
             HumanDecision.objects.filter(run_id=item.run_id, bulk_action=bulk)
             .order_by("-id")
