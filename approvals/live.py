@@ -264,7 +264,8 @@ def claim_warning_held(claim: SoftClaim) -> SafeString:
 
 def what_changed(run: Run, decision: HumanDecision) -> SafeString:
     """The stale-page banner: which other person did what when, and where the run is now."""
-    from approvals.console import RUN_STATUS_LABELS, VERB_LABELS, label, say, viewer_time
+    from approvals import viewer_time
+    from approvals.console import RUN_STATUS_LABELS, VERB_LABELS, label, say
 
     status = escape(label(RUN_STATUS_LABELS, run.status))
     return say(

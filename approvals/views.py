@@ -1,6 +1,6 @@
 """The takeover console: inbox, run list, run detail and every human action.
 
-Views are thin: check the role, load rows, call approvals/console.py to read or
+Views are thin: check the role, load rows, call approvals/console/ to read or
 approvals/actions.py to act, and render a page or (for htmx) the partial that changed.
 """
 

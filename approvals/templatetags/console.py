@@ -70,7 +70,7 @@ def grouped(count: Any) -> Any:
 
 @register.filter
 def duration(seconds: Any) -> str:
-    """Seconds as a person reads them: 14400 → "4 h" (approvals/console.py)."""
+    """Seconds as a person reads them: 14400 → "4 h" (approvals/console/run_page.py)."""
     return console.human_duration(seconds)
 
 
@@ -98,8 +98,8 @@ def untrusted(value: Any) -> str:
 
 @register.filter
 def engine_text(value: Any) -> Any:
-    """A sentence the engine stored in English, in the reader's language (approvals/console.py);
-    still to be shown through |untrusted."""
+    """A sentence the engine stored in English, in the reader's language
+    (approvals/console/labels.py); still to be shown through |untrusted."""
     return console.engine_text(value)
 
 

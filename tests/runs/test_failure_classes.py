@@ -365,7 +365,8 @@ def test_the_rules_form_offers_the_new_classes_and_lets_empty_result_degrade(cli
     client.force_login(admin_user)
     form = client.get("/console/rules/new/").context["form"]
     choices = dict(form.fields["failure_class"].choices)
-    assert choices["empty_result"] == "Nothing found"  # the one vocabulary (approvals/console.py)
+    # the one vocabulary (approvals/console/labels.py)
+    assert choices["empty_result"] == "Nothing found"
     assert choices["api_drift"] == "API changed"
     data = {
         "name": "Search found nothing: answer from the FAQ", "position": 4, "enabled": "on",
