@@ -26,6 +26,7 @@ from approvals import console, viewer_time
 from approvals import timeline_reading as reading
 from approvals.audit_search import AuditQuery
 from approvals.forms import DayField
+from approvals.htmx import htmx_partial
 from approvals.models import ApprovalRequest, HumanDecision
 from approvals.permissions import AUDIT, require_role
 from approvals.views import _querystring, keyset_page
@@ -438,9 +439,7 @@ def run_timeline(request: HttpRequest, run_id) -> HttpResponse:
         "decisions": reading.decision_lines(run, all_events, everywhere),
         "query": query,
     }
-    template = "console/timeline.html"
-    if request.htmx and request.htmx.target == "timeline-events":
-        template += "#timeline-events"
+    template = htmx_partial(request, "console/timeline.html", "timeline-events")
     return render(request, template, context)
 
 
@@ -473,9 +472,7 @@ def run_timeline_event(request: HttpRequest, run_id, seq: int) -> HttpResponse:
     run = _get_run(run_id)
     event = get_object_or_404(TimelineEvent, run=run, seq=seq)
     context = {"run": run, "event": event, "ev": _evidence(run, [event]).get(event.seq)}
-    template = "console/timeline_event.html"
-    if request.htmx:
-        template += "#event-payload"
+    template = htmx_partial(request, "console/timeline_event.html", always="event-payload")
     return render(request, template, context)
 
 
@@ -492,9 +489,7 @@ def run_timeline_range(request: HttpRequest, run_id) -> HttpResponse:
     events = TimelineEvent.objects.filter(run=run, seq__gte=first, seq__lte=min(last, first + 2000))
     lines = [reading.Line(e, failure=reading.is_failure(e)) for e in events.order_by("seq")]
     context = {"run": run, "lines": lines, "nested": True, "urls": reading.part_urls(run)}
-    template = "console/timeline_event.html"
-    if request.htmx:
-        template += "#event-lines"
+    template = htmx_partial(request, "console/timeline_event.html", always="event-lines")
     return render(request, template, context)
 
 
@@ -569,9 +564,7 @@ def audit_search(request: HttpRequest) -> HttpResponse:
         "query": _querystring(request),
         "searched": bool(request.GET),
     }
-    template = "console/audit.html"
-    if request.htmx and request.htmx.target == "audit-results":
-        template += "#audit-results"
+    template = htmx_partial(request, "console/audit.html", "audit-results")
     return render(request, template, context, status=status)
 
 

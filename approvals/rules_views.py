@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals import notifications, rules, rules_history, tool_metadata
 from approvals.forms import ToolPauseForm, ToolResumeForm, first_error
+from approvals.htmx import htmx_partial
 from approvals.models import (
     EscalationRule,
     MetadataConflict,
@@ -53,9 +54,7 @@ def _tester(request: HttpRequest) -> dict:
 @admin_view
 def rule_list(request: HttpRequest) -> HttpResponse:
     context = {"rules": list(EscalationRule.objects.order_by("position", "id")), **_tester(request)}
-    template = "console/rules.html"
-    if request.htmx and request.htmx.target == "tester-result":
-        template += "#tester-result"
+    template = htmx_partial(request, "console/rules.html", "tester-result")
     return render(request, template, context)
 
 
@@ -182,7 +181,7 @@ def _tools_page(
         outcome["error"] = outcome.pop("metadata_error")
     context = tool_metadata.page_context(focus=focus, **outcome)
     context.update(error=error, failed_tool=failed_tool)
-    template = "console/rules_tools.html" + ("#tools-main" if request.htmx else "")
+    template = htmx_partial(request, "console/rules_tools.html", always="tools-main")
     return render(request, template, context, status=status)
 
 

@@ -41,6 +41,7 @@ from approvals.forms import (
     RunSearchForm,
     StepForm,
 )
+from approvals.htmx import htmx_partial
 from approvals.models import ApprovalRequest
 from approvals.permissions import ACT, READ, forbidden, may_act, require_role
 from runs.conditions import describe as describe_condition
@@ -96,9 +97,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "incidents": incidents.incident_groups(),
         "health_reasons": incidents.HEALTH_REASONS,
     }
-    template = "console/inbox.html"
-    if request.htmx and request.htmx.target == "inbox-live":
-        template += "#inbox-live"
+    template = htmx_partial(request, "console/inbox.html", "inbox-live")
     return render(request, template, context)
 
 
@@ -120,9 +119,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         runs = console.search_runs(**form.filters())
     page, status = keyset_page(request, runs)
     context = {"form": form, "page": page, "query": _querystring(request), "now": timezone.now()}
-    template = "console/run_list.html"
-    if request.htmx and request.htmx.target == "run-results":
-        template += "#run-results"
+    template = htmx_partial(request, "console/run_list.html", "run-results")
     return render(request, template, context, status=status)
 
 
@@ -194,9 +191,7 @@ def _detail_context(request: HttpRequest, run: Run, **extra: Any) -> dict[str, A
 @console_view()
 def run_detail(request: HttpRequest, run_id) -> HttpResponse:
     run = _get_run(run_id)
-    template = "console/run_detail.html"
-    if request.htmx and request.htmx.target in ("run-main", "tab-panel"):
-        template += "#" + request.htmx.target
+    template = htmx_partial(request, "console/run_detail.html", "run-main", "tab-panel")
     return render(request, template, _detail_context(request, run))
 
 
