@@ -11,9 +11,6 @@ from approvals.models import (
     ApprovalRequest,
     HumanDecision,
 )
-from approvals.permissions import (
-    is_admin,  # noqa: F401  (approvals/metrics_views.py reads it here)
-)
 from runs.models import (
     Run,
     SideEffect,

@@ -3,7 +3,6 @@ search by short id or business key."""
 
 from __future__ import annotations
 
-import logging
 import re
 import uuid
 
@@ -24,8 +23,6 @@ from runs.models import (
     Run,
     Step,
 )
-
-logger = logging.getLogger("taskpilots.console")
 
 # --------------------------------------------------------------------------------------------
 # Inbox and run list

@@ -4,7 +4,6 @@ value escaped."""
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
@@ -19,9 +18,6 @@ from approvals.models import (
     ApprovalRequest,
     DecisionVerb,
 )
-from approvals.permissions import (
-    is_admin,  # noqa: F401  (approvals/metrics_views.py reads it here)
-)
 from runs.models import (
     FailureClass,
     Risk,
@@ -30,8 +26,6 @@ from runs.models import (
     Step,
     StepKind,
 )
-
-logger = logging.getLogger("taskpilots.console")
 
 PAGE_SIZE = 25
 

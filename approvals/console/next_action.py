@@ -3,8 +3,6 @@ rule that routed it), how the run ended, what happens next, what a conflict mean
 
 from __future__ import annotations
 
-import logging
-
 from django.utils.html import escape
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
@@ -33,8 +31,6 @@ from runs.models import (
     SideEffect,
     Step,
 )
-
-logger = logging.getLogger("taskpilots.console")
 
 # --------------------------------------------------------------------------------------------
 # The suggested next action: one sentence from the failure class and the rule that routed it.

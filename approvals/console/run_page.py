@@ -4,7 +4,6 @@ prior results, the amounts and durations shown, which actions apply."""
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +34,6 @@ from runs.models import (
     Wait,
     shown,
 )
-
-logger = logging.getLogger("taskpilots.console")
 
 # JSON longer than this (characters, pretty-printed) or deeper than this is shown truncated,
 # with a link to the raw document.
