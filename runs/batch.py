@@ -35,6 +35,7 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
+from runs import hooks
 from runs.models import SqlValue, TimelineEvent, chain_heads
 
 # tp_assert's SQLSTATE, and the unique violation (a key or position someone else took first).
@@ -181,6 +182,8 @@ class Batch:
                 raise Refused(str(exc.__cause__).splitlines()[0]) from exc
             raise
         chain_heads.remember(self.run_id, self.seq, self.hash)
+        if hooks.observing_events():
+            hooks.events_written(self.run_id, [json.loads(text) for text in self.events])
         checks = 1 + len(self.parts) + len(self.checks)
         return list(row[checks:])
 
@@ -216,6 +219,8 @@ def create_run(run, events: list[tuple[str, dict, str]]) -> bool:
     if not created:
         return False
     chain_heads.remember(run.pk, batch.seq, batch.hash)
+    if hooks.observing_events():
+        hooks.events_written(run.pk, [json.loads(text) for text in batch.events])
     run._state.adding = False
     run._state.db = DEFAULT_DB_ALIAS
     return True

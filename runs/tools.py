@@ -23,6 +23,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx2
 from django.conf import settings
 
+from runs import hooks
 from runs.models import FailureClass, Risk
 from runs.people import people
 from taskpilots.httpclient import NOT_SENT, SharedClient
@@ -302,7 +303,7 @@ def get(name: str) -> Tool:
         tool = _TOOLS[name]
     except KeyError:
         raise UnknownTool(f"tool {name!r} is not registered") from None
-    return people().local_metadata(tool)
+    return hooks.wrapped(people().local_metadata(tool))
 
 
 def registered(name: str) -> Tool:

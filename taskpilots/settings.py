@@ -51,8 +51,6 @@ INSTALLED_APPS = [
     "django_htmx",
     "runs",
     "approvals",
-    # The demo workflows, tools and commands (the default TASKPILOTS_WORKFLOW_MODULES).
-    "taskpilots.demo",
 ]
 # Evidence tooling (benchmarks, drills, the load generator, fault injection): development and
 # tests only, or where a command asks for it by name (TASKPILOTS_EVIDENCE=1, e.g. a drill
@@ -61,6 +59,13 @@ INSTALLED_APPS = [
 EVIDENCE = DEBUG or TESTING or env_bool("TASKPILOTS_DEV") or env_bool("TASKPILOTS_EVIDENCE")
 if EVIDENCE:
     INSTALLED_APPS.append("taskpilots.evidence")
+# The demo (workflows and tools against the simulated systems, the demo agent, make run's
+# demo_setup, seed_demo and sandbox commands): where the evidence tooling is, which measures
+# the demo's workflows, or where asked for by name (TASKPILOTS_DEMO=1, a trial deployment).
+# A production deployment names its own TASKPILOTS_WORKFLOW_MODULES.
+DEMO = EVIDENCE or env_bool("TASKPILOTS_DEMO")
+if DEMO:
+    INSTALLED_APPS.append("taskpilots.demo")
 
 MIDDLEWARE = [
     # First, so it sees every final response under /api/v1/ (runs/api/middleware.py).
@@ -391,16 +396,22 @@ TASKPILOTS = {
     # Sandbox (simulated external systems) base URL for the demo workflows.
     "SANDBOX_URL": env_str("TASKPILOTS_SANDBOX_URL", "http://127.0.0.1:8765"),
     # Modules that register workflows and tools on import (comma-separated in the environment).
+    # The demo's where it is installed (DEMO above), none by default in production.
     "WORKFLOW_MODULES": env_list(
-        "TASKPILOTS_WORKFLOW_MODULES", ["taskpilots.demo.tools", "taskpilots.demo.workflows"]
+        "TASKPILOTS_WORKFLOW_MODULES",
+        ["taskpilots.demo.tools", "taskpilots.demo.workflows"] if DEMO else [],
     ),
     # Modules imported on first use of a workflow or tool name (or "prefix."), for registrations
     # too heavy to import in every process: the demo agent pulls in openai-agents and mcp.
-    "LAZY_MODULES": {
-        "demo.agent": "taskpilots.demo.agent",
-        "demo.agent.": "taskpilots.demo.agent",
-        "mcp.sandbox.": "taskpilots.demo.agent",
-    },
+    "LAZY_MODULES": (
+        {
+            "demo.agent": "taskpilots.demo.agent",
+            "demo.agent.": "taskpilots.demo.agent",
+            "mcp.sandbox.": "taskpilots.demo.agent",
+        }
+        if DEMO
+        else {}
+    ),
     # "celery" sends advance messages; "none" leaves all driving to the sweeper and to callers
     # (tests that step the engine by hand).
     "DISPATCH": env_str("TASKPILOTS_DISPATCH", "celery"),

@@ -9,6 +9,7 @@ from django.db import connection, models
 from django.db.models import Q
 from django.utils import timezone
 
+from runs import hooks
 from runs.models.base import ImmutableModel
 from runs.models.values import (
     canonical_json,
@@ -127,6 +128,9 @@ class TimelineEvent(ImmutableModel):
         )
         event._state.adding = False
         event._state.db = "default"
+        if hooks.observing_events():
+            written = {"id": event_id, "at": at.isoformat(), "verb": verb, "data": data}
+            hooks.events_written(run_id, [{**written, "hash": event_hash}])
         return event
 
     def recompute_hash(self) -> str:

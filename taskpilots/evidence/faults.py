@@ -51,9 +51,10 @@ import signal
 import socket
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
-from runs import tools as tool_registry
+from runs import hooks
 
 logger = logging.getLogger("taskpilots.evidence")
 VARIABLE = "TASKPILOTS_CHAOS_CRASH_AFTER_CALL"
@@ -92,37 +93,30 @@ HOLE_AFTER = {"in_transaction": "FOR UPDATE", "intent_commit": "COMMIT"}
 
 
 def crash_after_call(names: frozenset[str]) -> None:
-    """Wrap `runs.tools.get` so the named tools exit the process right after their call."""
-    original = tool_registry.get
+    """The named tools exit the process right after their call, before its receipt."""
 
-    def get(name: str):
-        tool = original(name)
-        if tool.name not in names:
-            return tool
-        invoke = tool.invoke
-
+    def wrap(tool, invoke):
         def invoke_then_die(params, ctx):
             result = invoke(params, ctx)
             logger.error("chaos: exiting after %s committed, before recording it", tool.name)
             os._exit(137)
             return result  # pragma: no cover
 
-        return dataclasses.replace(tool, invoke=invoke_then_die)
+        return invoke_then_die
 
-    tool_registry.get = get
+    _wrap_invoke(names, wrap)
 
 
 def _wrap_invoke(names: frozenset[str], wrap) -> None:
-    """Wrap `runs.tools.get` so the named tools are called through `wrap(tool, invoke)`."""
-    original = tool_registry.get
+    """Through the engine's tool hook (runs.hooks): the named tools are called through
+    `wrap(tool, invoke)`."""
 
-    def get(name: str):
-        tool = original(name)
+    def stand_in(tool):
         if tool.name not in names:
             return tool
         return dataclasses.replace(tool, invoke=wrap(tool, tool.invoke))
 
-    tool_registry.get = get
+    hooks.wrap_tools(stand_in)
 
 
 def _sigkill_self() -> None:
@@ -371,40 +365,28 @@ def _database_client_port() -> int | None:
 
 def install_stalls(folder: Path, proxy: str = "") -> Stalls:
     """Wrap side-effect tools with the stall hooks, and log every timeline event this process
-    commits, whichever way the engine writes it: `TimelineEvent.append` (one event, inside the
-    caller's transaction) or a hot-path batch (`runs.batch.Batch.commit`: one statement, its
-    own transaction)."""
-    from django.db import transaction
-
-    from runs.models import TimelineEvent
-
+    commits, whichever way the engine writes it (both through the engine's hook points,
+    runs.hooks)."""
     stalls = Stalls(folder, proxy)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGCONT, _on_sigcont)
-    original_get = tool_registry.get
+    hooks.wrap_tools(lambda tool: stalls.wrap(tool) if tool.side_effect else tool)
 
-    def get(name: str):
-        tool = original_get(name)
-        return stalls.wrap(tool) if tool.side_effect else tool
+    def committed(run_id: str, events: list[dict]) -> None:
+        for event in events:
+            # When the event was written (its own time), not when its commit came back: a
+            # transaction that held the run's lock through a partition committed what it wrote
+            # while it held its claim.
+            written = datetime.fromisoformat(event["at"]).timestamp()
+            entry = {"t": written, "run": run_id, "hash": event["hash"], "verb": event["verb"]}
+            stalls.log("writes", entry)
+        for event in events:
+            data = event.get("data") or {}
+            if event["verb"] == "side_effect.intended":
+                intent = _Intent(run_id, str(data.get("step", "")), str(data.get("key")))
+                stalls.hook("intent_committed", str(data.get("tool", "")), intent)
 
-    tool_registry.get = get
-    append = TimelineEvent.append.__func__
-
-    def logged_append(cls, run_id, verb, data, **kwargs):
-        event = append(cls, run_id, verb, data, **kwargs)
-        stalls.log(
-            "writes",
-            {"run": str(run_id), "id": event.id, "hash": event.hash, "verb": verb},
-        )
-        if verb == "side_effect.intended":
-            intent = _Intent(str(run_id), str(data.get("step", "")), str(data.get("key", "")))
-            transaction.on_commit(
-                lambda: stalls.hook("intent_committed", str(data.get("tool", "")), intent)
-            )
-        return event
-
-    TimelineEvent.append = classmethod(logged_append)
-    _log_batches(stalls)
+    hooks.observe_events(committed)
 
     from celery.signals import task_failure, task_postrun
 
@@ -418,32 +400,6 @@ def install_stalls(folder: Path, proxy: str = "") -> Stalls:
     task_postrun.connect(task_over, weak=False)
     task_failure.connect(task_failed, weak=False)
     return stalls
-
-
-def _log_batches(stalls: Stalls) -> None:
-    """The hot path's batches: log their events once committed, and take an armed
-    intent_committed stall right after a batch that wrote the stalled tool's intent."""
-    try:
-        from runs.batch import Batch
-    except ImportError:  # an engine without the hot path
-        return
-    commit = Batch.commit
-
-    def logged_commit(self):
-        values = commit(self)
-        events = [json.loads(text) for text in self.events]
-        for event in events:
-            stalls.log(
-                "writes", {"run": str(self.run_id), "hash": event["hash"], "verb": event["verb"]}
-            )
-        for event in events:
-            data = event.get("data") or {}
-            if event["verb"] == "side_effect.intended":
-                intent = _Intent(str(self.run_id), str(data.get("step", "")), str(data.get("key")))
-                stalls.hook("intent_committed", str(data.get("tool", "")), intent)
-        return values
-
-    Batch.commit = logged_commit
 
 
 def _names(variable: str) -> frozenset[str]:

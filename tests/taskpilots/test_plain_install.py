@@ -101,6 +101,8 @@ def test_the_engine_api_console_and_celery_load_and_the_extras_say_what_to_insta
 import os
 from pathlib import Path
 os.environ["DJANGO_SETTINGS_MODULE"] = "taskpilots.settings"
+# A trial deployment with the demo (production has none): its agent needs the extra.
+os.environ["TASKPILOTS_DEMO"] = "1"
 import django
 django.setup()
 import runs.engine, taskpilots.api, taskpilots.urls

@@ -1,6 +1,7 @@
-"""The evidence tooling stays out of production: a process with production settings does not
-install it, does not know its commands, and a production worker with every fault-injection
-variable set injects nothing — while the same variables under test settings do (the control)."""
+"""The evidence tooling and the demo stay out of production: a process with production settings
+installs neither, knows none of their commands, registers nothing on the engine's hook points,
+and a production worker with every fault-injection variable set injects nothing — while the
+same variables under test settings do (the control)."""
 
 from __future__ import annotations
 
@@ -70,16 +71,43 @@ def test_production_settings_install_no_evidence_and_know_none_of_its_commands()
     installed = _run(["-c", APPS], production)
     assert installed.returncode == 0, installed.stderr
     assert "taskpilots.evidence" not in installed.stdout.split()
+    assert "taskpilots.demo" not in installed.stdout.split()
     assert {"runs", "approvals"} <= set(installed.stdout.split())
-    for command in ("bench", "drill", "profile_engine", "load_fake_runs"):
+    evidence = ("bench", "drill", "profile_engine", "load_fake_runs")
+    for command in (*evidence, "demo_setup", "seed_demo", "sandbox"):
         unknown = _run(["manage.py", command, "--help"], production)
         assert unknown.returncode != 0 and f"Unknown command: '{command}'" in unknown.stderr
     deploy = _run(["manage.py", "check", "--deploy"], production)
     assert deploy.returncode == 0, deploy.stderr
     assert "evidence" not in deploy.stdout + deploy.stderr
-    # Asked for by name (a drill against a staging deployment), it is there.
+    assert "demo" not in deploy.stdout + deploy.stderr
+    # Asked for by name (a drill against a staging deployment), it is there, with the demo it
+    # measures; the demo alone (a trial deployment) brings no evidence tooling.
     asked = _run(["-c", APPS], {**production, "TASKPILOTS_EVIDENCE": "1"})
-    assert "taskpilots.evidence" in asked.stdout.split(), asked.stderr
+    assert {"taskpilots.evidence", "taskpilots.demo"} <= set(asked.stdout.split()), asked.stderr
+    trial = _run(["-c", APPS], {**production, "TASKPILOTS_DEMO": "1"})
+    assert "taskpilots.demo" in trial.stdout.split(), trial.stderr
+    assert "taskpilots.evidence" not in trial.stdout.split()
+
+
+HOOKS = (
+    "import django; django.setup(); import runs.engine, runs.batch; from runs import hooks; "
+    "from django.conf import settings; modules = settings.TASKPILOTS['WORKFLOW_MODULES']; "
+    "print(hooks.wrapping_tools(), hooks.observing_events(), modules)"
+)
+
+
+@pytest.mark.django_db
+def test_production_settings_register_nothing_on_the_engines_hook_points():
+    """With every fault variable set, a production process's hook points stay empty and it
+    names no workflow modules of its own; under test settings the same variables register."""
+    env = {**FAULTS, faults.STALL_DIR: "/nonexistent-stalls"}
+    production = _run(["-c", HOOKS], _env(**PRODUCTION, **env))
+    assert production.returncode == 0, production.stderr
+    assert production.stdout.split() == ["False", "False", "[]"]
+    test = _run(["-c", HOOKS], _env(**env, DJANGO_SETTINGS_MODULE="tests.settings"))
+    assert test.returncode == 0, test.stderr
+    assert test.stdout.split()[:2] == ["True", "True"]
 
 
 def settled(run_id):
