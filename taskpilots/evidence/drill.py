@@ -14,8 +14,6 @@ import math
 import os
 import random
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlsplit
 
 import kombu.exceptions
 from django.conf import settings
@@ -34,16 +31,16 @@ from django.contrib.auth.models import Group
 from django.db import InterfaceError, OperationalError, close_old_connections, connections
 from django.utils import timezone
 
-from approvals import actions, metrics
+from approvals import actions
 from approvals.models import ApprovalRequest, EscalationRule
 from runs import engine
-from runs.models import ExternalMismatch, Run, SideEffect, Snapshot, Step, TimelineEvent, Wait
-from runs.verbs import Verb
-from taskpilots import embedded
+from runs.models import Run, SideEffect, Snapshot, Step, Wait
 from taskpilots.celery import app as celery_app
 from taskpilots.env import format_database_url
 from taskpilots.evidence import faults, stalls
 from taskpilots.evidence.blackhole import BlackHoleProxy, database_address
+from taskpilots.evidence.drill_chaos import OUTAGE_WINDOW_SECONDS, Chaos
+from taskpilots.evidence.drill_report import compute_report
 from taskpilots.evidence.workers import WorkerProcess, Workers
 from taskpilots.sandbox.client import SandboxClient, SandboxError, start_sandbox
 
@@ -65,7 +62,6 @@ KINDS = (
 )
 DRILL_WORKFLOWS = ("drill.support.reply", "drill.refund.approval", "drill.crm.lead_sync")
 LEASE_SECONDS = 2
-OUTAGE_WINDOW_SECONDS = 2
 # A drill run takes a few seconds of waiting (its faults' timeouts, the outage window, the
 # lease); a batch's settling time grows with the runs each worker thread carries.
 BATCH_SECONDS_PER_RUN = 3.0
@@ -120,7 +116,7 @@ def parse_faults(value: str) -> tuple[str, ...]:
     return kinds
 
 
-class Drill:
+class Drill(Chaos):
     def __init__(self, config: DrillConfig):
         self.config = config
         self.rng = random.Random(config.seed)
@@ -264,141 +260,6 @@ class Drill:
             finally:
                 close_old_connections()
         connections.close_all()
-
-    # -- chaos ---------------------------------------------------------------------------------
-    def _chaos_loop(self) -> None:
-        actions = [
-            self._chaos_kill_worker,
-            self._chaos_kill_worker,
-            self._chaos_stop_worker,
-            self._chaos_partition_worker,
-            self._chaos_restart_broker,
-            self._chaos_restart_postgres,
-            self._chaos_drop_sandbox,
-        ]
-        while not self._stop_chaos.wait(self.rng.uniform(*self.config.chaos_interval)):
-            action = self.rng.choice(actions)
-            started = time.monotonic()
-            try:
-                what = action()
-            except Exception as exc:  # the soak goes on; what failed is reported
-                what = f"{action.__name__} failed: {exc}"
-            finally:
-                close_old_connections()
-            if what:
-                self.chaos_log.append(
-                    {"action": what, "seconds": round(time.monotonic() - started, 2)}
-                )
-                self.say(f"    chaos: {what}")
-        connections.close_all()
-
-    def _chaos_kill_worker(self) -> str:
-        alive = self._workers.alive
-        if not alive:
-            return ""
-        victim = self.rng.choice(alive)
-        victim.kill()
-        self._start_worker(wait=False)  # no waiting on its start-up: the soak goes on
-        return f"SIGKILL worker {victim.name}; started a replacement"
-
-    def _chaos_victims(self) -> list[WorkerProcess]:
-        """Workers the soak may fault now: not the one a stall holds."""
-        return [w for w in self._workers.alive if w.process.pid != self.stalled_pgid]
-
-    def _chaos_stop_worker(self) -> str:
-        """A zombie: the whole worker stopped past its lease, then continued."""
-        alive = self._chaos_victims()
-        if not alive:
-            return ""
-        victim = self.rng.choice(alive)
-        seconds = round(self.lease_seconds + self.rng.uniform(1, 3), 1)
-        try:
-            os.killpg(victim.process.pid, signal.SIGSTOP)
-            self._stop_chaos.wait(seconds)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(victim.process.pid, signal.SIGCONT)
-        return f"SIGSTOP worker {victim.name} for {seconds} s, then SIGCONT"
-
-    def _chaos_partition_worker(self) -> str:
-        """A partition: one worker's PostgreSQL connections black-holed past its lease."""
-        candidates = [w for w in self._chaos_victims() if w.name in self.proxies]
-        if not candidates:
-            return ""
-        victim = self.rng.choice(candidates)
-        proxy = self.proxies[victim.name]
-        seconds = round(self.lease_seconds + self.rng.uniform(1, 3), 1)
-        end = self.rng.choice(("heal", "cut"))
-        proxy.hole()
-        try:
-            self._stop_chaos.wait(seconds)
-        finally:
-            if end == "heal":
-                proxy.heal()
-            else:
-                proxy.cut()
-        return f"black-holed worker {victim.name}'s database for {seconds} s, then {end}"
-
-    def _chaos_restart_broker(self) -> str:
-        broker = settings.CELERY_BROKER_URL
-        if broker.startswith(("redis://", "rediss://")):
-            port = urlsplit(broker).port or 6379
-            _run(["redis-cli", "-u", broker, "shutdown", "nosave"], check=False)
-            _run(
-                [
-                    "redis-server",
-                    "--daemonize",
-                    "yes",
-                    "--bind",
-                    "127.0.0.1",
-                    "-::1",
-                    "--port",
-                    str(port),
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--dir",
-                    "/var/lib/redis",
-                    "--logfile",
-                    "/var/log/redis/ci.log" if port == 6379 else f"/var/log/redis/drill-{port}.log",
-                ]
-            )
-            _wait_port(port)
-            return "restarted Redis (the broker)"
-        if broker.startswith(("amqp://", "pyamqp://")):
-            _run(["rabbitmqctl", "-q", "stop_app"])
-            _run(["rabbitmqctl", "-q", "start_app"])
-            _wait_port(5672)
-            return "restarted RabbitMQ (the broker)"
-        return ""
-
-    def _chaos_restart_postgres(self) -> str:
-        db = connections["default"].settings_dict
-        server = embedded.status(settings.VAR_DIR)
-        if server is not None and db["HOST"] == str(server.socket_dir):
-            # The embedded PostgreSQL (nothing configured): a fast stop, then the same start
-            # make run does. Open transactions roll back, as with a restarted cluster.
-            connections.close_all()
-            embedded.stop(settings.VAR_DIR)
-            embedded.ensure_running(settings.VAR_DIR)
-            return "restarted the embedded PostgreSQL"
-        port = int(db["PORT"] or 5432)
-        cluster = _local_cluster(port) if db["HOST"] in ("127.0.0.1", "localhost", "") else None
-        if cluster is None:
-            return ""
-        connections.close_all()
-        _run(["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "restart", "-m", "fast"])
-        _wait_port(port)
-        return f"restarted PostgreSQL (cluster {'/'.join(cluster)})"
-
-    def _chaos_drop_sandbox(self) -> str:
-        if self._sandbox_process is None:
-            return ""
-        self._sandbox_process.stop()
-        self._stop_chaos.wait(OUTAGE_WINDOW_SECONDS + 2)
-        self._sandbox_process.start()
-        return f"dropped the simulated systems for {OUTAGE_WINDOW_SECONDS + 2} s"
 
     def _restart_workers(self, **env: str) -> None:
         for worker in self._workers.alive:
@@ -841,206 +702,6 @@ class Drill:
 
 def env_flag(value: str) -> bool:
     return value.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _local_cluster(port: int) -> tuple[str, str] | None:
-    """The Debian cluster (version, name) that listens on this port, from pg_lsclusters; None
-    where there is no such tool or no such cluster (the drill then leaves PostgreSQL alone)."""
-    try:
-        listing = subprocess.run(
-            ["pg_lsclusters", "--no-header"], capture_output=True, text=True, timeout=30
-        ).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in listing.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and fields[2] == str(port):
-            return fields[0], fields[1]
-    return None
-
-
-def _run(args: list[str], check: bool = True) -> None:
-    subprocess.run(args, check=check, capture_output=True, timeout=120)
-
-
-def _wait_port(port: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            sock.settimeout(0.5)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"nothing listens on port {port} after {timeout} s")
-
-
-# --------------------------------------------------------------------------------------------
-# The figures, from the database and the sandbox ledger.
-
-
-def _parse_at(value: str) -> datetime:
-    return datetime.fromisoformat(value)
-
-
-# The figures a drill reports, by the dashboard's own definitions (approvals.metrics): the drill
-# computes none of them itself.
-FIGURE_KEYS = (
-    "execution_success_rate",
-    "auto_recovery_rate",
-    "local_recovery_rate",
-    "human_takeover_rate",
-    "time_to_close_median",
-    "duplicate_side_effect_rate",
-    "wrong_retry_rate",
-    "snapshot_coverage",
-    "missing_field_rate",
-    "snapshot_latency_p50",
-)
-
-
-def _figures(run_ids) -> dict:
-    seed = metrics.seed_figures(run_ids)
-    return {key: seed[key]["value"] for key in FIGURE_KEYS} | {
-        # How each figure reads, for the table: its label, unit and counts (the JSON keeps the
-        # plain values above, as the dashboard's JSON has them).
-        "figure_details": {
-            key: {name: seed[key][name] for name in ("label", "unit", "counts")}
-            for key in FIGURE_KEYS
-        },
-        "auto_recovered": seed["auto_recovery_rate"]["counts"][0],
-        "runs_with_faults": seed["auto_recovery_rate"]["counts"][1],
-        # Per resume (approval, wake-up, release, reclaimed lease): the duplicates after it.
-        "duplicates_after_resume": seed["duplicates_after_resume"]["extra"],
-    }
-
-
-def _ledger_check(run_ids, sandbox: SandboxClient) -> dict:
-    """What the outside world saw (the sandbox ledger), against our own records: side effects
-    committed twice for one step, and any committed without a snapshot written before it."""
-    ledger = []
-    for run_id in run_ids:
-        ledger.extend(sandbox.ledger(run=str(run_id)))
-    writes = Counter((e["run"], e["step"], e["system"], e["action"]) for e in ledger)
-    duplicated = [
-        {"run": run, "step": step, "system": system, "action": action, "committed": n}
-        for (run, step, system, action), n in writes.items()
-        if n > 1
-    ]
-    first_snapshot: dict[str, datetime] = {}
-    for key, taken in Snapshot.objects.filter(run_id__in=run_ids).values_list(
-        "idempotency_key", "created_at"
-    ):
-        first_snapshot[key] = min(first_snapshot.get(key, taken), taken)
-    unsnapshotted = [
-        e["idempotency_key"]
-        for e in ledger
-        if not (
-            e["idempotency_key"] in first_snapshot
-            and first_snapshot[e["idempotency_key"]] <= _parse_at(e["at"])
-        )
-    ]
-    mismatches = _records_against_the_world(run_ids, ledger)
-    return {
-        "duplicate_side_effects": len(duplicated),
-        "duplicates": duplicated,
-        "side_effects_committed": len(ledger),
-        "committed_without_snapshot": len(unsnapshotted),
-        "ledger_mismatches": len(mismatches),
-        "mismatches": mismatches,
-    }
-
-
-def _records_against_the_world(run_ids, ledger: list[dict]) -> list[dict]:
-    """Ledger rows whose recorded outcome the target system contradicts: recorded committed
-    with a receipt the system never issued (or with nothing there at all), or recorded not
-    committed although the system has it. A stale worker recording over the new owner's work
-    shows up here."""
-    world: dict[str, list[dict]] = {}
-    for entry in ledger:
-        world.setdefault(entry["idempotency_key"], []).append(entry)
-    found = []
-    for effect in SideEffect.objects.filter(run_id__in=run_ids).values(
-        "run_id", "idempotency_key", "tool", "status", "external_id", "confirmed_by"
-    ):
-        there = world.get(effect["idempotency_key"], [])
-        issued = {e["external_id"] for e in there}
-        status = effect["status"]
-        problem = ""
-        if status in (SideEffect.Status.COMMITTED, SideEffect.Status.COMPENSATED):
-            if not there:
-                problem = "recorded committed; the system has no record of the key"
-            elif effect["external_id"] and effect["external_id"] not in issued:
-                problem = f"recorded receipt {effect['external_id']}; the system issued {issued}"
-        elif status == SideEffect.Status.NOT_COMMITTED and there:
-            problem = "recorded not committed; the system has it"
-        if problem:
-            found.append({**effect, "run_id": str(effect["run_id"]), "problem": problem})
-    return found
-
-
-def _through_fallback_once(run_ids, sandbox: SandboxClient) -> int:
-    """Runs whose step ended degraded with exactly one effect in the world, the fallback's."""
-    degraded = Step.objects.filter(run_id__in=run_ids, status=Step.Status.DEGRADED)
-    return sum(
-        1
-        for step in degraded.select_related("run")
-        if [e["idempotency_key"] for e in sandbox.ledger(run=str(step.run_id))]
-        == [f"{engine.idempotency_key_for(step)}:fallback:mail.send"]
-    )
-
-
-def compute_report(
-    run_ids: list,
-    sandbox: SandboxClient,
-    batches: list[Batch] = (),
-    *,
-    episodes: list[stalls.Episode] = (),
-    stall_folder: stalls.StallFolder | None = None,
-) -> dict:
-    """Counts from the database, the outside world's view from the sandbox ledger, the seed
-    figures from approvals.metrics (one definition for the dashboard and the drill), and what
-    each stalled worker did after losing its claim (taskpilots/evidence/stalls.py)."""
-    runs = {str(r.pk): r for r in Run.objects.filter(pk__in=run_ids)}
-    status = Counter(r.status for r in runs.values())
-    # Lost: neither finished nor parked for a person with a reason.
-    lost = [
-        r
-        for r in runs.values()
-        if not (r.is_terminal or (r.status in Run.HUMAN and r.attention_reason))
-    ]
-    per_kind = {}
-    for batch in batches:
-        ids = [str(r) for r in batch.run_ids]
-        figures = _figures(ids)
-        per_kind[batch.kind] = {
-            "runs": len(ids),
-            "succeeded": sum(1 for i in ids if runs[i].status == "succeeded"),
-            "needs_human": sum(1 for i in ids if runs[i].status in Run.HUMAN),
-            "faults_hit": figures["runs_with_faults"],
-            "auto_recovered": figures["auto_recovered"],
-        }
-        if batch.kind == "degrade_write":
-            per_kind[batch.kind]["through_fallback_once"] = _through_fallback_once(ids, sandbox)
-    return {
-        "runs": len(runs),
-        "succeeded": status["succeeded"],
-        "needs_human": status["needs_human"] + status["taken_over"],
-        "failed": status["failed"],
-        "cancelled": status["cancelled"],
-        "compensated": status["compensated"],
-        "lost_runs": len(lost),
-        **_ledger_check(runs, sandbox),
-        **_figures(list(runs)),
-        **stalls.analyse(list(episodes), stall_folder, sandbox),
-        # changed_result: answers found by key a person confirmed; external_mismatch: found.
-        "results_changed": _events(runs, Verb.SIDE_EFFECT_RESULT_CHANGED),
-        "external_mismatches": ExternalMismatch.objects.filter(run_id__in=list(runs)).count(),
-        "per_kind": per_kind,
-    }
-
-
-def _events(run_ids, verb: str) -> int:
-    return TimelineEvent.objects.filter(run_id__in=list(run_ids), verb=verb).count()
 
 
 def progress_to_stderr(message: str) -> None:

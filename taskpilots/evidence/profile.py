@@ -188,7 +188,7 @@ def main_json(figures: dict) -> str:
 def render_profile(records: list[dict]) -> str:
     """docs/benchmarks.md's table of CPU per run, from docs/results/profile.jsonl: every `cpu`
     result recorded there, in order, under the environment of the last."""
-    from taskpilots.evidence.bench_engine import describe_environment
+    from taskpilots.evidence.bench_engine_report import describe_environment
 
     pairs, env = [], None
     for record in records:

@@ -22,8 +22,8 @@ RESULTS = artifacts.ROOT / "docs" / "results"
 
 # result file name → "module:function" taking the file's records and returning Markdown.
 RENDERERS = {
-    "engine": "taskpilots.evidence.bench_engine:render_engine",
-    "io": "taskpilots.evidence.bench_io:render_io",
+    "engine": "taskpilots.evidence.bench_engine_report:render_engine",
+    "io": "taskpilots.evidence.bench_io_report:render_io",
     "crash": "taskpilots.evidence.bench_crash:render_crash",
     "recovery": "taskpilots.evidence.bench_recovery:render_recovery",
     "profile": "taskpilots.evidence.profile:render_profile",

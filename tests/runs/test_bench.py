@@ -48,7 +48,8 @@ def test_a_five_step_run_costs_a_bounded_number_of_statements():
 @pytest.mark.timeout(300)
 def test_the_engine_benchmark_pairs_taskpilots_with_dbos_and_reports_what_each_costs(tmp_path):
     from taskpilots.evidence import artifacts
-    from taskpilots.evidence.bench_engine import bench_engine, render_engine
+    from taskpilots.evidence.bench_engine import bench_engine
+    from taskpilots.evidence.bench_engine_report import render_engine
 
     result = bench_engine(
         runs=20, workers=2, say=lambda line: None, pairs=1, seconds=1, dbos_threads=(1, 16)

@@ -1,7 +1,7 @@
 """A small drill in `make test`: every drill kind recovers, nothing is lost, nothing is doubled.
 
 The figures come from the database and the sandbox ledger
-(taskpilots/evidence/drill.py::compute_report)."""
+(taskpilots/evidence/drill_report.py::compute_report)."""
 
 from __future__ import annotations
 

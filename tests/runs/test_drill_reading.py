@@ -35,7 +35,7 @@ def test_the_table_explains_needs_human_beside_the_takeover_rate():
         "auto_recovered": 3, "stalls_injected": 0, "claims_not_taken_back": 0,
         "hung_workers": 0, "stale_calls": 0, "stale_writes": 0, "elapsed_s": 12.5,
     }  # fmt: skip
-    from taskpilots.evidence.drill import FIGURE_KEYS
+    from taskpilots.evidence.drill_report import FIGURE_KEYS
 
     figures = dict.fromkeys(FIGURE_KEYS) | {"human_takeover_rate": 0.2}
     details = {key: {"label": key, "unit": "ratio", "counts": None} for key in FIGURE_KEYS}

@@ -8,13 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from taskpilots import peers
 from taskpilots.evidence import scratch
-from taskpilots.evidence.drill import (
-    FIGURE_KEYS,
-    Drill,
-    DrillConfig,
-    parse_faults,
-    progress_to_stderr,
-)
+from taskpilots.evidence.drill import Drill, DrillConfig, parse_faults, progress_to_stderr
+from taskpilots.evidence.drill_report import FIGURE_KEYS
 
 # Counts, the outside world's view (sandbox ledger), then the seed figures (approvals.metrics),
 # then what stalled workers did (the zombie and partition drills).
