@@ -1,8 +1,9 @@
 """One round trip per transaction: a state change of one run as one prepared SQL statement.
 
-The engine's hot path (runs.engine.inline) records the batched forms of the model verbs
-(`Run.start_in`, `Step.succeed_in`, `SideEffect.commit_in`, …: the same rows, the same
-compare-and-sets and the same hash-chained timeline events as the verbs) as one statement
+The engine's hot path (runs.engine.inline) has the model verbs describe their changes into a
+batch (`Run.start(into=batch)`, `Step.succeed_attempt(…, into=batch)`, `SideEffect.commit(…,
+into=batch)`, …: the same rows, the same compare-and-sets and the same hash-chained timeline
+events as when the verbs carry them out themselves) and sends them as one statement
 whose parts are data-modifying CTEs, sent with server-side binding as a prepared statement.
 PostgreSQL plans each of the hot path's few statement shapes once per connection and runs the
 statement as a transaction of its own (all of it or nothing); the worker pays for one execute
@@ -36,7 +37,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, 
 from django.utils import timezone
 
 from runs import hooks
-from runs.models import SqlValue, TimelineEvent, chain_heads
+from runs.models import LEASE_UNEXPIRED, SqlValue, TimelineEvent, chain_heads
 
 # tp_assert's SQLSTATE, and the unique violation (a key or position someone else took first).
 _REFUSALS = {"TP001", "23505"}
@@ -63,6 +64,8 @@ class Batch:
         self.head = head
         self.seq, self.hash = head
         self.expect_status = expect_status
+        # The run's status as this batch leaves it so far (a verb's event says where it came from).
+        self.run_status = expect_status
         self.run_changes: dict[str, Any] = {}
         self.version_bumps = 0
         # (CTE body, params, what): a change that must touch exactly one row; `what` names it.
@@ -75,6 +78,28 @@ class Batch:
     def change_run(self, **changes: Any) -> None:
         """Columns of the run's row to change together with its head."""
         self.run_changes.update(changes)
+        self.run_status = changes.get("status", self.run_status)
+
+    def update(self, model, pk, values: dict[str, Any], where: dict[str, Any], what: str) -> None:
+        """A model verb's compare-and-set (runs.models: `Step._move`, `SideEffect._move`, …) as
+        a part that must touch exactly one row: `values` by field name, as the ORM would write
+        them; `where` by field name, a value to equal, a tuple of values to be one of, or
+        LEASE_UNEXPIRED. The same description the verb executes through the ORM otherwise."""
+        sql = _update_sql(model, tuple(values), tuple(_where_shape(where)))
+        fields = model._meta
+        params = [
+            fields.get_field(name).get_db_prep_save(v, connection) for name, v in values.items()
+        ]
+        params.append(pk)
+        for name, value in where.items():
+            if value is LEASE_UNEXPIRED:
+                continue
+            field = fields.get_field(name)
+            if isinstance(value, tuple):
+                params.append([field.get_db_prep_value(v, connection) for v in value])
+            else:
+                params.append(field.get_db_prep_value(value, connection))
+        self.must(sql, params, what)
 
     def bump_version(self) -> None:
         """One more state change of the run: its lock_version goes up by one for each."""
@@ -232,6 +257,33 @@ def _native(text: str) -> str:
     a long statement with many parameters again on every execute)."""
     numbers = itertools.count(1)
     return re.sub("%s", lambda _: f"${next(numbers)}", text)
+
+
+def _where_shape(where: dict[str, Any]):
+    for name, value in where.items():
+        if value is LEASE_UNEXPIRED:
+            yield name, "unexpired"
+        else:
+            yield name, "any" if isinstance(value, tuple) else "="
+
+
+@functools.lru_cache(maxsize=256)
+def _update_sql(model, names: tuple[str, ...], where: tuple[tuple[str, str], ...]) -> str:
+    """UPDATE … SET the named fields WHERE id and the guards (see Batch.update): built once per
+    shape."""
+    fields = model._meta
+    sets = ", ".join(f"{fields.get_field(name).column} = %s" for name in names)
+    conditions = ["id = %s"]
+    for name, kind in where:
+        column = fields.get_field(name).column
+        conditions.append(
+            f"{column} > now()"
+            if kind == "unexpired"
+            else f"{column} = ANY(%s)"
+            if kind == "any"
+            else f"{column} = %s"
+        )
+    return f"UPDATE {fields.db_table} SET {sets} WHERE {' AND '.join(conditions)}"
 
 
 _COLUMNS: dict[type, list[tuple[str, str]]] = {}

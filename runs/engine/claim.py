@@ -21,14 +21,12 @@ from runs.models import (
     Run,
     SideEffect,
     Step,
-    TimelineEvent,
     Wait,
     Worker,
     new_row,
     to_json_value,
 )
 from runs.people import Pause
-from runs.verbs import Verb
 from runs.workflows import Context, DynamicStep, StepDef, Workflow
 
 # Where runs that cannot go on by themselves wait for a person (no rule is asked: nothing
@@ -149,13 +147,21 @@ def _open_next_step(run, workflow, steps, ctx, worker, now) -> Claim | None:
         run.succeed(ctx.results.get(steps[-1].name) if steps else None)
         return None
     step, definition = new_step(run, workflow, steps, choice, worker, now)
-    # Created already running (one INSERT instead of INSERT + claim); its event follows in this
+    # Created already running (one INSERT instead of INSERT + claim), with its event, in this
     # same transaction.
-    step.save(force_insert=True)
-    if definition.stage and run.stage != definition.stage:
-        run.enter_stage(definition.stage)
-    TimelineEvent.append(run.pk, Verb.STEP_STARTED, step.started_data())
-    return claim_of(run, step, workflow, definition, ctx, worker, steps)
+    return open_claimed(claim_of(run, step, workflow, definition, ctx, worker, steps))
+
+
+def open_claimed(claim: Claim, *, into=None) -> Claim:
+    """Write the step `claim` created (running and leased to its worker, new_step) with its
+    `step.started`, entering its stage: in the caller's transaction (claim_next), or `into` a
+    batch (the hot path, runs.engine.inline, which adds the reads and the intent its one
+    statement also carries)."""
+    stage = claim.definition.stage
+    if stage and claim.run.stage != stage:
+        claim.run.enter_stage(stage, into=into)
+    claim.step.open(into=into)
+    return claim
 
 
 def new_step(run, workflow, steps, choice, worker, now) -> tuple[Step, StepDef]:

@@ -28,12 +28,12 @@ from runs import workflows as workflow_registry
 from runs.batch import STEP_IDS, Batch, Refused, execute_one
 from runs.engine import gate
 from runs.engine.calls import build_params, check_scope
-from runs.engine.claim import Claim, claim_of, new_step
+from runs.engine.claim import Claim, claim_of, new_step, open_claimed
 from runs.engine.context import build_context
 from runs.engine.dispatch import conf
 from runs.engine.ledger import (
+    batch_intent,
     idempotency_key_for,
-    intent_in,
     intent_written,
     needs_baseline,
     prepare_intent,
@@ -102,8 +102,8 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
     except workflow_registry.UnknownWorkflow:
         return ORDINARY  # the ordinary claim hands it to a person
     batch = Batch(run.id, (run.event_seq, run.event_hash), expect_status=Run.Status.PENDING)
-    run.start_in(batch)
-    following = _next_in(
+    run.start(into=batch)
+    following = _plan_ahead(
         batch, run, workflow, [], workflow.steps[0], worker, timezone.now(), paused=paused
     )
     if following is None:
@@ -124,7 +124,9 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
 AHEAD = 8
 
 
-def _next_in(batch, run, workflow, steps, choice, worker, now, result=None, *, paused, reads=True):
+def _plan_ahead(
+    batch, run, workflow, steps, choice, worker, now, result=None, *, paused, reads=True
+):
     """The run's next move after `steps`, as parts of `batch`.
 
     1. A step that changes nothing is executed here, ahead of any claim, and recorded done with
@@ -133,7 +135,7 @@ def _next_in(batch, run, workflow, steps, choice, worker, now, result=None, *, p
        not paused when this worker last looked (`paused`, as of its previous statement; the
        batch checks again). Had nothing committed, it would simply run again. Then the step
        after it is chosen, up to AHEAD of them.
-    2. The first step that calls out (or waits, or needs a person) is claimed (_claim_in); so
+    2. The first step that calls out (or waits, or needs a person) is claimed (_claim_new); so
        is a read that failed ahead, its claim carrying the outcome (recorded as its attempt's).
     3. When nothing is left, the run succeeds with the last result.
     Returns the next step's Claim (complete once the batch commits), DONE, or None when the
@@ -141,34 +143,34 @@ def _next_in(batch, run, workflow, steps, choice, worker, now, result=None, *, p
     """
     for _ in range(AHEAD):
         if choice is None:
-            run.succeed_in(batch, result, now)
+            run.succeed(result, now=now, into=batch)
             return DONE
         step, definition = new_step(run, workflow, steps, choice, worker, now)
         ctx = build_context(run, steps)
         done = _ahead(run, step, workflow, definition, ctx, steps, worker, paused, reads)
         if isinstance(done, Failed):  # a read that failed ahead: claimed with its outcome
-            claim = _claim_in(batch, run, workflow, step, definition, ctx, steps, worker)
+            claim = _claim_new(batch, run, workflow, step, definition, ctx, steps, worker)
             claim.ahead = done
             return claim
         if done is _NOT_AHEAD:
-            return _claim_in(batch, run, workflow, step, definition, ctx, steps, worker)
+            return _claim_new(batch, run, workflow, step, definition, ctx, steps, worker)
         step.id = STEP_IDS.next()
-        run.enter_stage_in(batch, definition.stage)
+        run.enter_stage(definition.stage, into=batch)
         if isinstance(done, Succeeded):  # a read
-            step.open_done_in(batch, done.result, now, read_record=done.read)
+            step.open_done(done.result, now, read_record=done.read, into=batch)
             pauses = _pauses_sql()
             if pauses is not None:  # a pause that came meanwhile: the ordinary path decides
                 batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
             done = done.result
         else:
-            step.open_done_in(batch, done, now)
+            step.open_done(done, now, into=batch)
         steps, result = [*steps, step], done
         try:
             choice = workflow.following(build_context(run, steps), step.name, step.spec)
         except Exception:
             return None
     step, definition = new_step(run, workflow, steps, choice, worker, now)
-    return _claim_in(
+    return _claim_new(
         batch, run, workflow, step, definition, build_context(run, steps), steps, worker
     )
 
@@ -213,14 +215,13 @@ def _reads_ahead(definition: StepDef, paused: dict | None) -> bool:
         return False
 
 
-def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Claim:
+def _claim_new(batch, run, workflow, step, definition, ctx, steps, worker) -> Claim:
     """The claim of a new step (built by runs.engine.claim.new_step) as parts of `batch`: the
     run's stage, the open pause of the step's tool read back, the step created running and
     leased and, for a side effect, its first call's snapshot and intent (the parameters are
     pure: built once, here). Complete once the batch has committed (_claimed)."""
     step.id = STEP_IDS.next()
     claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
-    run.enter_stage_in(batch, definition.stage)
     pauses, rules = _pauses_sql(), people().rules_statement()
     claim.pause_index = None if pauses is None else batch.value(pauses, [])
     # The approval rules as of this statement, for the gate's next hot-path clearance.
@@ -228,9 +229,9 @@ def _claim_in(batch, run, workflow, step, definition, ctx, steps, worker) -> Cla
     call = _prepare_call(claim) if definition.kind == StepKind.SIDE_EFFECT else None
     if call is not None:
         step.idempotency_key = call[1].idempotency_key
-    step.open_in(batch)
+    open_claimed(claim, into=batch)
     if call is not None:
-        intent_in(batch, claim, call[0], call[1], call[3], new_step=True)
+        batch_intent(batch, claim, call[0], call[1], call[3], new_step=True)
         if pauses is not None:  # never an intent for a paused tool
             batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
         claim.intent_parts = (call[1], call[2])
@@ -309,8 +310,8 @@ def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim
     result = outcome.result
     if outcome.committed is not None:
         effect, receipt = outcome.committed
-        effect.commit_in(batch, receipt, confirmed_by="tool", now=now, data={"step": step.name})
-    step.succeed_in(batch, result, held_by=claim.lease, now=now, read_record=outcome.read)
+        effect.commit(receipt, confirmed_by="tool", data={"step": step.name}, now=now, into=batch)
+    step.succeed_attempt(result, held_by=claim.lease, read_record=outcome.read, now=now, into=batch)
     following = _plan_next(batch, claim, outcome, now) if go_on else None
     if following is None and go_on:
         return None
@@ -374,7 +375,7 @@ def _plan_next(batch: Batch, claim: Claim, outcome: Succeeded, now):
     # A receipt is committed before any call that may wait: no read goes ahead of it.
     reads = outcome.committed is None
     worker, paused = claim.worker, claim.paused
-    return _next_in(
+    return _plan_ahead(
         batch, run, workflow, steps, choice, worker, now, result, paused=paused, reads=reads
     )
 

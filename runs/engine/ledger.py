@@ -56,7 +56,6 @@ from runs.models import (
     TransitionError,
     chain_heads,
     digest,
-    new_row,
     shown,
     to_json_value,
 )
@@ -408,7 +407,7 @@ def write_intent(
         if isinstance(cleared, AskApproval):
             return None, cleared  # nothing written, nothing called: a person approves first
         fields["human_decision"] = cleared.decision() or fields["human_decision"]
-        snapshot = Snapshot.write(step, **fields)
+        snapshot = Snapshot.prepare(step, **fields)
         missing = snapshot.missing_fields
         required_missing = [f for f in tool.required_snapshot_fields if f in missing]
         if required_missing:
@@ -417,11 +416,14 @@ def write_intent(
                 f"the snapshot lacks fields {tool.name} requires: {', '.join(required_missing)}",
             )
         if effect is None:
-            effect = SideEffect.intend(snapshot, params_checksum=checksum)
+            snapshot.id = SNAPSHOT_IDS.next()
+            effect = SideEffect.intended(snapshot, params_checksum=checksum)
+            record_intent(claim, snapshot, effect, remember=remember)
         else:  # not_committed before: a new attempt with the same key
+            snapshot.record()
             effect.intend_again(snapshot)
-        if remember:
-            step.remember_key(key)
+            if remember:
+                step.remember_key(key)
     return effect, None
 
 
@@ -457,36 +459,38 @@ def prepare_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, key: s
         return None
     now = timezone.now()
     snapshot.id, snapshot.created_at = SNAPSHOT_IDS.next(), now
-    effect = new_row(
-        SideEffect,
-        cache={"run": claim.run, "step": claim.step, "snapshot": snapshot},
-        idempotency_key=key,
-        run_id=claim.run.pk,
-        step_id=claim.step.pk,
-        snapshot_id=snapshot.pk,
-        tool=snapshot.tool,
-        target=snapshot.target_resource,
+    effect = SideEffect.intended(
+        snapshot,
         params_checksum=checksum,
+        id=SIDE_EFFECT_IDS.next(),
         created_at=now,
         updated_at=now,
         attempted_at=now,
     )
-    effect.id = SIDE_EFFECT_IDS.next()
+    effect._state.fields_cache["run"] = claim.run
     return snapshot, effect
 
 
-def intent_in(
-    batch, claim: Claim, snapshot: Snapshot, effect: SideEffect, cleared, *, new_step=False
+def record_intent(
+    claim: Claim, snapshot: Snapshot, effect: SideEffect, *, remember=True, into=None
 ):
-    """The prepared snapshot and intent as parts of a batch (Snapshot.write_in,
-    SideEffect.intend_in, the step's key), only while the claim holds the step — or, when the
-    same batch creates the step, with the key on its row from the start (set it before
-    Step.open_in) — and while the approval rules that `cleared` the call are those in force
-    (runs.engine.gate). A key used before makes the batch fail on its unique constraint."""
-    if not new_step:
-        claim.step.remember_key_in(batch, effect.idempotency_key, held_by=claim.lease)
-    snapshot.write_in(batch)
-    effect.intend_in(batch)
+    """The protocol's step 2, before the call: the prepared snapshot, the `intended` ledger row
+    and (`remember`) the step's key — in the caller's transaction under the run's lock
+    (write_intent), or `into` a batch (the hot path), where the key is set only while the claim
+    holds the step, unexpired; a step created in the same batch carries its key from the start
+    (set it before Step.open), and a key used before makes the batch fail on its unique
+    constraint."""
+    snapshot.record(into=into)
+    effect.record_intent(into=into)
+    if remember:
+        held_by = claim.lease if into is not None else None
+        claim.step.remember_key(effect.idempotency_key, held_by=held_by, into=into)
+
+
+def batch_intent(batch, claim: Claim, snapshot, effect, cleared, *, new_step=False) -> None:
+    """The hot path's intent (record_intent into `batch`), while the approval rules that
+    `cleared` the call are those in force (runs.engine.gate)."""
+    record_intent(claim, snapshot, effect, remember=not new_step, into=batch)
     if cleared.guard is not None:
         batch.check(cleared.guard[0], cleared.guard[1], "approval rules changed")
 
@@ -511,7 +515,7 @@ def _write_fresh_intent(claim: Claim, tool: Tool, fields: dict, checksum: str, k
     if prepared is None:
         return None
     batch = Batch(claim.run.pk, head, expect_status=Run.Status.RUNNING)
-    intent_in(batch, claim, *prepared, cleared)
+    batch_intent(batch, claim, *prepared, cleared)
     try:
         batch.commit()
     except Refused:

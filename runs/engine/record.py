@@ -123,14 +123,7 @@ def _apply(claim: Claim, outcome: Outcome) -> bool:
             # A read's input and response summary land in the same update as its result.
             fields = {"read_record": read} if read else {}
             if degraded is None:
-                step.succeed(
-                    result,
-                    held_by=lease,
-                    error_class="",
-                    last_error="",
-                    data={"attempt": step.attempts},
-                    **fields,
-                )
+                step.succeed_attempt(result, held_by=lease, read_record=read)
             else:
                 step.degrade(
                     result,

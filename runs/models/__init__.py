@@ -14,6 +14,7 @@ imports from `runs.models`.
 
 from runs.api.models import ApiClient, ApiScope
 from runs.models.base import (
+    LEASE_UNEXPIRED,
     ChoicesField,
     ConcurrentUpdate,
     FailureClass,
@@ -109,6 +110,7 @@ __all__ = [
     "RouteAction",
     "StepKind",
     "new_row",
+    "LEASE_UNEXPIRED",
     "SqlValue",
     "db_json",
     "Receipt",

@@ -195,6 +195,11 @@ def new_row(model: type[models.Model], cache: dict | None = None, **values: Any)
     return instance
 
 
+# A compare-and-set's guard on a lease's expiry (runs.batch.Batch.update): the lease is still
+# unexpired when the statement runs, by the database's clock.
+LEASE_UNEXPIRED = object()
+
+
 class SqlValue(str):
     """A column's new value written as SQL, not as a parameter (e.g. `lock_version + 1`)."""
 

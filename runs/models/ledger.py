@@ -19,7 +19,6 @@ from runs.models.base import (
     _choices_check,
     _empty,
     _sources,
-    db_json,
     new_row,
 )
 from runs.models.run import Run
@@ -135,14 +134,19 @@ class Snapshot(ImmutableModel):
         """Write the snapshot of the call `step` is about to make, with its event (the
         protocol's step 2, in the transaction that also writes the ledger row)."""
         snapshot = cls.prepare(step, **fields)
-        snapshot.save()
-        TimelineEvent.append(step.run_id, Verb.SNAPSHOT_WRITTEN, snapshot.written_event())
+        snapshot.record()
         return snapshot
 
-    def write_in(self, batch) -> None:
-        """`write` of this prepared snapshot (its id taken ahead: runs.batch.SNAPSHOT_IDS)."""
-        batch.insert(self)
-        batch.event(Verb.SNAPSHOT_WRITTEN, self.written_event())
+    def record(self, *, into=None) -> None:
+        """Write this prepared snapshot with its `snapshot.written` event: here, in the caller's
+        transaction, or `into` a batch (runs.batch, the engine's hot path: its id and time were
+        taken ahead, runs.batch.SNAPSHOT_IDS)."""
+        if into is not None:
+            into.insert(self)
+            into.event(Verb.SNAPSHOT_WRITTEN, self.written_event())
+            return
+        self.save(force_insert=True)
+        TimelineEvent.append(self.run_id, Verb.SNAPSHOT_WRITTEN, self.written_event())
 
     def written_event(self) -> dict:
         named = self.human_decision if isinstance(self.human_decision, dict) else {}
@@ -267,18 +271,33 @@ class SideEffect(models.Model):
         return f"{self.tool} {self.idempotency_key} ({self.status})"
 
     def _move(
-        self, target: str, verb: Verb, *, data=None, actor: str = "system", **fields: Any
+        self,
+        target: str,
+        verb: Verb,
+        *,
+        data=None,
+        actor: str = "system",
+        now=None,
+        into=None,
+        **fields: Any,
     ) -> None:
         """Move the ledger row to `target` (compare-and-set on its status) with its event, in
-        one transaction. Every verb below comes through here."""
-        now = timezone.now()
+        one transaction. Every verb below comes through here; `into` a batch (the engine's hot
+        path, runs.batch), the same change is a part of its one statement, from the status this
+        worker knows (see Step._move)."""
+        now = now or timezone.now()
         updates: dict[str, Any] = {"status": target, "updated_at": now, **fields}
         if target == self.Status.COMMITTED:
             updates.setdefault("committed_at", now)
         if target == self.Status.INTENDED:
             updates.setdefault("attempted_at", now)
-        own_transaction = not connection.in_atomic_block
         sources = _sources(self.TRANSITIONS, target)
+        if into is not None:
+            where = {"status": self.status}
+            into.update(SideEffect, self.pk, updates, where, "side effect settled elsewhere")
+            into.event(verb, self.event_data(target, data), actor=actor)
+            return
+        own_transaction = not connection.in_atomic_block
         with transaction.atomic(savepoint=False):
             if own_transaction:
                 Run.lock(self.run_id)  # the lock order; a caller's transaction took it already
@@ -320,41 +339,37 @@ class SideEffect(models.Model):
     def intend(cls, snapshot: Snapshot, *, params_checksum: str) -> SideEffect:
         """The ledger row of a call about to be made, under the snapshot's idempotency key
         (committed with the snapshot, before the call: the protocol's step 2)."""
-        effect = cls.objects.create(
+        effect = cls.intended(snapshot, params_checksum=params_checksum)
+        effect.record_intent()
+        return effect
+
+    @classmethod
+    def intended(cls, snapshot: Snapshot, *, params_checksum: str, **fields: Any) -> SideEffect:
+        """The unsaved `intended` row of the snapshot's call (`fields`: its id and times, when
+        taken ahead for a batch)."""
+        return new_row(
+            cls,
+            cache={"snapshot": snapshot, **snapshot._state.fields_cache},
             idempotency_key=snapshot.idempotency_key,
             run_id=snapshot.run_id,
             step_id=snapshot.step_id,
-            snapshot=snapshot,
+            snapshot_id=snapshot.pk,
             tool=snapshot.tool,
             target=snapshot.target_resource,
             params_checksum=params_checksum,
+            **fields,
         )
-        TimelineEvent.append(snapshot.run_id, Verb.SIDE_EFFECT_INTENDED, effect.intended_event())
-        return effect
 
-    def intend_in(self, batch) -> None:
-        """`intend` of this unsaved row (its id taken ahead: runs.batch.SIDE_EFFECT_IDS). A key
-        used before makes the batch fail on the unique constraint."""
-        batch.insert(self)
-        batch.event(Verb.SIDE_EFFECT_INTENDED, self.intended_event())
-
-    def commit_in(self, batch, receipt: Receipt, *, confirmed_by: str, now, data=None) -> None:
-        """`commit`: the receipt of a call, from the status this worker knows."""
-        batch.must(
-            _SIDE_EFFECT_COMMIT,
-            [
-                now,
-                now,
-                receipt.external_id[:255],
-                db_json(receipt.as_json()),
-                confirmed_by,
-                self.pk,
-                self.status,
-            ],
-            "side effect settled elsewhere",
-        )
-        data = self.committed_data(receipt, confirmed_by, data)
-        batch.event(Verb.SIDE_EFFECT_COMMITTED, self.event_data(self.Status.COMMITTED, data))
+    def record_intent(self, *, into=None) -> None:
+        """Write this unsaved `intended` row with its event: here, in the caller's transaction,
+        or `into` a batch (its id taken ahead: runs.batch.SIDE_EFFECT_IDS). A key used before
+        fails on the unique constraint (a batch: the whole statement is refused)."""
+        if into is not None:
+            into.insert(self)
+            into.event(Verb.SIDE_EFFECT_INTENDED, self.intended_event())
+            return
+        self.save(force_insert=True)
+        TimelineEvent.append(self.run_id, Verb.SIDE_EFFECT_INTENDED, self.intended_event())
 
     def intended_event(self) -> dict:
         return {
@@ -382,6 +397,8 @@ class SideEffect(models.Model):
         confirmed_by: str,
         actor: str = "system",
         data: dict | None = None,
+        now=None,
+        into=None,
     ) -> None:
         """The call landed: store its receipt (the commit proof). `confirmed_by` says who
         proved it: the tool's answer, a lookup by key ("reconcile") or a named person."""
@@ -389,6 +406,8 @@ class SideEffect(models.Model):
             self.Status.COMMITTED,
             Verb.SIDE_EFFECT_COMMITTED,
             actor=actor,
+            now=now,
+            into=into,
             external_id=receipt.external_id[:255],
             receipt=receipt.as_json(),
             confirmed_by=confirmed_by,
@@ -553,9 +572,3 @@ class ConsistencyCursor(models.Model):
     position_at = models.DateTimeField()
     position_id = models.BigIntegerField(default=0)
     passes = models.IntegerField(default=0)
-
-
-_SIDE_EFFECT_COMMIT = (
-    "UPDATE runs_sideeffect SET status = 'committed', updated_at = %s, committed_at = %s, "
-    "external_id = %s, receipt = %s, confirmed_by = %s WHERE id = %s AND status = %s"
-)

@@ -18,7 +18,6 @@ from runs.models.base import (
     InvalidTransition,
     RecoveryCause,
     _sources,
-    db_json,
 )
 from runs.models.timeline import TimelineEvent
 from runs.models.values import to_json_value
@@ -180,6 +179,8 @@ class Run(models.Model):
         data: dict | None = None,
         actor: str = "system",
         expected_version: int | None = None,
+        now=None,
+        into=None,
         **fields: Any,
     ) -> None:
         """Move the run to `target` (every verb below comes through here).
@@ -188,11 +189,24 @@ class Run(models.Model):
            at `expected_version`, so a console user acting on a stale page loses cleanly).
         2. Bump lock_version and updated_at; set finished_at on terminal states.
         3. Append the timeline event in the same transaction.
+
+        `into` a batch (runs.batch: the engine's hot path), the same change is carried out by its
+        one statement, whose compare-and-set on the run's row is on the chain head the worker
+        holds and on the status the batch expects; nothing changes in memory (see Step._move).
         """
-        now = timezone.now()
+        now = now or timezone.now()
         updates: dict[str, Any] = {"status": target, "updated_at": now, **fields}
         if target in self.TERMINAL:
             updates["finished_at"] = now
+        if into is not None:
+            if into.run_status not in _sources(self.TRANSITIONS, target):
+                raise InvalidTransition("run", self.pk, into.run_status, target)
+            source = into.run_status
+            del updates["updated_at"]  # the batch's time, with the chain head
+            into.change_run(**{name: self._prepared(name, v) for name, v in updates.items()})
+            into.bump_version()
+            into.event(verb, {"from": source, "to": target, **(data or {})}, actor=actor)
+            return
         filters: dict[str, Any] = {"pk": self.pk, "status__in": _sources(self.TRANSITIONS, target)}
         if expected_version is not None:
             filters["lock_version"] = expected_version
@@ -212,6 +226,10 @@ class Run(models.Model):
             expected_version if expected_version is not None else self.lock_version
         ) + 1
 
+    def _prepared(self, name: str, value: Any) -> Any:
+        """A field's value as the ORM writes it (for a batch's raw statement)."""
+        return self._meta.get_field(name).get_db_prep_save(value, connection)
+
     def _refusal(self, allowed, target: str) -> Exception:
         """Why a conditional UPDATE touched no row: the run is gone, it moved on while in an
         allowed state (its version changed), or its state does not allow `target`."""
@@ -227,8 +245,8 @@ class Run(models.Model):
         engine's batched transactions, runs.engine.inline, write the same)."""
         return {"from": self.status, "to": target, **(data or {})}
 
-    def start(self) -> None:
-        self._move(self.Status.RUNNING, Verb.RUN_STARTED)
+    def start(self, *, into=None) -> None:
+        self._move(self.Status.RUNNING, Verb.RUN_STARTED, into=into)
 
     def wait(self, reason: str) -> None:
         self._move(self.Status.WAITING, Verb.RUN_WAITING, data={"reason": reason})
@@ -323,8 +341,13 @@ class Run(models.Model):
             expected_version if expected_version is not None else self.lock_version
         ) + 1
 
-    def enter_stage(self, stage: str) -> None:
-        """The run's current stage label (a step's `stage`); not a state change."""
+    def enter_stage(self, stage: str, *, into=None) -> None:
+        """The run's current stage label (a step's `stage`); not a state change. `into` a batch,
+        only when a stage is named and differs from the one this object holds."""
+        if into is not None:
+            if stage and stage != self.stage:
+                into.change_run(stage=stage)
+            return
         Run.objects.filter(pk=self.pk).update(stage=stage)
         self.stage = stage
 
@@ -344,45 +367,16 @@ class Run(models.Model):
             actor=actor,
         )
 
-    def succeed(self, result: Any = None) -> None:
+    def succeed(self, result: Any = None, *, now=None, into=None) -> None:
         self._move(
             self.Status.SUCCEEDED,
             Verb.RUN_SUCCEEDED,
+            now=now,
+            into=into,
             result=to_json_value(result),
             attention_reason="",
             attention_due_at=None,
         )
-
-    # -- the same verbs as parts of one batched transaction (runs.batch: the engine's hot path).
-    # The batch changes the run's row first, by a compare-and-set on its chain head and on the
-    # status the verb moves from; these add the changes and the event of that one move.
-
-    def start_in(self, batch) -> None:
-        """`start`, from pending."""
-        batch.change_run(status=self.Status.RUNNING)
-        batch.bump_version()
-        batch.event(Verb.RUN_STARTED, self.event_data(self.Status.RUNNING))
-
-    def succeed_in(self, batch, result: Any, now) -> None:
-        """`succeed`, from running."""
-        batch.change_run(
-            status=self.Status.SUCCEEDED,
-            result=db_json(result),
-            finished_at=now,
-            attention_reason="",
-            attention_due_at=None,
-        )
-        batch.bump_version()
-        # The event's "from" is what the run is when this part runs: started in the same batch
-        # or before it, it is running.
-        batch.event(
-            Verb.RUN_SUCCEEDED,
-            {"from": self.Status.RUNNING, "to": self.Status.SUCCEEDED},
-        )
-
-    def enter_stage_in(self, batch, stage: str) -> None:
-        if stage and stage != self.stage:
-            batch.change_run(stage=stage)
 
     def fail(self, reason: str, *, actor: str = "system") -> None:
         self._move(

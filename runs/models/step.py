@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from runs.models.base import (
+    LEASE_UNEXPIRED,
     ChoicesField,
     ConcurrentUpdate,
     InvalidTransition,
@@ -19,7 +20,6 @@ from runs.models.base import (
     StepKind,
     _choices_check,
     _sources,
-    db_json,
 )
 from runs.models.run import Run
 from runs.models.timeline import TimelineEvent
@@ -143,11 +143,18 @@ class Step(models.Model):
         data: dict | None = None,
         actor: str = "system",
         held_by: Lease | None = None,
+        into=None,
         **fields: Any,
     ) -> None:
         """Move the step to `target` with a compare-and-set on its status (and, for a worker
         finishing its own attempt, on its lease and attempt: `held_by`), and record the event on
-        the run's timeline in the same transaction. Every verb below comes through here."""
+        the run's timeline in the same transaction. Every verb below comes through here.
+
+        The change is described once (the row's new values, the compare-and-set, the event) and
+        carried out one of two ways: here, statement by statement in the caller's transaction;
+        or, `into` a batch (runs.batch: the engine's hot path), as parts of its one statement,
+        where a compare-and-set that touches no row refuses the whole statement. A batched verb
+        changes nothing in memory: its caller does once the batch committed."""
         now = timezone.now()
         updates: dict[str, Any] = {"status": target, **fields}
         if target in self.FINISHED:
@@ -155,12 +162,15 @@ class Step(models.Model):
         if target != self.Status.RUNNING:
             updates.setdefault("lease_owner", "")
             updates.setdefault("lease_expires_at", None)
-        filters: dict[str, Any] = {
-            "pk": self.pk,
-            "status__in": _sources(self.TRANSITIONS, target),
-        }
+        sources = _sources(self.TRANSITIONS, target)
+        filters: dict[str, Any] = {"pk": self.pk, "status__in": sources}
         if held_by is not None:
             filters["lease_owner"], filters["attempts"] = held_by.owner, held_by.attempt
+        if into is not None:
+            where = {"status": tuple(sources), **self._held(held_by)}
+            into.update(Step, self.pk, updates, where, "the lease was taken back")
+            into.event(verb, self.event_data(target, data), actor=actor)
+            return
         own_transaction = not connection.in_atomic_block
         with transaction.atomic(savepoint=False):
             if own_transaction:
@@ -192,6 +202,15 @@ class Step(models.Model):
     @property
     def lease(self) -> Lease:
         return Lease(self.lease_owner, self.attempts)
+
+    @staticmethod
+    def _held(held_by: Lease | None, *, unexpired: bool = False) -> dict[str, Any]:
+        """The compare-and-set of a worker's own attempt: its lease and attempt (and, where a
+        call may follow, a lease not yet expired)."""
+        if held_by is None:
+            return {}
+        held = {"lease_owner": held_by.owner, "attempts": held_by.attempt}
+        return {**held, "lease_expires_at": LEASE_UNEXPIRED} if unexpired else held
 
     # -- the engine's verbs: a worker claims the step, then records what its attempt produced.
     # `held_by` is the claiming worker: its outcome lands only while it still holds the lease.
@@ -244,14 +263,36 @@ class Step(models.Model):
                 setattr(self, name, value)
         return bool(count)
 
-    def succeed(self, result: Any, *, held_by=None, actor="system", data=None, **fields) -> None:
+    def succeed(
+        self, result: Any, *, held_by=None, actor="system", data=None, into=None, **fields
+    ) -> None:
         self._move(
             self.Status.SUCCEEDED,
             Verb.STEP_SUCCEEDED,
             held_by=held_by,
             actor=actor,
             data=data,
+            into=into,
             result=result,
+            **fields,
+        )
+
+    def succeed_attempt(
+        self, result: Any, *, held_by: Lease, read_record=None, now=None, into=None
+    ) -> None:
+        """The claimed attempt succeeded, as the engine records it (runs.engine.record, and its
+        hot path runs.engine.inline `into` a batch): the result, a read's record in the same
+        update, the errors of earlier attempts cleared."""
+        fields: dict[str, Any] = {"read_record": read_record} if read_record else {}
+        if now is not None:
+            fields["finished_at"] = now
+        self.succeed(
+            result,
+            held_by=held_by,
+            error_class="",
+            last_error="",
+            data={"attempt": self.attempts},
+            into=into,
             **fields,
         )
 
@@ -490,25 +531,40 @@ class Step(models.Model):
         Step.objects.filter(pk=self.pk).update(routing={})
         self.routing = {}
 
-    def remember_key(self, key: str) -> None:
+    def remember_key(self, key: str, *, held_by: Lease | None = None, into=None) -> None:
+        """The idempotency key of the step's call. `into` a batch (the hot path's intent), only
+        while the claim `held_by` holds the step, unexpired: no intent, and so no call, for a
+        claim that was or is about to be taken back."""
+        values = {"idempotency_key": key}
+        if into is not None:
+            where = {"status": self.Status.RUNNING, **self._held(held_by, unexpired=True)}
+            into.update(Step, self.pk, values, where, "the lease was taken back")
+            return
         if self.idempotency_key != key:
             Step.objects.filter(pk=self.pk).update(idempotency_key=key)
             self.idempotency_key = key
 
     # -- the same verbs as parts of one batched transaction (runs.batch), fenced by the claim.
 
-    def open_in(self, batch) -> None:
-        """Create this (unsaved) step already running and leased, with `step.started` (its id
-        taken ahead: runs.batch.STEP_IDS; runs.engine.claim builds the row). A step whose call
-        is written in the same batch carries its idempotency key from the start."""
-        batch.insert(self)
-        batch.event(Verb.STEP_STARTED, self.started_data())
+    def open(self, *, into=None) -> None:
+        """Create this (unsaved) step already running and leased, with `step.started`
+        (runs.engine.claim builds the row): here, in the caller's transaction, or `into` a
+        batch (its id taken ahead: runs.batch.STEP_IDS). A step whose call is written in the
+        same batch carries its idempotency key from the start."""
+        if into is not None:
+            into.insert(self)
+            into.event(Verb.STEP_STARTED, self.started_data())
+            return
+        self.save(force_insert=True)
+        TimelineEvent.append(self.run_id, Verb.STEP_STARTED, self.started_data())
 
-    def open_done_in(self, batch, result: Any, now, *, read_record=None) -> None:
-        """A step that changes nothing executed ahead of its claim (runs.engine.inline: a pure
-        compute step, or a read with its read record): created done, with the events a claim
-        and its success write (`step.started`, `step.succeeded`). Had nothing committed, it
-        would simply have run again."""
+    def open_done(self, result: Any, now, *, read_record=None, into) -> None:
+        """A step that changes nothing, executed ahead of its claim (runs.engine.inline: a pure
+        compute step, or a read with its read record), created done `into` a batch with the
+        events `open` and `succeed_attempt` write (`step.started`, `step.succeeded`): one row
+        instead of an INSERT and an UPDATE of it, which one statement cannot make. Only the hot
+        path executes steps ahead; had nothing committed, the step would simply run again."""
+        batch = into
         self.status, self.result, self.finished_at = self.Status.SUCCEEDED, result, now
         if read_record:
             self.read_record = read_record
@@ -531,44 +587,6 @@ class Step(models.Model):
             "from": "",
             "to": self.Status.RUNNING,
         }
-
-    def succeed_in(self, batch, result: Any, *, held_by: Lease, now, read_record=None) -> None:
-        """`succeed` of the claimed attempt, as the engine records it (a read with its
-        read_record, in the same statement)."""
-        fence = [self.pk, held_by.owner, held_by.attempt]
-        if read_record:
-            values = [db_json(result), db_json(read_record), now, *fence]
-            batch.must(_STEP_SUCCEEDED_READ, values, "the lease was taken back")
-        else:
-            values = [db_json(result), now, *fence]
-            batch.must(_STEP_SUCCEEDED, values, "the lease was taken back")
-        data = {"attempt": self.attempts}
-        batch.event(Verb.STEP_SUCCEEDED, self.event_data(self.Status.SUCCEEDED, data))
-
-    def remember_key_in(self, batch, key: str, *, held_by: Lease) -> None:
-        """`remember_key`, only while the claim holds the step, unexpired (no intent, and so no
-        call, for a claim that was or is about to be taken back)."""
-        batch.must(
-            _STEP_KEY, [key, self.pk, held_by.owner, held_by.attempt], "the lease was taken back"
-        )
-
-
-# The batched verbs' statements (runs.batch): the same rows and compare-and-sets as the ORM
-# verbs above, fenced by the claim (lease owner and attempt) where the verb is.
-_STEP_SUCCEEDED = (
-    "UPDATE runs_step SET status = 'succeeded', result = %s, error_class = '', last_error = '', "
-    "finished_at = %s, lease_owner = '', lease_expires_at = NULL "
-    "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
-)
-_STEP_SUCCEEDED_READ = (
-    "UPDATE runs_step SET status = 'succeeded', result = %s, read_record = %s, error_class = '', "
-    "last_error = '', finished_at = %s, lease_owner = '', lease_expires_at = NULL "
-    "WHERE id = %s AND status = 'running' AND lease_owner = %s AND attempts = %s"
-)
-_STEP_KEY = (
-    "UPDATE runs_step SET idempotency_key = %s WHERE id = %s AND status = 'running' "
-    "AND lease_owner = %s AND attempts = %s AND lease_expires_at > now()"
-)
 
 
 # --------------------------------------------------------------------------------------------

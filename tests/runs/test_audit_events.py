@@ -79,19 +79,11 @@ ALLOWED = {
     ),
     ("runs/engine/claim.py", "new_step"): (
         "builds the unsaved row of a step created already running (one INSERT instead of "
-        "INSERT + claim); whoever saves it appends step.started in the same transaction "
-        "(claim._open_next_step, or Step.open_in in a batch)"
+        "INSERT + claim); Step.open writes it with step.started, in the caller's transaction "
+        "or into a batch's one statement"
     ),
     ("runs/models/timeline.py", "<module>"): (
         "_APPEND_SQL, the timeline append itself (its UPDATE runs_run moves only the chain head)"
-    ),
-    ("runs/models/step.py", "<module>"): (
-        "the statements of the batched step verbs (Step.succeed_in, Step.remember_key_in): each "
-        "adds its event to the same batch, so both commit or neither does"
-    ),
-    ("runs/models/ledger.py", "<module>"): (
-        "the statement of SideEffect.commit_in, which adds side_effect.committed to the same "
-        "batch, so both commit or neither does"
     ),
     ("runs/engine/liveness.py", "<module>"): (
         "takes back the leases of a worker that stopped beating: moves only lease_expires_at "
@@ -103,8 +95,8 @@ ALLOWED = {
         "statement as its run.created event (runs.batch.create_run): both commit or neither does"
     ),
     ("runs/batch.py", "Batch._run_change"): (
-        "the run's row in a batch: the chain head, and the changes of Run.start_in / "
-        "Run.succeed_in, which add their events to the same statement"
+        "the run's row in a batch: the chain head, and the changes Run._move describes into "
+        "the batch, which adds their events to the same statement"
     ),
     ("taskpilots/evidence/loadgen.py", "*"): (
         "synthetic history for the metrics benchmarks: builds whole finished runs together "
