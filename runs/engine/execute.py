@@ -19,12 +19,32 @@ from runs.verbs import Verb
 logger = logging.getLogger("taskpilots.engine")
 
 
-def invoke_step(claim: Claim) -> bool:
-    """The one path every step kind takes: execute the claimed step (outside any transaction),
-    then record what it produced (one transaction). Replays stop here too: a side effect whose
-    key is already committed returns its receipt instead of calling again (runs.engine.ledger),
-    and a finished step is never claimed. Returns True when the run may go on inline."""
-    return record_outcome(claim, execute(claim))
+# What invoke_step leaves to its caller besides a next Claim: the run stops here for now (it
+# waits, parked, or its step was handed back), or it goes on with the next claim to be made.
+STOP = "stop"
+CLAIM_NEXT = "claim next"
+
+
+def invoke_step(claim: Claim, *, deadline: float | None = None):
+    """The one path every step kind takes, in production (`advance`) as in tests: execute the
+    claimed step (outside any transaction), then record what it produced — with the next
+    step's claim while the `deadline` (time.monotonic) is not past — in one statement when the
+    common case allows (runs.engine.inline), else through the model verbs in one transaction
+    (record_outcome).
+    Replays stop here too: a side effect whose key is already committed returns its receipt
+    instead of calling again (runs.engine.ledger), and a finished step is never claimed.
+
+    Returns the next Claim; inline.DONE (the run succeeded); inline.RECORDED (recorded, the
+    run goes on later); CLAIM_NEXT (recorded, the run may go on now); or STOP. Raises ClaimLost
+    when the claim was taken back while the step executed (nothing was recorded)."""
+    outcome = execute(claim)
+    go_on = deadline is not None and time.monotonic() < deadline
+    following = inline.record_and_continue(claim, outcome, go_on=go_on)
+    if following is not None:
+        return following
+    if not record_outcome(claim, outcome):
+        return STOP
+    return CLAIM_NEXT if go_on else inline.RECORDED
 
 
 def advance(run_id, *, worker: str | None = None, budget: float | None = None) -> int:
@@ -34,7 +54,8 @@ def advance(run_id, *, worker: str | None = None, budget: float | None = None) -
     invocation, so a run costs database commits rather than broker round trips. The common case
     of each protocol step takes one round trip (runs.engine.inline: a fresh run's first claim, a
     success recorded with the next step's claim); anything else goes through the model verbs
-    (claim_next, record_outcome). Past the budget the run is handed back to the broker.
+    (claim_next, record_outcome); every step goes through invoke_step. Past the budget the run
+    is handed back to the broker.
     """
     worker = worker or worker_id()
     budget = conf("INLINE_BUDGET_SECONDS") if budget is None else budget
@@ -45,21 +66,15 @@ def advance(run_id, *, worker: str | None = None, budget: float | None = None) -
         claim = claim_next(run_id, worker=worker)
     while claim is not None:
         try:
-            outcome = execute(claim)
+            following = invoke_step(claim, deadline=deadline)
         except ClaimLost as exc:
             stand_down(claim, str(exc))
             return executed
         executed += 1
-        go_on = time.monotonic() < deadline
-        following = inline.record_and_continue(claim, outcome, go_on=go_on)
-        if following is None:  # the ordinary path
-            if not record_outcome(claim, outcome):
-                return executed
-            if go_on:
-                claim = claim_next(run_id, worker=worker)
-                continue
-            following = inline.RECORDED
-        if following is inline.DONE:
+        if following is CLAIM_NEXT:
+            claim = claim_next(run_id, worker=worker)
+            continue
+        if following is STOP or following is inline.DONE:
             return executed
         if following is inline.RECORDED:
             with transaction.atomic():
