@@ -56,11 +56,6 @@ class Claim:
     # The side effect's snapshot and intent when they were written with the claim, and the
     # parameters they were written for (runs.engine.inline).
     intent: tuple[SideEffect, dict] | None = None
-    # While the claim's own batch is being built (runs.engine.inline): where its pause and its
-    # intent are among the batch's parts.
-    pause_index: int | None = None
-    rules_index: int | None = None
-    intent_parts: tuple | None = None
     # Every open pause as of the claim's round trip ({tool: Pause}), when it read them: what a
     # read executed ahead of its own claim goes by (runs.engine.inline).
     paused: dict | None = None

@@ -18,6 +18,7 @@ write the same rows and the same timeline events (tests/runs/test_inline.py comp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 from django.db import connection
@@ -138,7 +139,7 @@ def _plan_ahead(
     2. The first step that calls out (or waits, or needs a person) is claimed (_claim_new); so
        is a read that failed ahead, its claim carrying the outcome (recorded as its attempt's).
     3. When nothing is left, the run succeeds with the last result.
-    Returns the next step's Claim (complete once the batch commits), DONE, or None when the
+    Returns the next step's claim (_Pending until the batch commits), DONE, or None when the
     ordinary path must decide (a next() that fails: it asks a person, with the error).
     """
     for _ in range(AHEAD):
@@ -149,9 +150,9 @@ def _plan_ahead(
         ctx = build_context(run, steps)
         done = _ahead(run, step, workflow, definition, ctx, steps, worker, paused, reads)
         if isinstance(done, Failed):  # a read that failed ahead: claimed with its outcome
-            claim = _claim_new(batch, run, workflow, step, definition, ctx, steps, worker)
-            claim.ahead = done
-            return claim
+            pending = _claim_new(batch, run, workflow, step, definition, ctx, steps, worker)
+            pending.claim.ahead = done
+            return pending
         if done is _NOT_AHEAD:
             return _claim_new(batch, run, workflow, step, definition, ctx, steps, worker)
         step.id = STEP_IDS.next()
@@ -215,17 +216,30 @@ def _reads_ahead(definition: StepDef, paused: dict | None) -> bool:
         return False
 
 
-def _claim_new(batch, run, workflow, step, definition, ctx, steps, worker) -> Claim:
+@dataclass
+class _Pending:
+    """A claim made in a batch that has not committed yet, with what it needs once it has:
+    where the open pauses and the approval rules are among the batch's values, and the intent
+    (and its parameters) written with it."""
+
+    claim: Claim
+    pause_index: int | None = None
+    rules_index: int | None = None
+    intent: tuple | None = None
+
+
+def _claim_new(batch, run, workflow, step, definition, ctx, steps, worker) -> _Pending:
     """The claim of a new step (built by runs.engine.claim.new_step) as parts of `batch`: the
     run's stage, the open pause of the step's tool read back, the step created running and
     leased and, for a side effect, its first call's snapshot and intent (the parameters are
     pure: built once, here). Complete once the batch has committed (_claimed)."""
     step.id = STEP_IDS.next()
     claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
+    pending = _Pending(claim)
     pauses, rules = _pauses_sql(), people().rules_statement()
-    claim.pause_index = None if pauses is None else batch.value(pauses, [])
+    pending.pause_index = None if pauses is None else batch.value(pauses, [])
     # The approval rules as of this statement, for the gate's next hot-path clearance.
-    claim.rules_index = None if rules is None else batch.value(rules, [])
+    pending.rules_index = None if rules is None else batch.value(rules, [])
     call = _prepare_call(claim) if definition.kind == StepKind.SIDE_EFFECT else None
     if call is not None:
         step.idempotency_key = call[1].idempotency_key
@@ -234,8 +248,8 @@ def _claim_new(batch, run, workflow, step, definition, ctx, steps, worker) -> Cl
         batch_intent(batch, claim, call[0], call[1], call[3], new_step=True)
         if pauses is not None:  # never an intent for a paused tool
             batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
-        claim.intent_parts = (call[1], call[2])
-    return claim
+        pending.intent = (call[1], call[2])
+    return pending
 
 
 def _prepare_call(claim: Claim):
@@ -260,20 +274,21 @@ def _prepare_call(claim: Claim):
     return None if prepared is None else (*prepared, params, cleared)
 
 
-def _claimed(claim: Claim, values: list) -> Claim:
+def _claimed(pending: _Pending, values: list) -> Claim:
     """The claim once its batch committed (the steps it created too: the steps done ahead)."""
+    claim = pending.claim
     for step in claim.steps:
         if isinstance(step, Step):
             step._state.adding = False
     claim.run.stage = claim.step.stage or claim.run.stage
-    if claim.rules_index is not None:
-        people().rules_seen(values[claim.rules_index])
-    if claim.pause_index is not None:
-        claim.paused = _paused_from(values[claim.pause_index])
+    if pending.rules_index is not None:
+        people().rules_seen(values[pending.rules_index])
+    if pending.pause_index is not None:
+        claim.paused = _paused_from(values[pending.pause_index])
         if claim.step.kind in (StepKind.READ, StepKind.SIDE_EFFECT) and claim.step.tool:
             claim.pause = claim.paused.get(claim.step.tool)
-    if claim.intent_parts is not None:
-        effect, params = claim.intent_parts
+    if pending.intent is not None:
+        effect, params = pending.intent
         claim.intent = (intent_written(effect), params)
     return claim
 
@@ -328,7 +343,7 @@ def record_and_continue(claim: Claim, outcome: Outcome, *, go_on: bool) -> Claim
         chain_heads.forget(run.id)
         return DONE
     # The claim's steps, with this worker's own row (now done) instead of its stand-in.
-    following.steps = [step if s.id == step.id else s for s in following.steps]
+    following.claim.steps = [step if s.id == step.id else s for s in following.claim.steps]
     return _claimed(following, values)
 
 
@@ -348,7 +363,7 @@ def _inline(claim: Claim, outcome: Outcome) -> bool:
 def _plan_next(batch: Batch, claim: Claim, outcome: Succeeded, now):
     """Add the next step's claim (or the run's success) to the batch; None when choosing it
     needs the ordinary path (an unfinished step after this one, or a next() that fails).
-    Returns DONE, or the next step's Claim (complete once the batch has committed)."""
+    Returns DONE, or the next step's claim (_Pending until the batch has committed)."""
     result = outcome.result
     run, step, workflow = claim.run, claim.step, claim.workflow
     if any(s.status in Step.UNFINISHED for s in claim.steps if s.id != step.id):
