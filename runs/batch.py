@@ -36,20 +36,11 @@ import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
 from django.utils import timezone
 
-from runs import hooks
+from runs import hooks, statements
 from runs.models import LEASE_UNEXPIRED, SqlValue, TimelineEvent, chain_heads
 
 # tp_assert's SQLSTATE, and the unique violation (a key or position someone else took first).
 _REFUSALS = {"TP001", "23505"}
-
-# The events travel as one jsonb array (cheaper to build and to send than eight arrays).
-_INSERT_EVENTS = (
-    "INSERT INTO runs_timelineevent "
-    "(run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash) "
-    "SELECT %s, e.seq, e.at, e.actor, e.verb, e.data, e.digest, false, e.prev, e.hash FROM "
-    "jsonb_to_recordset(%s::jsonb) AS e(seq int, at timestamptz, actor text, verb text, "
-    "data jsonb, digest text, prev text, hash text)"
-)
 
 
 class Refused(Exception):
@@ -116,11 +107,7 @@ class Batch:
         table = instance._meta.db_table
         values = instance.__dict__
         row = {column: values[attname] for column, attname in _columns(instance)}
-        self.must(
-            f"INSERT INTO {table} SELECT * FROM jsonb_populate_record(NULL::{table}, %s::jsonb)",
-            [_row_json(row)],
-            f"{table} row not written",
-        )
+        self.must(statements.insert_row(table), [_row_json(row)], f"{table} row not written")
 
     def read(self, sql: str, params: list) -> int:
         """A read in the same round trip: its first row as a dict of its columns (or None)."""
@@ -154,26 +141,23 @@ class Batch:
         self.hash = event_hash
 
     def statement(self) -> tuple[str, list]:
-        """The one statement: the run's change, the parts, the events, then the guards and
-        the returned values."""
-        ctes, params, checks = [], [], []
-        run_sql, run_params = self._run_change()
-        ctes.append(f"run AS ({run_sql} RETURNING 1)")
-        params += run_params
-        checks.append("tp_assert((SELECT count(*) FROM run) = 1, 'run moved')")
-        for n, (sql, part_params, what) in enumerate(self.parts):
-            ctes.append(f"c{n} AS ({sql} RETURNING 1)")
+        """The one statement (runs.statements.batch_statement): the run's change, the parts,
+        the events, then the guards and the returned values; and its parameters, in order."""
+        run_sql, params = self._run_change()
+        for _, part_params, _ in self.parts:
             params += part_params
-            checks.append(f"tp_assert((SELECT count(*) FROM c{n}) = 1, '{what}')")
-        ctes.append(f"events AS ({_INSERT_EVENTS})")
         params += [self.run_id, f"[{','.join(self.events)}]"]
-        for condition, check_params, what in self.checks:
-            checks.append(f"tp_assert({condition}, '{what}')")
+        for _, check_params, _ in self.checks:
             params += check_params
-        selected = checks + [f"({sql})" for sql, _ in self.values]
         for _, value_params in self.values:
             params += value_params
-        return f"WITH {', '.join(ctes)} SELECT {', '.join(selected)}", params
+        text = statements.batch_statement(
+            run_sql,
+            [(sql, what) for sql, _, what in self.parts],
+            [(condition, what) for condition, _, what in self.checks],
+            [sql for sql, _ in self.values],
+        )
+        return text, params
 
     def _run_change(self) -> tuple[str, list]:
         sets = ["event_seq = %s", "event_hash = %s", "updated_at = %s"]
@@ -186,12 +170,11 @@ class Batch:
             else:
                 sets.append(f"{column} = %s")
                 params.append(value)
-        where = "id = %s AND event_seq = %s AND event_hash = %s"
         params += [self.run_id, *self.head]
         if self.expect_status is not None:
-            where += " AND status = %s"
             params.append(self.expect_status)
-        return f"UPDATE runs_run SET {', '.join(sets)} WHERE {where}", params
+        text = statements.run_change(sets, expect_status=self.expect_status is not None)
+        return text, params
 
     def commit(self) -> list:
         """Run the statement (one round trip, its own transaction); the values of `insert` and
@@ -213,22 +196,6 @@ class Batch:
         return list(row[checks:])
 
 
-# A new run and its first events: nothing at all when its business key started a run already
-# (the key's unique index decides, also between two starts racing for it).
-_CREATE_RUN = (
-    "WITH run AS (INSERT INTO runs_run "
-    "SELECT * FROM jsonb_populate_record(NULL::runs_run, %s::jsonb) "
-    "ON CONFLICT (business_key) DO NOTHING RETURNING id), "
-    "events AS (INSERT INTO runs_timelineevent "
-    "(run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash) "
-    "SELECT run.id, e.seq, e.at, e.actor, e.verb, e.data, e.digest, false, e.prev, e.hash "
-    "FROM run, "
-    "jsonb_to_recordset(%s::jsonb) AS e(seq int, at timestamptz, actor text, verb text, "
-    "data jsonb, digest text, prev text, hash text)) "
-    "SELECT count(*) FROM run"
-)
-
-
 def create_run(run, events: list[tuple[str, dict, str]]) -> bool:
     """INSERT the unsaved `run` with its first `events` ((verb, data, actor), chained from the
     start of its chain) as one prepared statement, its own transaction. False, with nothing
@@ -240,7 +207,7 @@ def create_run(run, events: list[tuple[str, dict, str]]) -> bool:
     run.event_seq, run.event_hash = batch.seq, batch.hash
     run.created_at = run.updated_at = batch.last_at
     row = {column: run.__dict__[attname] for column, attname in _columns(run)}
-    (created,) = execute_one(_CREATE_RUN, [_row_json(row), f"[{','.join(batch.events)}]"])
+    (created,) = execute_one(statements.CREATE_RUN, [_row_json(row), f"[{','.join(batch.events)}]"])
     if not created:
         return False
     chain_heads.remember(run.pk, batch.seq, batch.hash)
@@ -269,21 +236,11 @@ def _where_shape(where: dict[str, Any]):
 
 @functools.lru_cache(maxsize=256)
 def _update_sql(model, names: tuple[str, ...], where: tuple[tuple[str, str], ...]) -> str:
-    """UPDATE … SET the named fields WHERE id and the guards (see Batch.update): built once per
-    shape."""
+    """Batch.update's statement (runs.statements.compare_and_set), by column: once per shape."""
     fields = model._meta
-    sets = ", ".join(f"{fields.get_field(name).column} = %s" for name in names)
-    conditions = ["id = %s"]
-    for name, kind in where:
-        column = fields.get_field(name).column
-        conditions.append(
-            f"{column} > now()"
-            if kind == "unexpired"
-            else f"{column} = ANY(%s)"
-            if kind == "any"
-            else f"{column} = %s"
-        )
-    return f"UPDATE {fields.db_table} SET {sets} WHERE {' AND '.join(conditions)}"
+    columns = tuple(fields.get_field(name).column for name in names)
+    guards = tuple((fields.get_field(name).column, kind) for name, kind in where)
+    return statements.compare_and_set(fields.db_table, columns, guards)
 
 
 _COLUMNS: dict[type, list[tuple[str, str]]] = {}
@@ -375,10 +332,7 @@ class Ids:
         # Refilled outside the lock (a round trip): threads that find it empty at once each
         # fetch a block of their own, and keep the rest for the others.
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
-                [self.table, self.BLOCK],
-            )
+            cursor.execute(statements.ID_BLOCK, [self.table, self.BLOCK])
             block = [row[0] for row in cursor.fetchall()]
         with self.lock:
             if self.pid == os.getpid():

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 from django.db import connection
 from django.utils import timezone
 
+from runs import statements
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.batch import STEP_IDS, Batch, Refused, execute_one
@@ -56,11 +57,7 @@ RECORDED = "recorded"
 ORDINARY = "ordinary"
 
 _RUN_FIELDS = Run._meta.concrete_fields
-_SELECT_RUN = (
-    f"SELECT {', '.join(f'r.{f.column}' for f in _RUN_FIELDS)}, "
-    "EXISTS (SELECT 1 FROM runs_step s WHERE s.run_id = r.id){pauses}{rules} "
-    "FROM runs_run r WHERE r.id = %s"
-)
+_RUN_COLUMNS = [f.column for f in _RUN_FIELDS]
 
 
 def _run_from_row(row) -> Run:
@@ -83,9 +80,7 @@ def claim_fresh(run_id, worker: str) -> Claim | str | None:
     if not conf("HOT_PATH"):
         return ORDINARY
     pauses, rules = _pauses_sql(), people().rules_statement()
-    select = _SELECT_RUN.format(
-        pauses=f", ({pauses})" if pauses else "", rules=f", ({rules})" if rules else ""
-    )
+    select = statements.select_fresh_run(_RUN_COLUMNS, pauses, rules)
     row = execute_one(select, [run_id], writes=False)
     if row is None:
         return None

@@ -38,6 +38,7 @@ import time
 import psycopg
 from django.db import connection, connections
 
+from runs import statements
 from runs.engine.dispatch import conf, hint, worker_id
 from runs.tools import NotSent
 
@@ -50,62 +51,6 @@ SAFETY_SECONDS = 1.0
 class ClaimLost(NotSent):
     """The claim was taken back while this worker was paused or cut off: do nothing more for
     the step (its new owner reconciles whatever this worker left)."""
-
-
-# Steps whose lease owner stopped beating: their leases expire now; the runs to hint, and the
-# workers newly found dead.
-_TAKE_BACK_STALE = """
-WITH taken AS (
-    UPDATE runs_step s SET lease_expires_at = now()
-    WHERE s.status = 'running' AND s.lease_expires_at > now() AND EXISTS (
-        SELECT 1 FROM runs_worker w
-        WHERE w.id = s.lease_owner AND w.id <> %(me)s
-          AND w.beat_at < now() - make_interval(secs => %(dead_after)s))
-    RETURNING s.run_id
-), found AS (
-    UPDATE runs_worker SET dead_at = now(), found_dead_by = %(me)s
-    WHERE id <> %(me)s AND dead_at IS NULL AND stopped_at IS NULL
-      AND beat_at < now() - make_interval(secs => %(dead_after)s)
-    RETURNING id
-)
-SELECT (SELECT array_agg(DISTINCT run_id) FROM taken), (SELECT array_agg(id) FROM found)
-"""
-
-# The previous incarnations of this node: dead now, their leases taken back at once.
-_TAKE_BACK_PREVIOUS = """
-WITH found AS (
-    UPDATE runs_worker SET dead_at = now(), found_dead_by = %(me)s
-    WHERE node = %(node)s AND id <> %(me)s AND dead_at IS NULL AND stopped_at IS NULL
-    RETURNING id
-), taken AS (
-    UPDATE runs_step s SET lease_expires_at = now()
-    WHERE s.status = 'running' AND s.lease_expires_at > now() AND EXISTS (
-        SELECT 1 FROM runs_worker w
-        WHERE w.id = s.lease_owner AND w.node = %(node)s AND w.id <> %(me)s)
-    RETURNING s.run_id
-)
-SELECT DISTINCT run_id FROM taken
-"""
-
-_REGISTER = """
-INSERT INTO runs_worker (id, node, host, pid, started_at, beat_at, stopped_at, dead_at,
-    found_dead_by)
-VALUES (%(me)s, %(node)s, %(host)s, %(pid)s, now(), now(), NULL, NULL, '')
-ON CONFLICT (id) DO UPDATE SET beat_at = now(), stopped_at = NULL, dead_at = NULL
-"""
-
-# A beat; it returns when this worker had been found dead (while it was away), if it had.
-_BEAT = """
-UPDATE runs_worker w SET beat_at = now(), dead_at = NULL
-FROM (SELECT id, dead_at FROM runs_worker WHERE id = %s FOR UPDATE) before
-WHERE w.id = before.id
-RETURNING before.dead_at
-"""
-
-_STILL_HELD = (
-    "SELECT 1 FROM runs_step WHERE id = %s AND status = 'running' AND lease_owner = %s "
-    "AND attempts = %s AND lease_expires_at > now()"
-)
 
 
 class Heartbeat:
@@ -146,7 +91,7 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(self.interval + 5)
         try:
-            self._execute("UPDATE runs_worker SET stopped_at = now() WHERE id = %s", [self.worker])
+            self._execute(statements.WORKER_STOPPED, [self.worker])
         except Exception:  # the database being away at shutdown: the others find us stale
             logger.warning("could not mark worker %s stopped", self.worker)
         finally:
@@ -179,8 +124,8 @@ class Heartbeat:
             "host": socket.gethostname()[:200],
             "pid": os.getpid(),
         }
-        self._execute(_REGISTER, params)
-        runs = [row[0] for row in self._execute(_TAKE_BACK_PREVIOUS, params)]
+        self._execute(statements.REGISTER_WORKER, params)
+        runs = [row[0] for row in self._execute(statements.TAKE_BACK_PREVIOUS, params)]
         self.last_beat = self.steady_since = sent
         for run_id in runs:
             hint(run_id)
@@ -206,7 +151,7 @@ class Heartbeat:
             # longer vouched for (fence asks PostgreSQL about them).
             self.steady_since = None
         judge = self.steady_since is not None and sent - self.steady_since >= self.dead_after
-        rows = self._execute(_BEAT, [self.worker])
+        rows = self._execute(statements.BEAT, [self.worker])
         if not rows:  # our row is gone (pruned while we were away): register again
             self._register()
             return
@@ -215,7 +160,7 @@ class Heartbeat:
         taken = []
         if judge:
             params = {"me": self.worker, "dead_after": self.dead_after}
-            runs, found = self._execute(_TAKE_BACK_STALE, params)[0]
+            runs, found = self._execute(statements.TAKE_BACK_STALE, params)[0]
             taken = runs or []
             if found:
                 logger.warning("workers %s stopped beating: their leases taken back", found)
@@ -258,7 +203,7 @@ def fence(claim) -> None:
         return
     step = claim.step
     with connection.cursor() as cursor:
-        cursor.execute(_STILL_HELD, [step.pk, claim.worker, step.attempts])
+        cursor.execute(statements.STILL_HELD, [step.pk, claim.worker, step.attempts])
         held = cursor.fetchone() is not None
     if not held:
         raise ClaimLost(

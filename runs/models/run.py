@@ -12,6 +12,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from runs import statements
 from runs.models.base import (
     ChoicesField,
     ConcurrentUpdate,
@@ -161,9 +162,9 @@ class Run(models.Model):
         outcome). `TimelineEvent.append` locks the run row too, so appending the event first
         also takes the lock in order. With `skip_locked`, returns False instead of waiting.
         """
-        sql = "SELECT 1 FROM runs_run WHERE id = %s FOR UPDATE"
+        sql = statements.LOCK_RUN_OR_SKIP if skip_locked else statements.LOCK_RUN
         with connection.cursor() as cursor:
-            cursor.execute(sql + (" SKIP LOCKED" if skip_locked else ""), [run_id])
+            cursor.execute(sql, [run_id])
             return cursor.fetchone() is not None
 
     # -- timeline --------------------------------------------------------------------------

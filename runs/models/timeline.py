@@ -9,7 +9,7 @@ from django.db import connection, models
 from django.db.models import Q
 from django.utils import timezone
 
-from runs import hooks
+from runs import hooks, statements
 from runs.models.base import ImmutableModel
 from runs.models.values import (
     canonical_json,
@@ -98,7 +98,7 @@ class TimelineEvent(ImmutableModel):
         middle = canonical_json([at.isoformat(), actor, verb, data_digest])[1:-1]
         with connection.cursor() as cursor:
             cursor.execute(
-                _APPEND_SQL,
+                statements.APPEND_EVENT,
                 {
                     "run": run_id,
                     "at": at,
@@ -178,22 +178,3 @@ class ChainHeads:
 
 
 chain_heads = ChainHeads()
-
-
-_APPEND_SQL = """
-WITH head AS (
-    SELECT event_seq + 1 AS seq, event_hash AS prev FROM runs_run WHERE id = %(run)s FOR UPDATE
-), event AS (
-    INSERT INTO runs_timelineevent
-        (run_id, seq, at, actor, verb, data, data_digest, pruned, prev_hash, hash)
-    SELECT %(run)s, head.seq, %(at)s, %(actor)s, %(verb)s, %(data)s::jsonb, %(digest)s, false,
-        head.prev,
-        encode(sha256(convert_to(
-            '[' || head.seq || ',' || %(middle)s || ',"' || head.prev || '"]', 'UTF8')), 'hex')
-    FROM head
-    RETURNING id, seq, prev_hash, hash
-)
-UPDATE runs_run SET event_seq = event.seq, event_hash = event.hash, updated_at = %(at)s
-FROM event WHERE runs_run.id = %(run)s
-RETURNING event.id, event.seq, event.prev_hash, event.hash
-"""

@@ -82,19 +82,14 @@ ALLOWED = {
         "INSERT + claim); Step.open writes it with step.started, in the caller's transaction "
         "or into a batch's one statement"
     ),
-    ("runs/models/timeline.py", "<module>"): (
-        "_APPEND_SQL, the timeline append itself (its UPDATE runs_run moves only the chain head)"
+    ("runs/statements.py", "<module>"): (
+        "the engine's hand-written statements: APPEND_EVENT, the timeline append itself (its "
+        "UPDATE runs_run moves only the chain head); CREATE_RUN, a new run's row (pending, its "
+        "default status) inserted by the same statement as its run.created event; "
+        "TAKE_BACK_STALE / TAKE_BACK_PREVIOUS, which move only lease_expires_at (no status "
+        "change; the claim that reclaims the step writes step.lease_reclaimed)"
     ),
-    ("runs/engine/liveness.py", "<module>"): (
-        "takes back the leases of a worker that stopped beating: moves only lease_expires_at "
-        "(no status change); the claim that reclaims the step writes step.lease_reclaimed, "
-        "naming the worker and why it lost the step"
-    ),
-    ("runs/batch.py", "<module>"): (
-        "_CREATE_RUN, a new run's row (pending, its default status) inserted by the same "
-        "statement as its run.created event (runs.batch.create_run): both commit or neither does"
-    ),
-    ("runs/batch.py", "Batch._run_change"): (
+    ("runs/statements.py", "run_change"): (
         "the run's row in a batch: the chain head, and the changes Run._move describes into "
         "the batch, which adds their events to the same statement"
     ),
