@@ -145,6 +145,15 @@ def parse_day(text: str) -> date:
     return check_day(date.fromisoformat(text))
 
 
+def day_range(date_from: date | None, date_to: date | None) -> tuple:
+    """(from the start of `date_from`, to the end of `date_to`): days in the viewer's zone, both
+    inclusive, as an inclusive start and an exclusive end (None: open)."""
+    return (
+        day_bounds(date_from)[0] if date_from else None,
+        day_bounds(date_to)[1] if date_to else None,
+    )
+
+
 def filter_days(queryset, date_from: date | None, date_to: date | None, field: str = "created_at"):
     """`queryset` with `field` on or after the start of `date_from` and before the end of
     `date_to` (both inclusive, days in the viewer's zone; None: open). As ranges of the column,

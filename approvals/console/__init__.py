@@ -16,7 +16,6 @@ from approvals.console.context import (
 )
 from approvals.console.inbox import (
     PARKED_STATUSES,
-    SHORT_ID,
     awaits_approval,
     filter_choices,
     inbox_counts,
@@ -106,7 +105,6 @@ __all__ = [
     "inbox_counts",
     "filter_choices",
     "search_runs",
-    "SHORT_ID",
     "suggest_next_action",
     "how_it_ended",
     "idle_sentence",

@@ -3,9 +3,6 @@ search by short id or business key."""
 
 from __future__ import annotations
 
-import re
-import uuid
-
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.db.models.fields.json import KT
 from django.db.models.functions import JSONObject
@@ -150,32 +147,9 @@ def filter_choices() -> dict[str, list[str]]:
 
 
 def search_runs(*, q="", workflow="", status="", date_from=None, date_to=None) -> QuerySet[Run]:
-    runs = Run.objects.select_related("owner")
-    q = q.strip()
-    if q:
-        try:
-            runs = runs.filter(Q(pk=uuid.UUID(q)) | Q(business_key=q))
-        except ValueError:
-            runs = runs.filter(_short_id(q) | Q(business_key__startswith=q))
-    if workflow:
-        runs = runs.filter(workflow=workflow)
-    if status:
-        runs = runs.filter(status=status)
-    # Days in the viewer's zone, as ranges of created_at (run_created_idx), not a date cast.
-    runs = viewer_time.filter_days(runs, date_from, date_to)
-    return runs.order_by("-created_at", "-id")
-
-
-SHORT_ID = re.compile(r"^[0-9a-f]{8}[0-9a-f-]{0,28}…?$", re.IGNORECASE)
-
-
-def _short_id(text: str) -> Q:
-    """A run id's beginning as lists show it (`0e911daf…`, at least its first 8 hex digits):
-    the ids from that prefix up to the next one, a range the primary key's index serves. An
-    empty Q matches nothing here: anything else is a business key's beginning."""
-    digits = text.rstrip("…").replace("-", "").lower()
-    if not SHORT_ID.match(text) or len(digits) > 32:
-        return Q(pk__in=[])
-    low = uuid.UUID(digits.ljust(32, "0"))
-    high = uuid.UUID(digits.ljust(32, "f"))
-    return Q(pk__gte=low, pk__lte=high)
+    """The console's run search: the one run filter (Run.objects.filtered), with days in the
+    viewer's zone as ranges of created_at."""
+    after, before = viewer_time.day_range(date_from, date_to)
+    return Run.objects.select_related("owner").filtered(
+        search=q, workflow=workflow, status=status, created_after=after, created_before=before
+    )

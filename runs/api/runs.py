@@ -206,17 +206,13 @@ def get_run(request, run_id: UUID):
     tags=["runs"],
 )
 def list_runs(request, filters: Query[RunFilters]):
-    runs = Run.objects.only(*(f for f in RunSummary.model_fields if f != "id"))
-    if filters.workflow:
-        runs = runs.filter(workflow=filters.workflow)
-    if filters.status:
-        runs = runs.filter(status=filters.status)
-    if filters.business_key:
-        runs = runs.filter(business_key=filters.business_key)
-    if filters.created_after:
-        runs = runs.filter(created_at__gte=filters.created_after)
-    if filters.created_before:
-        runs = runs.filter(created_at__lt=filters.created_before)
+    runs = Run.objects.only(*(f for f in RunSummary.model_fields if f != "id")).filtered(
+        workflow=filters.workflow or "",
+        status=filters.status or "",
+        business_key=filters.business_key or "",
+        created_after=filters.created_after or None,
+        created_before=filters.created_before or None,
+    )
     if filters.cursor is not None:  # an empty cursor is not the first page, but a mistake
         runs = api_schema.older_than(runs, *_decode_cursor(filters.cursor))
     page = list(runs.order_by("-created_at", "-id")[: filters.limit + 1])
