@@ -27,11 +27,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from urllib.parse import urlsplit
@@ -40,6 +38,7 @@ import httpx2
 
 from taskpilots import devenv
 from taskpilots.env import var_dir
+from taskpilots.processes import Child
 from taskpilots.workerconf import worker_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -65,32 +64,6 @@ def _emit(name: str, line: str) -> None:
         sys.stdout.flush()
 
 
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[str]
-    reader: threading.Thread = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.reader = threading.Thread(target=self._pump, name=f"output-{self.name}", daemon=True)
-        self.reader.start()
-
-    def _pump(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            _emit(self.name, line.rstrip("\n"))
-
-    def signal_group(self, signum: int) -> None:
-        # The group, not just the pid: SIGKILL must also reach gunicorn's and Celery's own children.
-        try:
-            if signum == signal.SIGKILL:
-                os.killpg(self.process.pid, signum)
-            else:
-                self.process.send_signal(signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
 class Launcher:
     def __init__(self) -> None:
         self.children: list[Child] = []
@@ -113,24 +86,18 @@ class Launcher:
             say("stopping now: killing what is left")
             for child in self.children:
                 if child.process.poll() is None:
-                    child.signal_group(signal.SIGKILL)
+                    child.signal(signal.SIGKILL)
 
     # --- children
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Child:
-        process = subprocess.Popen(
+        child = Child(
+            name,
             args,
             cwd=BASE_DIR,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            bufsize=1,
-            start_new_session=True,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+            on_line=lambda line: _emit(name, line.rstrip("\n")),
         )
-        child = Child(name, process)
         self.children.append(child)
         return child
 
@@ -139,10 +106,10 @@ class Launcher:
         child = self.spawn(name, args)
         while child.process.poll() is None:
             if self.stop_requests:
-                child.signal_group(signal.SIGTERM)
-                if not _wait(child, 10.0):
-                    child.signal_group(signal.SIGKILL)
-                    _wait(child, 5.0)
+                child.signal(signal.SIGTERM)
+                if not child.wait(10.0):
+                    child.signal(signal.SIGKILL)
+                    child.wait(5.0)
                 break
             time.sleep(0.1)
         child.reader.join(timeout=2)
@@ -162,17 +129,17 @@ class Launcher:
                 if c.name.rstrip("0123456789") in names and c.process.poll() is None
             ]
             for child in stage:
-                child.signal_group(signal.SIGTERM)
+                child.signal(signal.SIGTERM)
             deadline = time.monotonic() + timeout
             for child in stage:
-                if not _wait(child, max(0.0, deadline - time.monotonic())):
+                if not child.wait(max(0.0, deadline - time.monotonic())):
                     say(f"{child.name} did not stop within {timeout:.0f} s: killing it")
-                    child.signal_group(signal.SIGKILL)
-                    _wait(child, 5.0)
+                    child.signal(signal.SIGKILL)
+                    child.wait(5.0)
         for child in self.children:
             # A child that died on its own may have left its own children (gunicorn workers, the
             # Celery pool) behind in its process group.
-            child.signal_group(signal.SIGKILL)
+            child.signal(signal.SIGKILL)
             child.reader.join(timeout=2)
 
     # --- the whole run
@@ -330,14 +297,6 @@ def _wait_for_url(url: str, timeout: float) -> bool:
             pass
         time.sleep(0.2)
     return False
-
-
-def _wait(child: Child, timeout: float) -> bool:
-    try:
-        child.process.wait(timeout=timeout)
-        return True
-    except subprocess.TimeoutExpired:
-        return False
 
 
 def _describe(returncode: int) -> str:

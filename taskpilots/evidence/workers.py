@@ -25,6 +25,7 @@ from django.db import connection
 from taskpilots import workerconf
 from taskpilots.celery import READY_LINE
 from taskpilots.env import format_database_url
+from taskpilots.processes import Child
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,6 +69,7 @@ class WorkerProcess:
         self.pool = pool or workerconf.POOL
         # The pool options as a whole (taskpilots.workerconf's), in place of pool + concurrency.
         self.options = options or ["--pool", self.pool, "--concurrency", str(self.concurrency)]
+        self.child: Child | None = None
         self.process: subprocess.Popen | None = None
         self.output: list[str] = []
         self._ready = threading.Event()
@@ -91,47 +93,32 @@ class WorkerProcess:
             "--without-mingle",
             "--without-heartbeat",
         ]
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._pump, daemon=True).start()
+        self.child = Child(self.name, command, cwd=ROOT, env=self.env, on_line=self._line)
+        self.process = self.child.process
         if wait and not self._ready.wait(timeout):
             self.kill()
             raise RuntimeError(f"worker {self.name} did not start:\n" + "".join(self.output[-40:]))
         return self
 
-    def _pump(self) -> None:
-        assert self.process and self.process.stdout
-        for line in self.process.stdout:
-            if len(self.output) < 5000:
-                self.output.append(line)
-            if READY_LINE in line:  # printed at any log level (taskpilots/celery.py)
-                self._ready.set()
+    def _line(self, line: str) -> None:
+        if len(self.output) < 5000:
+            self.output.append(line)
+        if READY_LINE in line:  # printed at any log level (taskpilots/celery.py)
+            self._ready.set()
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.child is not None and self.child.alive
 
     def kill(self) -> None:
         """SIGKILL the whole process group: no warm shutdown, no ack, mid-call if it is busy."""
         if self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+            self.child.kill()
 
     def stop(self) -> None:
+        """A warm shutdown of the whole group (SIGTERM), SIGKILL after 20 s."""
         if self.alive:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            self.child.stop(20, group=True)
 
 
 class Workers:
