@@ -33,11 +33,11 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models, transaction
 from django.utils import timezone
 
 from runs import hooks, statements
-from runs.models import LEASE_UNEXPIRED, SqlValue, TimelineEvent, chain_heads
+from runs.models import LEASE_UNEXPIRED, SqlValue, TimelineEvent, chain_heads, db_json
 
 # tp_assert's SQLSTATE, and the unique violation (a key or position someone else took first).
 _REFUSALS = {"TP001", "23505"}
@@ -76,20 +76,25 @@ class Batch:
         a part that must touch exactly one row: `values` by field name, as the ORM would write
         them; `where` by field name, a value to equal, a tuple of values to be one of, or
         LEASE_UNEXPIRED. The same description the verb executes through the ORM otherwise."""
-        sql = _update_sql(model, tuple(values), tuple(_where_shape(where)))
-        fields = model._meta
-        params = [
-            fields.get_field(name).get_db_prep_save(v, connection) for name, v in values.items()
-        ]
-        params.append(pk)
+        # A tuple of statuses (the verb's own constants) goes into the statement's text: one
+        # shape per verb, and no array parameter to send.
+        shape = []
+        guards = []
         for name, value in where.items():
             if value is LEASE_UNEXPIRED:
-                continue
-            field = fields.get_field(name)
-            if isinstance(value, tuple):
-                params.append([field.get_db_prep_value(v, connection) for v in value])
+                shape.append((name, _UNEXPIRED))
+            elif type(value) is tuple:
+                shape.append((name, value))
             else:
-                params.append(field.get_db_prep_value(value, connection))
+                shape.append((name, _EQUAL))
+                guards.append(value)
+        sql, json_values = _update_plan(model, tuple(values), tuple(shape))
+        params = [
+            db_json(v) if is_json else v
+            for is_json, v in zip(json_values, values.values(), strict=True)
+        ]
+        params.append(pk)
+        params += guards
         self.must(sql, params, what)
 
     def bump_version(self) -> None:
@@ -153,9 +158,9 @@ class Batch:
             params += value_params
         text = statements.batch_statement(
             run_sql,
-            [(sql, what) for sql, _, what in self.parts],
-            [(condition, what) for condition, _, what in self.checks],
-            [sql for sql, _ in self.values],
+            tuple([(sql, what) for sql, _, what in self.parts]),
+            tuple([(condition, what) for condition, _, what in self.checks]),
+            tuple([sql for sql, _ in self.values]),
         )
         return text, params
 
@@ -173,7 +178,7 @@ class Batch:
         params += [self.run_id, *self.head]
         if self.expect_status is not None:
             params.append(self.expect_status)
-        text = statements.run_change(sets, expect_status=self.expect_status is not None)
+        text = statements.run_change(tuple(sets), expect_status=self.expect_status is not None)
         return text, params
 
     def commit(self) -> list:
@@ -190,7 +195,7 @@ class Batch:
                 raise Refused(str(exc.__cause__).splitlines()[0]) from exc
             raise
         chain_heads.remember(self.run_id, self.seq, self.hash)
-        if hooks.observing_events():
+        if hooks.event_observers:
             hooks.events_written(self.run_id, [json.loads(text) for text in self.events])
         checks = 1 + len(self.parts) + len(self.checks)
         return list(row[checks:])
@@ -211,7 +216,7 @@ def create_run(run, events: list[tuple[str, dict, str]]) -> bool:
     if not created:
         return False
     chain_heads.remember(run.pk, batch.seq, batch.hash)
-    if hooks.observing_events():
+    if hooks.event_observers:
         hooks.events_written(run.pk, [json.loads(text) for text in batch.events])
     run._state.adding = False
     run._state.db = DEFAULT_DB_ALIAS
@@ -226,21 +231,19 @@ def _native(text: str) -> str:
     return re.sub("%s", lambda _: f"${next(numbers)}", text)
 
 
-def _where_shape(where: dict[str, Any]):
-    for name, value in where.items():
-        if value is LEASE_UNEXPIRED:
-            yield name, "unexpired"
-        else:
-            yield name, "any" if isinstance(value, tuple) else "="
+_EQUAL, _UNEXPIRED = "=", "unexpired"
 
 
 @functools.lru_cache(maxsize=256)
-def _update_sql(model, names: tuple[str, ...], where: tuple[tuple[str, str], ...]) -> str:
-    """Batch.update's statement (runs.statements.compare_and_set), by column: once per shape."""
+def _update_plan(model, names: tuple[str, ...], where: tuple[tuple[str, str], ...]):
+    """Batch.update's statement (runs.statements.compare_and_set) for one shape of change, and
+    which of its values are JSON (sent as the ORM stores them, runs.models.db_json; every other
+    value goes as it is, as the ORM sends it to PostgreSQL): worked out once per shape."""
     fields = model._meta
     columns = tuple(fields.get_field(name).column for name in names)
     guards = tuple((fields.get_field(name).column, kind) for name, kind in where)
-    return statements.compare_and_set(fields.db_table, columns, guards)
+    json_values = tuple(isinstance(fields.get_field(name), models.JSONField) for name in names)
+    return statements.compare_and_set(fields.db_table, columns, guards), json_values
 
 
 _COLUMNS: dict[type, list[tuple[str, str]]] = {}

@@ -31,34 +31,36 @@ logger = logging.getLogger("taskpilots.engine")
 ToolWrapper = Callable[[Any], Any]
 EventObserver = Callable[[str, list[dict]], None]
 
-_tool_wrappers: list[ToolWrapper] = []
-_event_observers: list[EventObserver] = []
+# The engine's hot path checks these lists itself (`if hooks.event_observers:`): no call where
+# nothing is registered.
+tool_wrappers: list[ToolWrapper] = []
+event_observers: list[EventObserver] = []
 
 
 def wrap_tools(wrapper: ToolWrapper) -> None:
-    _tool_wrappers.append(wrapper)
+    tool_wrappers.append(wrapper)
 
 
 def observe_events(observer: EventObserver) -> None:
-    _event_observers.append(observer)
+    event_observers.append(observer)
 
 
 def clear() -> None:
     """Forget every registration (a test that registered its own)."""
-    _tool_wrappers.clear()
-    _event_observers.clear()
+    tool_wrappers.clear()
+    event_observers.clear()
 
 
 def wrapping_tools() -> bool:
-    return bool(_tool_wrappers)
+    return bool(tool_wrappers)
 
 
 def observing_events() -> bool:
-    return bool(_event_observers)
+    return bool(event_observers)
 
 
 def wrapped(tool):
-    for wrapper in _tool_wrappers:
+    for wrapper in tool_wrappers:
         try:
             tool = wrapper(tool)
         except Exception:
@@ -68,7 +70,7 @@ def wrapped(tool):
 
 def events_committed(run_id, events: list[dict]) -> None:
     """Tell the observers about `events` of the run, committed."""
-    for observer in _event_observers:
+    for observer in event_observers:
         try:
             observer(str(run_id), events)
         except Exception:

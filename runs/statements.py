@@ -12,6 +12,7 @@ caller's transaction, reads), and the open-pauses read, which the people's side 
 from __future__ import annotations
 
 import functools
+import re
 
 # -- the timeline ------------------------------------------------------------------------------
 
@@ -69,6 +70,10 @@ CREATE_RUN = (
 ID_BLOCK = "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)"
 
 
+_WORD = re.compile(r"[a-z_]+")
+
+
+@functools.lru_cache(maxsize=32)
 def insert_row(table: str) -> str:
     """INSERT one row of `table`, every column, from one jsonb parameter."""
     return f"INSERT INTO {table} SELECT * FROM jsonb_populate_record(NULL::{table}, %s::jsonb)"
@@ -79,20 +84,25 @@ def compare_and_set(
     table: str, columns: tuple[str, ...], where: tuple[tuple[str, str], ...]
 ) -> str:
     """UPDATE `columns` of one row WHERE id and the guards: (column, "=") equals a parameter,
-    (column, "any") is one of an array parameter, (column, "unexpired") is later than now()."""
+    (column, "unexpired") is later than now(), (column, (value, …)) is one of those constants
+    (a verb's statuses: lowercase words only, written into the text)."""
     sets = ", ".join(f"{column} = %s" for column in columns)
     conditions = ["id = %s"]
     for column, kind in where:
         if kind == "unexpired":
             conditions.append(f"{column} > now()")
-        elif kind == "any":
-            conditions.append(f"{column} = ANY(%s)")
+        elif isinstance(kind, tuple):
+            if not all(_WORD.fullmatch(str(value)) for value in kind):
+                raise ValueError(f"not a status: {kind!r}")
+            listed = ", ".join(f"'{value}'" for value in map(str, kind))
+            conditions.append(f"{column} IN ({listed})")
         else:
             conditions.append(f"{column} = %s")
     return f"UPDATE {table} SET {sets} WHERE {' AND '.join(conditions)}"
 
 
-def run_change(sets: list[str], *, expect_status: bool) -> str:
+@functools.lru_cache(maxsize=256)
+def run_change(sets: tuple[str, ...], *, expect_status: bool) -> str:
     """The run's row in a batch: `sets` (each "column = …"), by a compare-and-set on the chain
     head the worker holds (and on the status it expects)."""
     where = "id = %s AND event_seq = %s AND event_hash = %s"
@@ -101,8 +111,12 @@ def run_change(sets: list[str], *, expect_status: bool) -> str:
     return f"UPDATE runs_run SET {', '.join(sets)} WHERE {where}"
 
 
+@functools.lru_cache(maxsize=512)
 def batch_statement(
-    run_sql: str, parts: list[tuple[str, str]], checks: list[tuple[str, str]], values: list[str]
+    run_sql: str,
+    parts: tuple[tuple[str, str], ...],
+    checks: tuple[tuple[str, str], ...],
+    values: tuple[str, ...],
 ) -> str:
     """A batch's one statement: the run's change, then each part (SQL, what it guards), each a
     data-modifying CTE that must touch exactly one row (tp_assert, runs/migrations/0010), the
@@ -118,7 +132,8 @@ def batch_statement(
     return f"WITH {', '.join(ctes)} SELECT {', '.join(selected)}"
 
 
-def select_fresh_run(columns: list[str], pauses: str | None, rules: str | None) -> str:
+@functools.lru_cache(maxsize=16)
+def select_fresh_run(columns: tuple[str, ...], pauses: str | None, rules: str | None) -> str:
     """The hot path's read of a run it may start (runs.engine.inline.claim_fresh): its columns,
     whether it has steps, and (when given) the open pauses and the approval rules' digest."""
     return (

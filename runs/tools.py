@@ -303,7 +303,8 @@ def get(name: str) -> Tool:
         tool = _TOOLS[name]
     except KeyError:
         raise UnknownTool(f"tool {name!r} is not registered") from None
-    return hooks.wrapped(people().local_metadata(tool))
+    tool = people().local_metadata(tool)
+    return hooks.wrapped(tool) if hooks.tool_wrappers else tool
 
 
 def registered(name: str) -> Tool:

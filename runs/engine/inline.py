@@ -57,7 +57,7 @@ RECORDED = "recorded"
 ORDINARY = "ordinary"
 
 _RUN_FIELDS = Run._meta.concrete_fields
-_RUN_COLUMNS = [f.column for f in _RUN_FIELDS]
+_RUN_COLUMNS = tuple(f.column for f in _RUN_FIELDS)
 
 
 def _run_from_row(row) -> Run:

@@ -74,8 +74,18 @@ class ChoicesField(models.CharField):
         return self.domain
 
 
-def _sources(table: dict[str, set[str]], target: str) -> list[str]:
-    return [source for source, targets in table.items() if target in targets]
+# (id of a transition table, target) → (the table, the states it may come from): tables are
+# the models' constants, worked out once (the engine's hot path moves states per step).
+_SOURCES: dict[tuple[int, str], tuple[dict, tuple[str, ...]]] = {}
+
+
+def _sources(table: dict[str, set[str]], target: str) -> tuple[str, ...]:
+    """The states `table` allows to move to `target`, in the table's order."""
+    known = _SOURCES.get((id(table), target))
+    if known is None or known[0] is not table:
+        sources = tuple(source for source, targets in table.items() if target in targets)
+        known = _SOURCES[(id(table), target)] = (table, sources)
+    return known[1]
 
 
 def _empty(value: Any, name: str) -> bool:

@@ -20,6 +20,7 @@ from runs.models.base import (
     InvalidTransition,
     RecoveryCause,
     _sources,
+    db_json,
 )
 from runs.models.timeline import TimelineEvent
 from runs.models.values import to_json_value
@@ -282,8 +283,9 @@ class Run(models.Model):
         ) + 1
 
     def _prepared(self, name: str, value: Any) -> Any:
-        """A field's value as the ORM writes it (for a batch's raw statement)."""
-        return self._meta.get_field(name).get_db_prep_save(value, connection)
+        """A field's value as the ORM sends it (for a batch's raw statement): JSON as the ORM
+        stores it, everything else as it is."""
+        return db_json(value) if name in _JSON_FIELDS else value
 
     def _refusal(self, allowed, target: str) -> Exception:
         """Why a conditional UPDATE touched no row: the run is gone, it moved on while in an
@@ -461,3 +463,9 @@ class Run(models.Model):
             attention_reason="",
             attention_due_at=None,
         )
+
+
+# The run's JSON columns (Run._prepared).
+_JSON_FIELDS = frozenset(
+    f.name for f in Run._meta.concrete_fields if isinstance(f, models.JSONField)
+)

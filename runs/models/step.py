@@ -155,22 +155,21 @@ class Step(models.Model):
         or, `into` a batch (runs.batch: the engine's hot path), as parts of its one statement,
         where a compare-and-set that touches no row refuses the whole statement. A batched verb
         changes nothing in memory: its caller does once the batch committed."""
-        now = timezone.now()
         updates: dict[str, Any] = {"status": target, **fields}
-        if target in self.FINISHED:
-            updates.setdefault("finished_at", now)
+        if target in self.FINISHED and "finished_at" not in updates:
+            updates["finished_at"] = timezone.now()
         if target != self.Status.RUNNING:
             updates.setdefault("lease_owner", "")
             updates.setdefault("lease_expires_at", None)
         sources = _sources(self.TRANSITIONS, target)
-        filters: dict[str, Any] = {"pk": self.pk, "status__in": sources}
-        if held_by is not None:
-            filters["lease_owner"], filters["attempts"] = held_by.owner, held_by.attempt
         if into is not None:
-            where = {"status": tuple(sources), **self._held(held_by)}
+            where = {"status": sources, **self._held(held_by)}
             into.update(Step, self.pk, updates, where, "the lease was taken back")
             into.event(verb, self.event_data(target, data), actor=actor)
             return
+        filters: dict[str, Any] = {"pk": self.pk, "status__in": sources}
+        if held_by is not None:
+            filters["lease_owner"], filters["attempts"] = held_by.owner, held_by.attempt
         own_transaction = not connection.in_atomic_block
         with transaction.atomic(savepoint=False):
             if own_transaction:

@@ -128,7 +128,7 @@ class TimelineEvent(ImmutableModel):
         )
         event._state.adding = False
         event._state.db = "default"
-        if hooks.observing_events():
+        if hooks.event_observers:
             written = {"id": event_id, "at": at.isoformat(), "verb": verb, "data": data}
             hooks.events_written(run_id, [{**written, "hash": event_hash}])
         return event
