@@ -4,6 +4,11 @@ tooling's real workers (taskpilots/evidence/workers.py: tests, drills, benchmark
 
 Its own session (process group), so a Ctrl-C at the terminal reaches only the supervisor, and a
 signal to the group reaches the child's own children too (gunicorn's workers, a Celery pool).
+
+A module of our own rather than honcho: `make run` stops its children in stages (web and beat,
+then the worker's warm shutdown, then the sandbox, then the database it started), and the
+drills and crash tests SIGKILL, SIGSTOP and SIGCONT one worker's whole group mid-call while
+reading its output for the moment to do it; both need the child, not a Procfile runner.
 """
 
 from __future__ import annotations
