@@ -23,6 +23,6 @@ class ApprovalsConfig(AppConfig):
 def _before_pruning(sender, **kwargs) -> None:
     # The metrics (approvals.metrics.store.before_pruning) are imported when payloads are
     # pruned, not by every process that starts: a worker's start stays short (approvals.tasks).
-    from approvals import metrics
+    from approvals.metrics import store
 
-    metrics.before_pruning(sender, **kwargs)
+    store.before_pruning(sender, **kwargs)

@@ -17,7 +17,11 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from approvals import console
-from approvals import metrics as m
+from approvals.metrics.dashboard import Dashboard, compute
+from approvals.metrics.figures import INCONSISTENCIES, INCONSISTENCY_LABELS, Figure
+from approvals.metrics.prometheus import PROMETHEUS_CONTENT_TYPE, prometheus_text
+from approvals.metrics.queries import STALE_MINUTES
+from approvals.metrics.window import BadWindow, Window, parse_window
 from approvals.views import console_view
 from runs.models import RecoveryCause
 from taskpilots.env import env_secret
@@ -194,7 +198,7 @@ def bucket_labels(buckets: list[datetime], bucket: str, viewer) -> list[str]:
     return labels
 
 
-def _trend_title(fig: m.Figure, labels: list[str], fmt: Formats) -> str:
+def _trend_title(fig: Figure, labels: list[str], fmt: Formats) -> str:
     parts = [
         f"{label}: {fmt.value(value, fig.unit)}"
         for label, value in zip(labels, fig.series, strict=True)
@@ -203,7 +207,7 @@ def _trend_title(fig: m.Figure, labels: list[str], fmt: Formats) -> str:
     return "\n".join(parts[-48:])
 
 
-def _card(fig: m.Figure, labels: list[str], fmt: Formats) -> dict[str, Any]:
+def _card(fig: Figure, labels: list[str], fmt: Formats) -> dict[str, Any]:
     detail = ""
     if fig.unit == "ratio" and fig.counts:
         detail = _("%(n)s of %(d)s") % {
@@ -233,7 +237,7 @@ def _card(fig: m.Figure, labels: list[str], fmt: Formats) -> dict[str, Any]:
     }
 
 
-def _cost_detail(fig: m.Figure, fmt: Formats) -> str:
+def _cost_detail(fig: Figure, fmt: Formats) -> str:
     """The line under the issue-18 figures: causes, p90 and actions, resumes."""
     extra = fig.extra
     if "by_cause" in extra:
@@ -257,7 +261,7 @@ def _cost_detail(fig: m.Figure, fmt: Formats) -> str:
     return ""
 
 
-def _tool_rows(fig: m.Figure, fmt: Formats) -> list[dict[str, Any]]:
+def _tool_rows(fig: Figure, fmt: Formats) -> list[dict[str, Any]]:
     return [
         {
             **row,
@@ -277,15 +281,15 @@ def _class_row(failure_class: str, share: dict[str, Any], fmt: Formats) -> dict[
     }
 
 
-def _inconsistency_rows(dashboard: m.Dashboard) -> list[dict[str, Any]]:
+def _inconsistency_rows(dashboard: Dashboard) -> list[dict[str, Any]]:
     return [
         {
             "kind": kind,
-            "label": m.INCONSISTENCY_LABELS[kind],
-            "definition": m.INCONSISTENCIES[kind] % {"minutes": m.STALE_MINUTES},
+            "label": INCONSISTENCY_LABELS[kind],
+            "definition": INCONSISTENCIES[kind] % {"minutes": STALE_MINUTES},
             "count": dashboard.inconsistencies[kind],
         }
-        for kind in m.INCONSISTENCIES
+        for kind in INCONSISTENCIES
     ]
 
 
@@ -293,11 +297,11 @@ def _inconsistency_rows(dashboard: m.Dashboard) -> list[dict[str, Any]]:
 # Views
 
 
-def _window_or_error(request: HttpRequest) -> tuple[m.Window, str]:
+def _window_or_error(request: HttpRequest) -> tuple[Window, str]:
     try:
-        return m.parse_window(request.GET), ""
-    except m.BadWindow as exc:
-        return m.parse_window({}), str(exc)
+        return parse_window(request.GET), ""
+    except BadWindow as exc:
+        return parse_window({}), str(exc)
 
 
 @require_GET
@@ -310,7 +314,7 @@ def metrics_page(request: HttpRequest) -> HttpResponse:
     # window's edges in the viewer's zone, with the zone, like every other time.
     with timezone.override(timezone.get_default_timezone()):
         window, error = _window_or_error(request)
-        dashboard = m.compute(window)
+        dashboard = compute(window)
         local_start, local_end = timezone.localtime(window.start), timezone.localtime(window.end)
     figures = {f.key: f for f in dashboard.figures}
     labels = bucket_labels(dashboard.buckets, window.bucket, viewer)
@@ -337,13 +341,13 @@ def metrics_page(request: HttpRequest) -> HttpResponse:
 def metrics_json(request: HttpRequest) -> JsonResponse:
     with timezone.override(timezone.get_default_timezone()):  # as the page (see above)
         try:
-            window = m.parse_window(request.GET)
-        except m.BadWindow as exc:
+            window = parse_window(request.GET)
+        except BadWindow as exc:
             return JsonResponse(
                 {"error": {"code": "bad_window", "message": str(exc), "field": "window"}},
                 status=400,
             )
-        document = m.compute(window).as_json()
+        document = compute(window).as_json()
     return JsonResponse(document, json_dumps_params={"ensure_ascii": False})
 
 
@@ -368,4 +372,4 @@ def prometheus(request: HttpRequest) -> HttpResponse:
         )
         response["WWW-Authenticate"] = 'Bearer realm="taskpilots-metrics"'
         return response
-    return HttpResponse(m.prometheus_text(), content_type=m.PROMETHEUS_CONTENT_TYPE)
+    return HttpResponse(prometheus_text(), content_type=PROMETHEUS_CONTENT_TYPE)

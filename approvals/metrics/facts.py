@@ -14,7 +14,7 @@ Wait and approval deadlines (class `timeout`) and human actions are not tool fai
 from __future__ import annotations
 
 from approvals.metrics.sql import T
-from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
+from approvals.metrics.tables import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
 from runs.models import RecoveryCause, Run
 from runs.verbs import Verb
 

@@ -28,8 +28,8 @@ from approvals.metrics.facts import (
 )
 from approvals.metrics.sql import DAY_END, DAY_START, T, durations_of
 from approvals.metrics.store import EPOCH, HIGH_WATER_MARGIN
+from approvals.metrics.tables import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
 from approvals.metrics.window import Window
-from approvals.models import SUM_FIELDS, TOOL_FIELDS, VALUE_FIELDS
 from runs.models import ExternalMismatch, Step
 
 logger = logging.getLogger("taskpilots.metrics")

@@ -19,8 +19,8 @@ from approvals.metrics.facts import (
     facts_sql,
 )
 from approvals.metrics.sql import DAY_END, DAY_START, T, durations_of, no_jit
+from approvals.metrics.tables import SKETCH_FIELDS, SUM_FIELDS, TOOL_FIELDS
 from approvals.metrics.window import MAX_CUSTOM_DAYS
-from approvals.models import SKETCH_FIELDS, SUM_FIELDS, TOOL_FIELDS
 
 # A run's row is stored once the run has been still this long (so a run in motion is not
 # recomputed at every step); until then the dashboard computes it live.

@@ -3,11 +3,26 @@
 One module per aggregate, each importing only those it builds on: `requests` (approval requests,
 takeovers, human decisions) ← `rules` (escalation rules, their versions, tool pauses) ←
 `claims` (soft claims, the queues people work from); `tool_metadata` (local decisions over a
-tool's metadata), `notifications` (SLA breaches, channels, deliveries), `metrics` (the metrics
-tables), `bulk` (bulk actions), `records` (the audit records and their head). Everything else
-imports from `approvals.models`.
+tool's metadata), `notifications` (SLA breaches, channels, deliveries), `bulk` (bulk actions),
+`records` (the audit records and their head). The metrics tables live with the metrics, in
+`approvals/metrics/tables.py`, and are re-exported here. Everything else imports from
+`approvals.models`.
 """
 
+from approvals.metrics.tables import (
+    SKETCH_FIELDS,
+    SUM_FIELDS,
+    TOOL_FIELDS,
+    VALUE_FIELDS,
+    MetricCounts,
+    MetricsCounter,
+    MetricsCounterMark,
+    MetricsDay,
+    MetricsHour,
+    MetricSums,
+    PeriodSums,
+    RunMetrics,
+)
 from approvals.models.bulk import (
     MAX_RUNS,
     BulkAction,
@@ -22,20 +37,6 @@ from approvals.models.claims import (
     SoftClaim,
     known_queues,
     routed_queues,
-)
-from approvals.models.metrics import (
-    SKETCH_FIELDS,
-    SUM_FIELDS,
-    TOOL_FIELDS,
-    VALUE_FIELDS,
-    MetricCounts,
-    MetricsCounter,
-    MetricsCounterMark,
-    MetricsDay,
-    MetricsHour,
-    MetricSums,
-    PeriodSums,
-    RunMetrics,
 )
 from approvals.models.notifications import (
     ChannelKind,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-from approvals import metrics
+from approvals.metrics import dashboard
 from runs import engine
 from runs.models import ExternalMismatch, Run, SideEffect, Snapshot, Step, TimelineEvent
 from runs.verbs import Verb
@@ -35,7 +35,7 @@ FIGURE_KEYS = (
 
 
 def _figures(run_ids) -> dict:
-    seed = metrics.seed_figures(run_ids)
+    seed = dashboard.seed_figures(run_ids)
     return {key: seed[key]["value"] for key in FIGURE_KEYS} | {
         # How each figure reads, for the table: its label, unit and counts (the JSON keeps the
         # plain values above, as the dashboard's JSON has them).

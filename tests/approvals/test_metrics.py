@@ -10,8 +10,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals import metrics
 from approvals.metrics import sketch
+from approvals.metrics.dashboard import compute
+from approvals.metrics.window import BadWindow, parse_window
 from approvals.models import ApprovalRequest, HumanDecision
 from runs.models import Run, StepKind, TimelineEvent, Wait, digest, to_json_value
 from taskpilots.evidence.loadgen import load_fake_runs
@@ -179,7 +180,7 @@ def world(db):
 
 
 def dashboard(now, key="24h"):
-    return metrics.compute(metrics.parse_window({"window": key}, now=now), now=now)
+    return compute(parse_window({"window": key}, now=now), now=now)
 
 
 def figures(now, key="24h"):
@@ -278,8 +279,8 @@ def test_the_window_chooses_the_cohort_and_the_trend_buckets(world):
     assert [v for v in success.series if v is not None] == [pytest.approx(7 / 8)]
     hourly = dashboard(world, "24h")
     assert hourly.window.bucket == "hour" and len(hourly.buckets) == 25
-    custom = metrics.parse_window({"window": "custom", "start": "2020-01-01", "end": "2020-01-31"})
-    empty = {f.key: f for f in metrics.compute(custom).figures}
+    custom = parse_window({"window": "custom", "start": "2020-01-01", "end": "2020-01-31"})
+    empty = {f.key: f for f in compute(custom).figures}
     assert empty["execution_success_rate"].value is None
     assert empty["execution_success_rate"].counts == (0, 0)
 
@@ -294,8 +295,8 @@ def test_the_window_chooses_the_cohort_and_the_trend_buckets(world):
     ],
 )
 def test_bad_windows_are_refused(params):
-    with pytest.raises(metrics.BadWindow):
-        metrics.parse_window(params)
+    with pytest.raises(BadWindow):
+        parse_window(params)
 
 
 # --------------------------------------------------------------------------------------------
@@ -487,7 +488,5 @@ def test_loadgen_writes_valid_chains_the_dashboard_can_read(db):
     for run in Run.objects.all()[:10]:
         assert verify_chain(run.events.order_by("seq")) == (True, "ok")
     assert ApprovalRequest.objects.exists() and HumanDecision.objects.exists()
-    board = json.loads(
-        json.dumps(metrics.compute(metrics.parse_window({"window": "7d"})).as_json())
-    )
+    board = json.loads(json.dumps(compute(parse_window({"window": "7d"})).as_json()))
     assert board["figures"]["execution_success_rate"]["counts"][1] > 0

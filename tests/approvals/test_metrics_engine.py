@@ -15,7 +15,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals import actions, metrics
+from approvals import actions
+from approvals.metrics.store import rollup
 from approvals.models import ApprovalRequest, MetricsDay, RunMetrics
 from runs import engine
 from runs.models import SideEffect, Step
@@ -39,7 +40,7 @@ def test_rows_stored_between_every_move_give_the_live_figures(sandbox):
 
     def roll():
         # As if the runs had been still for a while: everything without a current row is stored.
-        stored.append(metrics.rollup(now=timezone.now() + timedelta(minutes=2)))
+        stored.append(rollup(now=timezone.now() + timedelta(minutes=2)))
 
     def drive(run):
         roll()
@@ -125,6 +126,6 @@ def test_rows_stored_between_every_move_give_the_live_figures(sandbox):
     assert figures["human_takeover_rate"]["counts"][0] >= 3
     assert figures["approval_handling_median"]["counts"][0] >= 2
     # And stored again from scratch, the same.
-    metrics.rollup(now=now + timedelta(minutes=2))
+    rollup(now=now + timedelta(minutes=2))
     for key in WINDOWS:
         same(board(now, key), live[key], key)

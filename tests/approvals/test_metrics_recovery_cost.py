@@ -10,8 +10,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals import actions, metrics
+from approvals import actions
 from approvals.metrics import sketch
+from approvals.metrics.dashboard import compute, seed_figures
+from approvals.metrics.store import rollup
+from approvals.metrics.window import parse_window
 from approvals.models import ApprovalRequest, HumanDecision, Takeover
 from runs import engine
 from runs.models import Run, SideEffect, Step, TimelineEvent, Wait
@@ -26,7 +29,7 @@ HTMX = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-main"}
 
 
 def seed(*runs) -> dict:
-    return metrics.seed_figures([run.pk for run in runs])
+    return seed_figures([run.pk for run in runs])
 
 
 def test_recoveries_stopped_by_missing_metadata_are_counted_by_cause():
@@ -73,8 +76,8 @@ def test_recoveries_stopped_by_missing_metadata_are_counted_by_cause():
         },
     }
     # Stored by the rollup, the same.
-    metrics.rollup(now=timezone.now() + timedelta(minutes=2))
-    window = metrics.compute(metrics.parse_window({"window": "24h"}))
+    rollup(now=timezone.now() + timedelta(minutes=2))
+    window = compute(parse_window({"window": "24h"}))
     stored = {f.key: f for f in window.figures}["recovery_failed_missing_metadata"]
     assert stored.extra["by_cause"] == figure["extra"]["by_cause"]
 

@@ -16,8 +16,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.utils import timezone
 
-from approvals import metrics
+from approvals.metrics import dashboard as dashboard_module
+from approvals.metrics import queries as queries_module
 from approvals.metrics import sketch
+from approvals.metrics.dashboard import compute
+from approvals.metrics.prometheus import prometheus_text
+from approvals.metrics.store import rollup
+from approvals.metrics.window import parse_window
 from approvals.models import MetricsDay, MetricsHour, RunMetrics
 from runs import audit
 from runs.models import Run, TimelineEvent
@@ -32,7 +37,7 @@ WINDOWS = ["24h", "7d", "30d"]
 
 def board(now, key: str) -> dict:
     """The dashboard's JSON, less how much of it was computed live (which is what differs)."""
-    data = metrics.compute(metrics.parse_window({"window": key}, now=now), now=now).as_json()
+    data = compute(parse_window({"window": key}, now=now), now=now).as_json()
     data.pop("rollup")
     return data
 
@@ -60,7 +65,7 @@ def same(a, b, path="") -> None:
 def test_stored_rows_give_the_hand_computed_figures(world):  # noqa: F811
     now = world
     live = boards(now)
-    stored = metrics.rollup(now=now)
+    stored = rollup(now=now)
     # Every run of the fixture that has been still for a minute: all but R11 (changed now).
     assert stored == RunMetrics.objects.count() == 12
     assert not RunMetrics.objects.filter(run__status="running", run__updated_at__gte=now).exists()
@@ -74,7 +79,7 @@ def test_stored_rows_give_the_hand_computed_figures(world):  # noqa: F811
     assert f["snapshot_latency_p50"]["value"] == _rounded(
         sketch.quantile([100, 200, 500, 1000, 30000, 210000], 0.5)
     )
-    assert metrics.rollup(now=now) == 0  # nothing left to store
+    assert rollup(now=now) == 0  # nothing left to store
 
 
 def _rounded(value: float) -> float:
@@ -85,8 +90,8 @@ def test_loadgen_runs_give_the_same_figures_live_and_stored(caplog):
     now = timezone.now()
     load_fake_runs(400, days=6, batch_size=400, seed=11, now=now)
     live = boards(now)
-    live_custom = metrics.compute(_last_week(now), now=now).as_json()
-    stored = metrics.rollup(now=now, full=True, batch_size=150)
+    live_custom = compute(_last_week(now), now=now).as_json()
+    stored = rollup(now=now, full=True, batch_size=150)
     assert stored > 300
     days = MetricsDay.objects.filter(tz=settings.TIME_ZONE)
     assert days.count() >= 5
@@ -103,14 +108,14 @@ def test_loadgen_runs_give_the_same_figures_live_and_stored(caplog):
     with caplog.at_level(logging.WARNING, logger="taskpilots.metrics"):
         for key in WINDOWS:
             same(board(now, key), live[key], key)
-        custom = metrics.compute(_last_week(now), now=now).as_json()
+        custom = compute(_last_week(now), now=now).as_json()
         assert custom.pop("rollup")["behind"] is False
         live_custom.pop("rollup")
         same(custom, live_custom, "custom")
     assert not caplog.records  # the stored rows covered every run, no fallback
     # Day rows rebuilt now that the open runs' rows are stored too give the same figures.
     MetricsDay.objects.all().delete()
-    assert metrics.rollup(now=now, full=True) == 0
+    assert rollup(now=now, full=True) == 0
     assert MetricsDay.objects.count() == days.count()
     for key in WINDOWS:
         same(board(now, key), live[key], key)
@@ -128,7 +133,7 @@ def test_the_load_generator_writes_nothing_in_the_future():
 
 def _last_week(now):
     end = timezone.localtime(now).date()
-    return metrics.parse_window(
+    return parse_window(
         {"window": "custom", "start": str(end - timedelta(days=6)), "end": str(end)}, now=now
     )
 
@@ -139,15 +144,15 @@ def test_a_stored_row_is_not_used_once_its_run_moves_on(db):
     run = RunFactory(status="needs_human", created_at=old, updated_at=old)
     run.record("run.escalated", {"reason": "outage"})  # the head moves: event_seq 1
     Run.objects.filter(pk=run.pk).update(updated_at=old)
-    assert metrics.rollup(now=now) == 1
+    assert rollup(now=now) == 1
     assert board(now, "24h")["figures"]["takeovers_per_100_runs"]["counts"] == [0, 1]
     # A person takes the run over: a takeover and its event. The stored row is now stale...
     TakeoverFactory(run=run, user=UserFactory(), started_at=now)
     run.record("run.taken_over", {})
     assert board(now, "24h")["figures"]["takeovers_per_100_runs"]["counts"] == [1, 1]
     # ...until the run has been still for a minute and the rollup replaces it.
-    assert metrics.rollup(now=now) == 0
-    assert metrics.rollup(now=now + timedelta(minutes=2)) == 1
+    assert rollup(now=now) == 0
+    assert rollup(now=now + timedelta(minutes=2)) == 1
     row = RunMetrics.objects.get(run=run)
     assert row.event_seq == Run.objects.get(pk=run.pk).event_seq and row.takeovers == 1
     assert board(now, "24h")["figures"]["takeovers_per_100_runs"]["counts"] == [1, 1]
@@ -156,7 +161,7 @@ def test_a_stored_row_is_not_used_once_its_run_moves_on(db):
 def test_runs_the_rollup_passed_by_are_still_counted(db, caplog):
     now = timezone.now()
     RunFactory(status="succeeded", created_at=now - timedelta(hours=2), finished_at=now)
-    metrics.rollup(now=now + timedelta(minutes=5))
+    rollup(now=now + timedelta(minutes=5))
     # A run loaded afterwards with an end long before the high-water mark.
     late = RunFactory(
         status="failed", created_at=now - timedelta(hours=3), finished_at=now - timedelta(hours=2)
@@ -165,8 +170,8 @@ def test_runs_the_rollup_passed_by_are_still_counted(db, caplog):
         counts = board(now, "24h")["figures"]["execution_success_rate"]["counts"]
     assert counts == [1, 2]
     assert "run rollup_metrics" in caplog.text
-    assert metrics.rollup(now=now + timedelta(minutes=5)) == 0  # behind the high-water mark
-    assert metrics.rollup(now=now + timedelta(minutes=5), full=True) == 1
+    assert rollup(now=now + timedelta(minutes=5)) == 0  # behind the high-water mark
+    assert rollup(now=now + timedelta(minutes=5), full=True) == 1
     assert RunMetrics.objects.filter(run=late).exists()
 
 
@@ -180,7 +185,7 @@ def test_a_past_days_count_of_runs_is_kept_for_minutes(db, caplog, monkeypatch):
     RunFactory(status="succeeded", created_at=noon, finished_at=noon + timedelta(hours=1))
     # Written into that day afterwards, ended before the stored rows' high-water mark.
     late = {"created_at": noon - timedelta(hours=2), "finished_at": noon - timedelta(hours=1)}
-    metrics.rollup(now=now)
+    rollup(now=now)
     assert MetricsDay.objects.filter(day=noon.date()).exists()
     assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 1]
     RunFactory(status="failed", **late)
@@ -189,12 +194,12 @@ def test_a_past_days_count_of_runs_is_kept_for_minutes(db, caplog, monkeypatch):
         assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 1]
         assert not caplog.records
         # Once the kept count is older than DAY_RUNS_MAX_AGE, the day is counted again.
-        clock = metrics.queries.time_module.monotonic() + metrics.queries.DAY_RUNS_MAX_AGE
-        monkeypatch.setattr(metrics.queries.time_module, "monotonic", lambda: clock)
+        clock = queries_module.time_module.monotonic() + queries_module.DAY_RUNS_MAX_AGE
+        monkeypatch.setattr(queries_module.time_module, "monotonic", lambda: clock)
         assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
     assert "run rollup_metrics" in caplog.text
     # A rebuilt day row is counted again at once (its version is new).
-    metrics.rollup(now=now + timedelta(minutes=5), full=True)
+    rollup(now=now + timedelta(minutes=5), full=True)
     assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
     RunFactory(status="succeeded", **late)
     assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]  # kept
@@ -203,7 +208,7 @@ def test_a_past_days_count_of_runs_is_kept_for_minutes(db, caplog, monkeypatch):
 
 
 def failure_counters(now) -> list[str]:
-    text = metrics.prometheus_text(now)
+    text = prometheus_text(now)
     return [line for line in text.splitlines() if line.startswith("taskpilots_step_failures")]
 
 
@@ -253,7 +258,7 @@ def test_a_day_row_follows_a_run_that_ends_days_after_it_started(db):
         status="succeeded", created_at=two_days_ago, finished_at=two_days_ago, updated_at=now
     )
     waiting = RunFactory(status="needs_human", created_at=two_days_ago, updated_at=two_days_ago)
-    metrics.rollup(now=now)
+    rollup(now=now)
     day = MetricsDay.objects.get(day=timezone.localtime(two_days_ago).date())
     assert (day.runs, day.finished) == (2, 1)  # the parked run's row too
     assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 1]
@@ -261,7 +266,7 @@ def test_a_day_row_follows_a_run_that_ends_days_after_it_started(db):
     waiting.fail("settled today")
     assert board(now, "7d")["figures"]["execution_success_rate"]["counts"] == [1, 2]
     later = now + timedelta(minutes=2)
-    metrics.rollup(now=later)
+    rollup(now=later)
     day.refresh_from_db()
     assert (day.runs, day.finished, day.succeeded) == (2, 2, 1)
     assert RunMetrics.objects.get(run=waiting).finished == 1
@@ -271,15 +276,15 @@ def test_a_day_row_follows_a_run_that_ends_days_after_it_started(db):
 
 def test_an_empty_window_is_not_taken_for_a_missed_rollup(db, caplog):
     RunFactory(status="succeeded", finished_at=timezone.now() - timedelta(days=60))
-    window = metrics.parse_window({"window": "custom", "start": "2020-01-01", "end": "2020-01-31"})
+    window = parse_window({"window": "custom", "start": "2020-01-01", "end": "2020-01-31"})
     with caplog.at_level(logging.WARNING, logger="taskpilots.metrics"):
-        board = metrics.compute(window).as_json()
+        board = compute(window).as_json()
     assert board["figures"]["execution_success_rate"]["counts"] == [0, 0]
     assert not caplog.records
 
 
 def test_the_page_says_when_the_rollup_is_behind(client, auditor_user, monkeypatch):
-    monkeypatch.setattr(metrics.dashboard, "ROLLUP_BEHIND_RUNS", 50)
+    monkeypatch.setattr(dashboard_module, "ROLLUP_BEHIND_RUNS", 50)
     now = timezone.now()
     load_fake_runs(120, days=2, batch_size=120, seed=2, now=now)
     client.force_login(auditor_user)
@@ -288,7 +293,7 @@ def test_the_page_says_when_the_rollup_is_behind(client, auditor_user, monkeypat
     assert "rollup_metrics --full" in behind.content.decode()
     data = client.get("/console/metrics.json?window=7d").json()["rollup"]
     assert data["behind"] and data["live_runs"] == 120
-    metrics.rollup(now=now + timedelta(minutes=2), full=True)
+    rollup(now=now + timedelta(minutes=2), full=True)
     assert "the metrics rollup is behind" not in client.get("/console/metrics/").content.decode()
     data = client.get("/console/metrics.json?window=7d").json()["rollup"]
     assert not data["behind"] and data["live_runs"] < 5  # the few still moving
@@ -300,7 +305,7 @@ def test_hour_rows_give_the_same_figures_as_their_runs_late_in_the_day():
     now = timezone.now().replace(hour=21, minute=30)
     load_fake_runs(240, days=2, batch_size=240, seed=5, now=now)
     live = boards(now)
-    metrics.rollup(now=now + timedelta(minutes=2), full=True)
+    rollup(now=now + timedelta(minutes=2), full=True)
     assert MetricsHour.objects.filter(hour__gte=now - timedelta(hours=21)).count() >= 15
     for key in WINDOWS:
         same(board(now, key), live[key], key)
@@ -316,11 +321,11 @@ def test_prometheus_reads_the_same_from_stored_rows_as_live(db):
     # open runs and the open rows in one hash join) and to the runs computed live.
     now = timezone.now()
     load_fake_runs(300, days=3, batch_size=300, seed=5, now=now)
-    live = metrics.prometheus_text(now)
-    assert metrics.rollup(now=now, full=True) > 250
+    live = prometheus_text(now)
+    assert rollup(now=now, full=True) > 250
     assert RunMetrics.objects.filter(finished=0).count() > 5  # open runs' rows are stored too
-    assert metrics.prometheus_text(now) == live
+    assert prometheus_text(now) == live
     # An open run resumes: its stored row is no longer current, and it is computed live (once).
     run = Run.objects.filter(status="needs_human").first()
     run.record("run.resumed", {})
-    assert _resumes(metrics.prometheus_text(now)) == _resumes(live) + 1
+    assert _resumes(prometheus_text(now)) == _resumes(live) + 1

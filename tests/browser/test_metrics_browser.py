@@ -13,16 +13,18 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_an_auditor_reads_a_week_of_recovery_figures(page):
-    from approvals import metrics
+    from approvals.metrics.dashboard import compute
+    from approvals.metrics.store import rollup
+    from approvals.metrics.window import parse_window
     from approvals.models import MetricsDay
     from taskpilots.evidence.loadgen import load_fake_runs
     from tests.factories import UserFactory
 
     now = timezone.now()
     load_fake_runs(300, days=7, batch_size=300, seed=5, now=now)
-    metrics.rollup(now=now, full=True)
+    rollup(now=now, full=True)
     assert MetricsDay.objects.exists()  # the week's past days come from day rows
-    expected = metrics.compute(metrics.parse_window({"window": "7d"}, now=now), now=now)
+    expected = compute(parse_window({"window": "7d"}, now=now), now=now)
     success = {f.key: f for f in expected.figures}["execution_success_rate"]
     UserFactory(username="ada.auditor", groups=["auditor"])
 

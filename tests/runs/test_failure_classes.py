@@ -14,7 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils import timezone, translation
 
-from approvals import console, metrics, notifications, rules
+from approvals import console, notifications, rules
+from approvals.metrics.dashboard import compute as compute_dashboard
+from approvals.metrics.window import parse_window
 from approvals.models import EscalationRule, NotificationChannel, NotificationDelivery, ToolPause
 from runs import engine, tools, workflows
 from runs.models import FailureClass, Run, SideEffect, Step, TimelineEvent
@@ -404,7 +406,7 @@ def test_the_metrics_count_a_drift_once_and_not_the_runs_it_holds():
     drive("test.classes_profile")
     drive("test.classes_profile", id="2")  # held by the pause: not a failure of its own
     now = timezone.now()
-    data = metrics.compute(metrics.parse_window({"window": "24h"}, now=now), now=now).as_json()
+    data = compute_dashboard(parse_window({"window": "24h"}, now=now), now=now).as_json()
     figure = data["figures"]["tool_failure_rate"]
     assert figure["counts"] == [1, 1]  # one failed attempt of one made
     assert figure["extra"]["by_class"] == {"api_drift": {"failures": 1, "rate": 1.0}}

@@ -4,7 +4,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals import metrics
+from approvals.metrics import store
 
 
 class Command(BaseCommand):
@@ -16,9 +16,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--full", action="store_true", help="look at every ended run")
-        parser.add_argument("--batch-size", type=int, default=metrics.ROLLUP_BATCH)
+        parser.add_argument("--batch-size", type=int, default=store.ROLLUP_BATCH)
 
-    def handle(self, *args, full: bool = False, batch_size: int = metrics.ROLLUP_BATCH, **opts):
+    def handle(self, *args, full: bool = False, batch_size: int = store.ROLLUP_BATCH, **opts):
         if batch_size < 1:
             raise CommandError("--batch-size must be at least 1.")
         started = time.monotonic()
@@ -29,5 +29,5 @@ class Command(BaseCommand):
                 shown[0] = stored
                 self.stderr.write(f"… {stored} run rows ({time.monotonic() - started:.0f} s)")
 
-        stored = metrics.rollup(full=full, batch_size=batch_size, progress=progress)
+        stored = store.rollup(full=full, batch_size=batch_size, progress=progress)
         self.stdout.write(f"stored {stored} run rows in {time.monotonic() - started:.1f} s")
