@@ -61,11 +61,14 @@ STALE_SECONDS = 30
 
 
 class BulkError(ValueError):
-    """The filters or the action's parameters are not valid (the message says why)."""
+    """The filters or the action's parameters are not valid (the message says why). `code` is
+    what the API answers with: `invalid`, or `unknown_user` when a named person does not exist
+    (something the schema cannot know)."""
 
-    def __init__(self, message: str, field: str | None = None):
+    def __init__(self, message: str, field: str | None = None, code: str = "invalid"):
         super().__init__(message)
         self.field = field
+        self.code = code
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,7 +241,14 @@ def _reassign_target(params: dict[str, Any]) -> dict[str, str]:
             )
         return {"to_queue": queue}
     target = get_user_model().objects.filter(username=to).first()
-    if target is None or not can_act(target):
+    if target is None:
+        raise BulkError(
+            _("No one is called %(name)s: reassign to a person in the support or admin group.")
+            % {"name": to},
+            "to",
+            code="unknown_user",
+        )
+    if not can_act(target):
         raise BulkError(_("Reassign to a person in the support or admin group."), "to")
     return {"to": target.get_username()}
 

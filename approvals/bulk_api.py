@@ -204,7 +204,7 @@ def preview(request, body: BulkPreviewIn):
         job = bulk.preview(user, body.action, body.filters.as_filters(), params)
     except bulk.BulkError as exc:
         field = f"filters.{exc.field}" if exc.field in bulk.FILTERS else exc.field
-        raise ApiError(422, "invalid", str(exc), field=field) from None
+        raise ApiError(422, exc.code, str(exc), field=field) from None
     except actions.ActionForbidden as exc:
         raise ApiError(403, exc.code, str(exc), field="user") from None
     caller.touch()
