@@ -19,13 +19,18 @@ pytestmark = pytest.mark.bench
 
 # What a worker never needs to start: the console and its forms, the API (django-ninja and
 # pydantic), the URL conf and every view (Django's system checks, which a worker skips), bulk
-# actions, the metrics, the notifications. Imported by the tasks and sweeps that use them.
+# actions, the metrics (their tables are models, loaded with the others; their queries and
+# rollup are not), the notifications. Imported by the tasks and sweeps that use them.
 DEFERRED = (
     "approvals.console",
     "approvals.forms",
     "approvals.views",
     "approvals.bulk",
-    "approvals.metrics",
+    "approvals.metrics.dashboard",
+    "approvals.metrics.queries",
+    "approvals.metrics.store",
+    "approvals.metrics.prometheus",
+    "prometheus_client",
     "approvals.notifications",
     "taskpilots.urls",
     "taskpilots.api",
