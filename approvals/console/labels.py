@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from django.template.loader import render_to_string
 from django.utils.formats import number_format
 from django.utils.html import conditional_escape, escape
 from django.utils.safestring import SafeData, SafeString, mark_safe
@@ -202,6 +203,14 @@ def say(template: Any, **values: Any) -> SafeString:
         return escape(value)
 
     return mark_safe(escape(str(template)) % {key: put(v) for key, v in values.items()})
+
+
+def sentence(partial: str, **values: Any) -> SafeString:
+    """One of the console's sentences in the reader's language: `partial` names a partial under
+    templates/console/sentences/ (`"next_action.html#approve"`), where its text is, with these
+    values. The template escapes every value and isolates agent, tool and user data
+    (`|untrusted`); a SafeString (a sentence put inside another) goes in as it is."""
+    return mark_safe(render_to_string(f"console/sentences/{partial}", values).strip())
 
 
 def sentences(*parts: Any) -> SafeString:
