@@ -45,10 +45,8 @@ from approvals.console.labels import (
     engine_text,
     failure_class_choices,
     label,
-    say,
     sentence,
     sentences,
-    shown_when,
 )
 from approvals.console.next_action import (
     conflict_message,
@@ -90,10 +88,8 @@ __all__ = [
     "label",
     "ENGINE_SENTENCES",
     "engine_text",
-    "say",
     "sentence",
     "sentences",
-    "shown_when",
     "CURRENCY_DECIMALS",
     "amount_of",
     "TimelineItem",
