@@ -31,9 +31,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone, translation
-from django.utils.html import escape
 from django.utils.safestring import SafeString
-from django.utils.translation import gettext as _
 
 from approvals.models import ApprovalRequest, HumanDecision, SoftClaim
 from runs.models import Run, SideEffect, Step
@@ -240,41 +238,26 @@ def claim_held_by_other(run: Run, user) -> SoftClaim | None:
 
 
 def claim_warning(claim: SoftClaim) -> SafeString:
-    from approvals.console import say
-
-    return say(
-        _(
-            "%(user)s is handling this run (for %(minutes)s more minutes). Press the button "
-            "again to act anyway."
-        ),
-        user=claim.user.get_username(),
-        minutes=claim.minutes_left(),
-    )
+    return _sentence("claim-warning", user=claim.user.get_username(), minutes=claim.minutes_left())
 
 
 def claim_warning_held(claim: SoftClaim) -> SafeString:
-    from approvals.console import say
-
-    return say(
-        _("%(user)s is already handling this run (for %(minutes)s more minutes)."),
-        user=claim.user.get_username(),
-        minutes=claim.minutes_left(),
-    )
+    return _sentence("claim-held", user=claim.user.get_username(), minutes=claim.minutes_left())
 
 
 def what_changed(run: Run, decision: HumanDecision) -> SafeString:
     """The stale-page banner: which other person did what when, and where the run is now."""
-    from approvals import viewer_time
-    from approvals.console import RUN_STATUS_LABELS, VERB_LABELS, label, say
-
-    status = escape(label(RUN_STATUS_LABELS, run.status))
-    return say(
-        _(
-            "This run changed since you opened it: %(user)s %(verb)s at %(time)s; its status is "
-            "now “%(status)s”. Reload to see it."
-        ),
+    return _sentence(
+        "what-changed",
         user=decision.user.get_username(),
-        verb=escape(label(VERB_LABELS, decision.verb)),
-        time=escape(viewer_time.format_timestamp(decision.created_at)),
-        status=status,
+        verb=decision.verb,
+        time=decision.created_at,
+        status=run.status,
     )
+
+
+def _sentence(name: str, **values) -> SafeString:
+    """The partial `name` of templates/console/sentences/live.html."""
+    from approvals.console import sentence
+
+    return sentence(f"live.html#{name}", **values)

@@ -367,8 +367,6 @@ def decision_change(decision: HumanDecision) -> str:
     return params_change(before, after)
 
 
-REASSIGNED_TO_QUEUE = gettext_lazy("reassigned the run to queue %(queue)s")
-REASSIGNED_TO_PERSON = gettext_lazy("reassigned the run to %(person)s")
 FIRST_OF_TWO = gettext_lazy("gave the first of two approvals")
 
 
@@ -378,9 +376,9 @@ def decision_sentence(decision: HumanDecision) -> str:
     queue and user names are data)."""
     after = decision.after if isinstance(decision.after, dict) else {}
     if decision.verb == HumanDecision.Verb.REASSIGN and isinstance(after.get("queue"), str):
-        return console.say(REASSIGNED_TO_QUEUE, queue=after["queue"])
+        return console.sentence("timeline_reading.html#reassigned-to-queue", queue=after["queue"])
     if decision.verb == HumanDecision.Verb.REASSIGN and isinstance(after.get("owner"), str):
-        return console.say(REASSIGNED_TO_PERSON, person=after["owner"])
+        return console.sentence("timeline_reading.html#reassigned-to-person", person=after["owner"])
     approval = decision.approval if decision.approval_id else None
     if approval is not None and approval.first_approved_by_id == decision.user_id:
         return str(FIRST_OF_TWO)

@@ -21,7 +21,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import escape
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -430,11 +429,7 @@ def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
     logger.info("console action %s on run %s by %s", action, run.pk, request.user.get_username())
     run = _fresh(run)
     if spec.says_what_next:
-        message = console.say(
-            "%(done)s %(next)s" if message else "%(next)s",
-            done=escape(message),
-            next=console.what_happens_next(run, request.user),
-        )
+        message = console.sentences(message, console.what_happens_next(run, request.user))
     return _answer(request, run, status=200, success=message)
 
 

@@ -3,10 +3,11 @@
 
 Views load rows and call these; nothing here changes state (approvals/actions.py does that).
 
-One module each, importing only those before it: `labels` (what people read, and sentences with
-every value escaped) ← `context` (what a run's page is built from) ← `next_action` (the
-sentences: the suggested next action, how a run ended, what happens next) ← `run_page` (a run
-as a person sees it); `inbox` (the inbox and run-list queries). Re-exported here.
+One module each, importing only those before it: `labels` (what people read, and `sentence`,
+which renders a sentence from its partial under templates/console/sentences/ with every value
+escaped) ← `context` (what a run's page is built from) ← `next_action` (which sentence: the
+suggested next action, how a run ended, what happens next) ← `run_page` (a run as a person sees
+it); `inbox` (the inbox and run-list queries). Re-exported here.
 """
 
 from approvals.console.context import (
@@ -44,9 +45,8 @@ from approvals.console.labels import (
     engine_text,
     failure_class_choices,
     label,
-    say,
+    sentence,
     sentences,
-    shown_when,
 )
 from approvals.console.next_action import (
     conflict_message,
@@ -88,9 +88,8 @@ __all__ = [
     "label",
     "ENGINE_SENTENCES",
     "engine_text",
-    "say",
+    "sentence",
     "sentences",
-    "shown_when",
     "CURRENCY_DECIMALS",
     "amount_of",
     "TimelineItem",

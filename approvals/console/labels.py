@@ -1,19 +1,18 @@
 """The one place for what people read: labels keyed by the models' choices, the engine's known
-sentences in the reader's language, and `say`/`sentences`, which build a sentence with every
-value escaped."""
+sentences in the reader's language, and `sentence`, which renders one of the console's sentences
+from its template partial (templates/console/sentences/) with every value escaped."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from django.template.loader import render_to_string
 from django.utils.formats import number_format
-from django.utils.html import conditional_escape, escape
-from django.utils.safestring import SafeData, SafeString, mark_safe
-from django.utils.translation import gettext as _
+from django.utils.html import conditional_escape
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext_lazy
 
-from approvals import untrusted, viewer_time
 from approvals.models import (
     ApprovalRequest,
     DecisionVerb,
@@ -189,28 +188,17 @@ def engine_text(text: Any) -> Any:
     return text
 
 
-def say(template: Any, **values: Any) -> SafeString:
-    """A sentence of ours with values put in: plain strings (agent, tool and user data) are
-    isolated and their invisible characters shown (approvals/untrusted.py); SafeStrings (our own
-    markup or `escape()`d labels) go in as they are; numbers are escaped."""
-
-    def put(value: Any) -> Any:
-        if isinstance(value, SafeData):
-            return value
-        if isinstance(value, str):
-            return untrusted.isolate(value)
-        return escape(value)
-
-    return mark_safe(escape(str(template)) % {key: put(v) for key, v in values.items()})
+def sentence(partial: str, **values: Any) -> SafeString:
+    """One of the console's sentences in the reader's language: `partial` names a partial under
+    templates/console/sentences/ (`"next_action.html#approve"`), where its text is, with these
+    values. The template escapes every value and isolates agent, tool and user data
+    (`|untrusted`); a SafeString (a sentence put inside another) goes in as it is."""
+    return mark_safe(render_to_string(f"console/sentences/{partial}", values).strip())
 
 
 def sentences(*parts: Any) -> SafeString:
-    """Sentences side by side, each escaped unless it is already safe (say() made it)."""
+    """Sentences side by side, each escaped unless it is already safe (sentence() made it)."""
     return mark_safe(" ".join(str(conditional_escape(part)) for part in parts if part))
-
-
-def shown_when(value) -> SafeString:
-    return escape(viewer_time.format_timestamp(value)) if value else escape("—")
 
 
 # ISO 4217 minor units where they are not 2 (yen and won have no cents; dinars have three).
@@ -258,8 +246,5 @@ def amount_of(params: Any) -> str:
         decimals = len(repr(float(amount)).partition(".")[2].rstrip("0"))
     shown = number_format(amount, decimal_pos=decimals, force_grouping=True)
     if currency:
-        return say("%(amount)s %(currency)s", amount=escape(shown), currency=currency)
-    return say(
-        _("%(amount)s (no currency in the call: the payment system applies its default)"),
-        amount=escape(shown),
-    )
+        return sentence("labels.html#amount", amount=shown, currency=currency)
+    return sentence("labels.html#amount-no-currency", amount=shown)

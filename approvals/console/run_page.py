@@ -9,10 +9,11 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.formats import number_format
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from approvals.console.context import Pending, RunContext, TimelineItem
-from approvals.console.labels import say, shown_when
+from approvals.console.labels import sentence
 from approvals.console.next_action import idle_sentence, suggest_next_action
 from approvals.models import (
     ApprovalRequest,
@@ -277,20 +278,16 @@ def _step_reason(item: TimelineItem, decisions: list[HumanDecision]) -> str:
         rejections = (d for d in decisions if d.verb == DecisionVerb.REJECT)
         rejected = next((d for d in rejections if d.step_id == step.pk), None)
         if rejected is not None:
-            values = {"user": rejected.user.get_username(), "when": shown_when(rejected.created_at)}
+            values = {"user": rejected.user.get_username(), "at": rejected.created_at}
             if rejected.comment:
-                return say(
-                    _("Rejected by %(user)s at %(when)s: “%(comment)s”."),
-                    comment=rejected.comment,
-                    **values,
-                )
-            return say(_("Rejected by %(user)s at %(when)s."), **values)
+                return _sentence("rejected-with-comment", comment=rejected.comment, **values)
+            return _sentence("rejected", **values)
         if step.last_error:
-            return say(_("Failed: %(error)s"), error=_shorten(step.last_error, 240))
+            return _sentence("failed", error=_shorten(step.last_error, 240))
         return ""
     if step.status == Step.Status.SKIPPED and step.last_error:
-        return say(_("Skipped: “%(reason)s”"), reason=_shorten(step.last_error, 200))
-    return say(_("Not done: the run stopped before this step."))
+        return _sentence("skipped", reason=_shorten(step.last_error, 200))
+    return _sentence("not-done")
 
 
 def _done_by_hand(step: Step, decisions: list[HumanDecision]) -> str:
@@ -304,12 +301,14 @@ def _done_by_hand(step: Step, decisions: list[HumanDecision]) -> str:
         return ""
     result = done.after if done.after not in (None, "", {}) else step.result
     shown = _shorten(json.dumps(result, ensure_ascii=False, sort_keys=True, default=str), 240)
-    return say(
-        _("Done by hand by %(user)s at %(when)s; the result they gave: %(result)s"),
-        user=done.user.get_username(),
-        when=shown_when(done.created_at),
-        result=shown,
+    return _sentence(
+        "done-by-hand", user=done.user.get_username(), at=done.created_at, result=shown
     )
+
+
+def _sentence(name: str, **values: Any) -> SafeString:
+    """The partial `name` of templates/console/sentences/run_page.html."""
+    return sentence(f"run_page.html#{name}", **values)
 
 
 def _shorten(text: str, limit: int) -> str:
