@@ -369,3 +369,22 @@ def test_two_person_the_first_link_leaves_the_run_for_a_second_person(smtp, peop
 def test_the_link_reads_back_what_it_was_signed_with():
     link = mail_decisions.MailLink(7, "reject", "a@example.com", None, 3, "abc", "d1")
     assert mail_decisions.read(mail_decisions.sign(link)) == link
+
+
+def test_agent_data_in_the_mail_is_plain_text_with_invisible_characters_shown(smtp, people):
+    channel("ann@example.com")
+    run = approval_run(payment="pay_\u202e<b>gpj.exe")
+    notifications.sweep()
+    body = mailed_links(smtp, "ann@example.com")["body"]
+    assert "pay_[U+202E]<b>gpj.exe" in body and "\u202e" not in body
+    page = login(people["ann"]).get(mailed_links(smtp, "ann@example.com")["Approve"])
+    assert b"<b>gpj" not in page.content and b"&lt;b&gt;gpj" in page.content
+    assert ApprovalRequest.objects.get(run=run).status == "pending"
+
+
+def test_the_confirmation_page_reads_in_chinese(mailed, smtp, people):
+    page = login(people["ann"]).get(
+        mailed_links(smtp, "ann@example.com")["Approve"], HTTP_ACCEPT_LANGUAGE="zh-Hans"
+    )
+    text = visible_text(page)
+    assert "批准此调用？" in text and "在你按下下面的按钮之前" in text
