@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 from django.urls import path
@@ -24,6 +23,7 @@ from django.views.decorators.http import require_http_methods
 
 from approvals import console, live, mail_decisions, views
 from approvals.models import ApprovalRequest
+from approvals.permissions import ACT, require_role
 
 logger = logging.getLogger("taskpilots.console")
 
@@ -34,7 +34,7 @@ REFUSALS = {"forged": 400, "expired": 410, "not_yours": 403, "gone": 404}
 
 @never_cache
 @require_http_methods(["GET", "POST"])
-@login_required
+@require_role(ACT)  # signed in, and a role that acts on runs (else the console's 403)
 def mail_link(request: HttpRequest, token: str) -> HttpResponse:
     try:
         link = mail_decisions.read(token)

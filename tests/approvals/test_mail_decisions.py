@@ -388,3 +388,12 @@ def test_the_confirmation_page_reads_in_chinese(mailed, smtp, people):
     )
     text = visible_text(page)
     assert "批准此调用？" in text and "在你按下下面的按钮之前" in text
+
+
+def test_a_role_that_does_not_act_is_refused_before_the_link_is_read(mailed, smtp, people):
+    run = mailed
+    auditor = UserFactory(username="ada", email="ann@example.com", groups=["auditor"])
+    approve = mailed_links(smtp, "ann@example.com")["Approve"]
+    before = written(run)
+    assert login(auditor).get(approve).status_code == 403
+    assert written(run) == before
