@@ -43,7 +43,7 @@ from celery import current_app
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.mail import send_mail
+from django.core.mail import mailers, send_mail
 from django.core.validators import validate_email
 from django.db import transaction
 from django.urls import reverse
@@ -51,6 +51,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from approvals import mail_decisions
 from approvals.forms import validate_identifier
 from approvals.models import (
     NotificationChannel,
@@ -204,8 +205,7 @@ def scan_timeline(batch: int = 500) -> int:
 
 
 def console_url(run_id) -> str:
-    base = settings.TASKPILOTS.get("PUBLIC_URL", "") or ""
-    return base.rstrip("/") + reverse("console:run-detail", args=[run_id])
+    return mail_decisions.public_url(reverse("console:run-detail", args=[run_id]))
 
 
 def build_payload(run_id, event: str, queue: str, extra: dict) -> dict[str, Any]:
@@ -311,6 +311,13 @@ def deliver(delivery_id: int, now: datetime | None = None) -> str:
 def send(channel: NotificationChannel, payload: dict) -> None:
     if channel.kind == NotificationChannel.Kind.EMAIL:
         recipients = split_addresses(channel.target)
+        # A run waiting on an approval: one message per address, with what will be done and
+        # that person's Approve / Reject / Open links (approvals/mail_decisions.py).
+        run_id = (payload.get("run") or {}).get("id")
+        personal = mail_decisions.approval_messages(run_id, payload, recipients) if run_id else None
+        if personal:
+            mailers.default.send_messages(personal)
+            return
         subject = payload["text"].splitlines()[0][:150]
         body = f"{payload['text']}\n\n{payload['url']}\n"
         send_mail(subject, body, None, recipients, fail_silently=False)

@@ -65,3 +65,9 @@ urlpatterns += bulk_urlpatterns
 from approvals.token_views import urlpatterns as token_urlpatterns  # noqa: E402
 
 urlpatterns += token_urlpatterns
+
+# Approve / Reject links in a queue's mail: a confirmation page, then the console's action
+# (approvals/mail_views.py).
+from approvals.mail_views import urlpatterns as mail_urlpatterns  # noqa: E402
+
+urlpatterns += mail_urlpatterns

@@ -422,6 +422,8 @@ TASKPILOTS = {
     "EVENTS_STRICT": env_bool("TASKPILOTS_EVENTS_STRICT", False),
     # The console's public address, for links in notifications (e.g. https://tp.example.com).
     "PUBLIC_URL": env_str("TASKPILOTS_PUBLIC_URL", "") or "",
+    # How long the Approve / Reject links in a queue's mail work (approvals/mail_decisions.py).
+    "MAIL_LINK_HOURS": env_float("TASKPILOTS_MAIL_LINK_HOURS", 24.0, minimum=0.05),
     # What one unit of each currency is worth in a common unit, for approval rules whose
     # threshold names a currency ("two approvers above 1,000 USD"): "USD=1,EUR=1.08,JPY=0.0067".
     # A call in a currency not listed here counts as above every such threshold (people decide

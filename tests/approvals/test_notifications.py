@@ -88,10 +88,13 @@ def test_a_run_entering_a_queue_notifies_each_channel_once(support_channels, hoo
     # The sweeper sends what is due; a second (retried) sweep sends nothing again.
     engine.sweep()
     engine.sweep(now=later(minutes=10))
-    assert len(mailoutbox) == 1
-    assert mailoutbox[0].to == ["desk@example.com", "lead@example.com"]
-    assert "needs a person" in mailoutbox[0].subject
-    assert f"/console/runs/{run.pk}/" in mailoutbox[0].body
+    # The run waits on an approval: one message per address, each with that person's links
+    # (tests/approvals/test_mail_decisions.py follows them).
+    assert sorted(m.to for m in mailoutbox) == [["desk@example.com"], ["lead@example.com"]]
+    for message in mailoutbox:
+        assert "needs a person" in message.subject
+        assert f"/console/runs/{run.pk}/" in message.body
+        assert "Approve: " in message.body and "Reject: " in message.body
     assert len(hook.received) == 1
     payload = hook.received[0]
     assert payload["text"].startswith("[support]") and payload["event"] == "queued"
@@ -197,7 +200,12 @@ def test_an_sla_breach_notifies_both_queues_once(support_channels, hook, mailout
     engine.sweep(now=later(hours=6))
     events = sorted(NotificationDelivery.objects.filter(run=run).values_list("event", flat=True))
     assert events == ["escalated", "queued", "queued", "sla_breached", "sla_breached"]
-    assert sorted(m.to[0] for m in mailoutbox) == ["boss@example.com", "desk@example.com"]
+    # An email channel writes to each of its addresses (the run waits on an approval).
+    assert sorted(m.to[0] for m in mailoutbox) == [
+        "boss@example.com",
+        "desk@example.com",
+        "lead@example.com",
+    ]
     assert [p["event"] for p in hook.received] == ["sla_breached"]
     assert "SLA breached" in hook.received[0]["text"]
 
