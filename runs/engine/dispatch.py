@@ -67,17 +67,17 @@ def hint(run_id, *, countdown: float | None = None, expires: float | None = None
 
 
 class _HintSender:
-    """The plain hint (no countdown, no expiry) as `send_task` would send it, for half its CPU:
-    the message's route, headers and publish options are worked out once per process, and each
-    hint fills in its ids and publishes through the app's producer pool.
+    """The plain hint (no countdown, no expiry) as `send_task` would send it, for about half its
+    CPU: the message's route, headers and publish options are worked out once per process, and
+    each hint fills in its ids and publishes through the app's producer pool.
 
-    `send_task` spends about 0.5 ms of CPU per message on this project's host with RabbitMQ
-    (0.26 ms this way; `python manage.py bench engine` reports the client's CPU per step) —
-    settings read one by one, the reprs of its arguments, copies of the queue to declare it
-    again — and a run's creation pays it once, as does every hint a worker sends. This builds
-    the message with Celery's own `as_task_v2`, for the route Celery's router gives the task, and
-    copies it per hint: the worker receives the same protocol-2 message
-    (tests/runs/test_dispatch.py compares the two on the configured broker).
+    `send_task` works the same message out again for every call — settings read one by one,
+    the reprs of its arguments, copies of the queue to find out it is declared already — and a
+    run's creation pays that once, as does every hint a worker sends (the client's CPU per step
+    in `python manage.py bench engine` is where it shows). This builds the message with Celery's
+    own `as_task_v2`, for the route Celery's router gives the task, and copies it per hint: the
+    worker receives the same protocol-2 message (tests/runs/test_dispatch.py compares the two on
+    the configured broker).
     """
 
     def __init__(self, app) -> None:
