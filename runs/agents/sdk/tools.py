@@ -1,6 +1,7 @@
-"""The agents' function tools as TaskPilots tools: ToolPolicy (a tool's TaskPilots metadata),
-register_function_tool (an SDK FunctionTool as a python tool that calls it with a ToolContext,
-given the run's context object), and the call's context (AgentCallContext, call_context_of)."""
+"""The agents' function tools as TaskPilots tools: ToolPolicy (a tool's TaskPilots metadata,
+runs.agents.policy), register_function_tool (an SDK FunctionTool as a python tool that calls it
+with a ToolContext, given the run's context object), and the call's context (AgentCallContext,
+call_context_of)."""
 
 from __future__ import annotations
 
@@ -17,38 +18,10 @@ from agents.tool_context import ToolContext
 from runs import tools as tool_registry
 from runs.agents import AgentToolInfo, flat_schema, run_sync
 from runs.agents import set_tool_info as _set_tool_info
+from runs.agents.policy import ToolPolicy
 from runs.agents.sdk.base import _jsonable, _resolved
-from runs.models import FailureClass, Risk
-from runs.tools import CallContext, LookupResult, ToolError, Verification, python_tool
-
-
-@dataclass(frozen=True)
-class ToolPolicy:
-    """TaskPilots metadata for one of the agent's function tools.
-
-    `tool` names a registered TaskPilots tool to call instead of the SDK function (its own
-    metadata then applies; `needs_approval` may still be set per agent). Otherwise the SDK
-    function becomes a python tool with these fields.
-    """
-
-    tool: str = ""
-    side_effect: bool = True
-    risk: str = Risk.MEDIUM
-    # None: the TaskPilots tool's setting, or the SDK tool's own `needs_approval`.
-    needs_approval: bool | Callable[[dict], bool] | None = None
-    approval_reason: str = ""
-    queue: str = "support"
-    dedupes_by_key: bool = False
-    lookup: Callable[[str, CallContext], LookupResult] | None = None
-    # Reconciliation by reads for a tool without a lookup by key (runs.tools.Verification).
-    verification: Verification | None = None
-    settle_seconds: float | None = None
-    target: Callable[[dict], str] | None = None
-    scope: str = ""
-    # None: the SDK tool's `timeout_seconds`, else the engine's default.
-    timeout: float | None = None
-    compensating_tool: str = ""
-    compensation_params: Callable[[dict, dict], dict] | None = None
+from runs.models import FailureClass
+from runs.tools import CallContext, ToolError, python_tool
 
 
 @dataclass(frozen=True)
@@ -137,12 +110,13 @@ def _sdk_approval(function: FunctionTool) -> bool | Callable[[dict], bool]:
 def register_function_tool(
     function: FunctionTool,
     tool_name: str,
-    policy: ToolPolicy = ToolPolicy(),
+    policy: ToolPolicy | None = None,
     *,
     agent: Agent | None = None,
     context: Callable[[dict], Any] | None = None,
 ) -> str:
     """Register an SDK function tool as the TaskPilots python tool `tool_name`."""
+    policy = policy or ToolPolicy()
     tool = python_tool(
         tool_name,
         _sdk_invoker(function, agent),

@@ -1,0 +1,210 @@
+"""register_pydantic_agent: a Pydantic AI `Agent`, unchanged, as a TaskPilots workflow; its
+function tools registered as TaskPilots python tools; the steps' handlers, by name."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic_ai import FunctionToolset
+from pydantic_ai.agent import AbstractAgent
+
+from runs import tools as tool_registry
+from runs import workflows
+from runs.agents import AgentToolInfo, flat_schema, set_tool_info, tool_info
+from runs.agents.policy import ToolPolicy
+from runs.agents.pydantic_ai.journal import CURRENT_CALL
+from runs.agents.pydantic_ai.workflow import (
+    FAILED_HANDLER,
+    FINISH_HANDLER,
+    MODEL_HANDLER,
+    REFUSAL_HANDLER,
+    AgentSetupError,
+    PydanticAgentWorkflow,
+    RunInputCallContext,
+)
+from runs.models import FailureClass
+from runs.tools import CallContext, ToolError, python_tool
+from runs.workflows import Context
+
+_AGENTS: dict[tuple[str, int], PydanticAgentWorkflow] = {}
+_NO_DEPS = (object, type(None))
+
+
+def register_pydantic_agent(
+    name: str,
+    agent: AbstractAgent,
+    *,
+    version: int = 1,
+    tools: Mapping[str, ToolPolicy | str] | None = None,
+    deps: Callable[[dict], Any] | None = None,
+    prompt: Callable[[dict], str] | None = None,
+    validate_input: Callable[[dict], dict] | None = None,
+    stage: str = "agent",
+) -> PydanticAgentWorkflow:
+    """Register the Pydantic AI `agent` as the workflow `name` (see runs.agents.pydantic_ai).
+
+    `tools` maps the agent's tool names to a ToolPolicy (TaskPilots metadata: side effect or
+    read, risk, lookup by key, approval rule, ...), or to a registered TaskPilots tool to call
+    instead; a tool not named is a medium-risk side effect (the cautious guess).
+    `deps(run_input)` builds the agent's dependencies (`deps_type`); it is called again on
+    every step, so it must be pure. `prompt(run_input)` is the user prompt (default: the
+    input's `message`); `validate_input` checks the untrusted run input at start.
+    """
+    if not isinstance(agent, AbstractAgent):
+        raise AgentSetupError(f"{agent!r} is not a Pydantic AI agent")
+    deps_type = getattr(agent, "deps_type", object)
+    if deps is None and deps_type not in _NO_DEPS:
+        raise AgentSetupError(
+            f"the agent takes dependencies ({getattr(deps_type, '__name__', deps_type)}): "
+            "pass deps=<a function of the run input that builds them>"
+        )
+    functions = _function_tools(agent)
+    policies = {
+        k: ToolPolicy(tool=v) if isinstance(v, str) else v for k, v in (tools or {}).items()
+    }
+    unknown = sorted(set(policies) - set(functions))
+    if unknown:
+        raise AgentSetupError(f"the agent has no tools named {unknown}")
+    runner = PydanticAgentWorkflow(
+        name,
+        version,
+        agent,
+        {},
+        deps=deps,
+        prompt=prompt,
+        validate_input=validate_input,
+        stage=stage,
+    )
+    runner.functions.update(functions)
+    for tool_name, function in functions.items():
+        runner.tools[tool_name] = _bind(runner, tool_name, function, policies.get(tool_name))
+    workflows.register(runner.workflow, replace=True)
+    _AGENTS[(name, version)] = runner
+    return runner
+
+
+def _function_tools(agent: AbstractAgent) -> dict[str, Any]:
+    """The agent's function tools by name (@agent.tool, @agent.tool_plain, tools=[...], and
+    FunctionToolsets); any other toolset is refused, saying why."""
+    found: dict[str, Any] = {}
+    for toolset in agent.toolsets:
+        if not isinstance(toolset, FunctionToolset):
+            raise AgentSetupError(
+                f"toolset {toolset.label} of the agent is not a FunctionToolset: its tools are "
+                "listed only while the agent runs, so TaskPilots cannot register them up front "
+                "(MCP servers: give the agent TaskPilots MCP tools, runs.agents.mcp, as "
+                "functions, or run it with the OpenAI Agents SDK runner)"
+            )
+        found.update(toolset.tools)
+    return found
+
+
+def _bind(runner: PydanticAgentWorkflow, tool_name: str, function: Any, policy) -> str:
+    if policy is not None and policy.tool:
+        try:
+            tool_registry.get(policy.tool)
+        except tool_registry.UnknownTool:
+            raise AgentSetupError(
+                f"tool {tool_name!r} maps to {policy.tool!r}, which is not registered"
+            ) from None
+        if policy.needs_approval is not None:
+            info = dataclasses.replace(
+                tool_info(policy.tool),
+                needs_approval=policy.needs_approval,
+                approval_reason=policy.approval_reason,
+                queue=policy.queue,
+            )
+            set_tool_info(policy.tool, info)
+        return policy.tool
+    policy = policy or ToolPolicy()
+    target = f"{runner.name}.{tool_name}"
+    schema = function.function_schema.json_schema
+    tool = python_tool(
+        target,
+        runner.invoker(tool_name),
+        side_effect=policy.side_effect,
+        risk=policy.risk,
+        dedupes_by_key=policy.dedupes_by_key,
+        lookup_fn=policy.lookup,
+        verification=policy.verification,
+        settle_seconds=policy.settle_seconds,
+        target=policy.target or (lambda params, _n=target: f"agent-tool:{_n}"),
+        scope=policy.scope,
+        timeout=policy.timeout if policy.timeout is not None else function.timeout,
+        compensating_tool=policy.compensating_tool,
+        compensation_params=policy.compensation_params,
+        params_schema=flat_schema(schema),
+        description=function.description or "",
+    )
+    tool_registry.register(_with_run_input(tool), replace=True)
+    approval = policy.needs_approval
+    if approval is None:  # Pydantic AI's own `requires_approval=True` is a rule too
+        approval = bool(function.requires_approval)
+    set_tool_info(
+        target,
+        AgentToolInfo(
+            input_schema=schema,
+            description=function.description or "",
+            needs_approval=approval,
+            approval_reason=policy.approval_reason,
+            queue=policy.queue,
+        ),
+    )
+    return target
+
+
+def _with_run_input(tool: tool_registry.Tool) -> tool_registry.Tool:
+    """The tool, its calls given the run's input, read here in the engine's thread (the
+    function itself may run in a helper thread)."""
+    invoke = tool.invoke
+
+    def with_input(params: dict, ctx: CallContext):
+        from runs.models import Run
+
+        run_input = Run.objects.filter(pk=ctx.run_id).values_list("input", flat=True).first()
+        if run_input is None:
+            raise ToolError(FailureClass.INVALID_INPUT, f"no run {ctx.run_id!r} for this call")
+        fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(CallContext)}
+        return invoke(params, RunInputCallContext(**fields, run_input=run_input))
+
+    return dataclasses.replace(tool, invoke=with_input)
+
+
+def call_context() -> CallContext:
+    """The TaskPilots CallContext (idempotency key, run, step, attempt) of the tool call being
+    made: call it inside an agent's tool function, e.g. to send the idempotency key along."""
+    call = CURRENT_CALL.get()
+    if call is None:
+        raise LookupError("this tool call does not run under TaskPilots (no CallContext)")
+    return call
+
+
+def _runner(ctx: Context) -> PydanticAgentWorkflow:
+    try:
+        return _AGENTS[(ctx.workflow, ctx.version)]
+    except KeyError:
+        raise AgentSetupError(f"{ctx.workflow} v{ctx.version} is not a registered agent") from None
+
+
+def _model_request(ctx: Context) -> dict:
+    return _runner(ctx).request_model(ctx, ctx.spec["step"])
+
+
+def _finish(ctx: Context) -> dict:
+    return _runner(ctx).finish(ctx)
+
+
+def _refuse_call(ctx: Context) -> dict:
+    return {"error": ctx.spec.get("error", "the call was refused")}
+
+
+def _failed(ctx: Context) -> dict:
+    raise ToolError(FailureClass.INVALID_INPUT, ctx.spec.get("error", "the agent failed"))
+
+
+workflows.register_handler(MODEL_HANDLER, _model_request, waits=True)
+workflows.register_handler(FINISH_HANDLER, _finish)
+workflows.register_handler(REFUSAL_HANDLER, _refuse_call)
+workflows.register_handler(FAILED_HANDLER, _failed)
