@@ -105,3 +105,27 @@ def test_registration_says_what_is_missing():
         register_pydantic_agent("test.pai_x", pai_agent.agent, deps=pai_agent.shop,
                                 tools={"nope": "mail.send"})  # fmt: skip
     assert Run.objects.count() == 0
+
+
+def test_without_the_extra_the_engine_runs_and_the_import_says_what_to_install():
+    from tests.taskpilots.test_plain_install import extras_only_modules, run_without_extras
+
+    blocked = extras_only_modules()
+    assert "pydantic_ai" in blocked
+    code = """
+import os
+os.environ["DJANGO_SETTINGS_MODULE"] = "taskpilots.settings"
+import django
+django.setup()
+import runs.agents, runs.engine, runs.agents.policy
+try:
+    from runs.agents.pydantic_ai import register_pydantic_agent
+except ImportError as exc:
+    print("pydantic_ai:", exc)
+print("imported:", sys.modules.get("pydantic_ai") is not None)
+"""
+    result = run_without_extras(code, blocked)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert "pip install 'taskpilots[pydantic-ai]'" in lines["pydantic_ai"]
+    assert lines["imported"] == "False"

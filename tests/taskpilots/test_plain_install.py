@@ -1,6 +1,6 @@
 """A plain `pip install taskpilots` (no extras) runs: settings, checks, the engine, the API, the
-console and Celery load without the `agents` and `embedded` extras, and what needs an extra says
-which one to install.
+console and Celery load without the `agents`, `embedded` and `pydantic-ai` extras, and what needs
+an extra says which one to install.
 
 The extras stay installed in the test virtualenv, so a subprocess makes them unimportable: every
 top-level module of a distribution that only the extras bring in (openai-agents, mcp,
@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("agents", "embedded")
+EXTRAS = ("agents", "embedded", "pydantic-ai")
 
 
 def _closure(requirements: list[str]) -> set[str]:

@@ -166,13 +166,13 @@ def _usage(response: ModelResponse) -> dict:
     }
 
 
-def signal_in(exc: BaseException) -> Pending | Done | None:
+def pass_signal(exc: BaseException) -> Pending | Done | None:
     """Our Pending or Done, also from inside exception groups (tools run in task groups)."""
     if isinstance(exc, Pending | Done):
         return exc
     if isinstance(exc, BaseExceptionGroup):
-        found = [signal_in(inner) for inner in exc.exceptions]
+        found = [pass_signal(inner) for inner in exc.exceptions]
         done = [f for f in found if isinstance(f, Done)]
         return done[0] if done else next((f for f in found if f is not None), None)
     cause = exc.__cause__ or exc.__context__
-    return signal_in(cause) if cause is not None and cause is not exc else None
+    return pass_signal(cause) if cause is not None and cause is not exc else None

@@ -37,7 +37,7 @@ from runs.agents.pydantic_ai.journal import (
     Journal,
     Pending,
     PendingStep,
-    signal_in,
+    pass_signal,
 )
 from runs.models import FailureClass, StepKind
 from runs.tools import CallContext, ToolError
@@ -120,7 +120,7 @@ class PydanticAgentWorkflow:
         try:
             return run_sync(go), None
         except Exception as exc:
-            found = signal_in(exc)
+            found = pass_signal(exc)
             if found is None:
                 raise
             return None, found
