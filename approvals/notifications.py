@@ -183,7 +183,7 @@ def record(
 
 def record_slack_updates(run_id, approval_id, seq: int, channels=None) -> list[int]:
     """One `slack_update` delivery per Slack message about the approval (keyed like the
-    others: a second call adds nothing). None when no enabled Slack channel exists."""
+    others: a second call adds nothing); none while no Slack channel is enabled."""
     channels = _enabled_channels() if channels is None else channels
     enabled = {c.pk for queue in channels.values() for c in queue if c.kind == c.Kind.SLACK}
     if not approval_id or not enabled:

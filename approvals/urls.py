@@ -71,9 +71,3 @@ urlpatterns += token_urlpatterns
 from approvals.mail_views import urlpatterns as mail_urlpatterns  # noqa: E402
 
 urlpatterns += mail_urlpatterns
-
-# Slack's interactivity requests: Approve / Reject pressed on a queue's Slack message, through
-# the console's action (approvals/slack_views.py).
-from approvals.slack_views import urlpatterns as slack_urlpatterns  # noqa: E402
-
-urlpatterns += slack_urlpatterns

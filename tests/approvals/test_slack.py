@@ -47,7 +47,7 @@ pytestmark = pytest.mark.django_db
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TEAM = "T0TEAM0001"
 CHANNEL = "C0SUPPORT1"
-URL = "/console/slack/interactivity/"
+URL = "/slack/interactivity/"
 
 
 class FakeSlack:
@@ -520,4 +520,4 @@ def test_without_the_slack_extra_a_channel_fails_and_the_endpoint_is_off(
 
 
 def test_the_interactivity_url_is_the_documented_one():
-    assert reverse("console:slack-interactivity") == URL
+    assert reverse("slack-interactivity") == URL

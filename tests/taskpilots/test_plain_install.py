@@ -126,7 +126,7 @@ try:
     slack.client()
 except slack.NotConfigured as exc:
     print("slack:", exc)
-print("slack interactivity:", reverse("console:slack-interactivity"))
+print("slack interactivity:", reverse("slack-interactivity"))
 print("imported:", sorted(n for n in {blocked!r} if sys.modules.get(n) is not None))
 """
     result = run_without_extras(code, blocked)
@@ -138,5 +138,5 @@ print("imported:", sorted(n for n in {blocked!r} if sys.modules.get(n) is not No
     assert "pip install 'taskpilots[agents]'" in lines["demo.agent"]
     assert "pip install 'taskpilots[embedded]'" in lines["embedded"]
     assert "pip install 'taskpilots[slack]'" in lines["slack"]
-    assert lines["slack interactivity"] == "/console/slack/interactivity/"
+    assert lines["slack interactivity"] == "/slack/interactivity/"
     assert lines["imported"] == "[]"
