@@ -6,6 +6,7 @@ from approvals.models import (
     ApprovalRequest,
     EscalationRule,
     HumanDecision,
+    SlackIdentity,
     Takeover,
     ToolMetadataOverride,
 )
@@ -54,3 +55,17 @@ class ToolMetadataOverrideAdmin(ReadOnlyAdmin):
         "changed_at",
     ]
     list_filter = ["tool"]
+
+
+@admin.register(SlackIdentity)
+class SlackIdentityAdmin(admin.ModelAdmin):
+    """Which Slack user decides as which TaskPilots user (approvals/slack_views.py)."""
+
+    list_display = ("user", "team_id", "slack_user_id", "linked_at", "linked_by")
+    search_fields = ("user__username", "team_id", "slack_user_id")
+    autocomplete_fields = ("user",)
+    readonly_fields = ("linked_at", "linked_by")
+
+    def save_model(self, request, obj, form, change):
+        obj.linked_by = f"admin:{request.user.get_username()}"
+        super().save_model(request, obj, form, change)

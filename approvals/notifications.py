@@ -1,5 +1,5 @@
-"""Notifications to a queue's channels (email, an outgoing JSON webhook) when a run lands in the
-queue, when its SLA is breached and when an escalation moves it.
+"""Notifications to a queue's channels (email, an outgoing JSON webhook, Slack) when a run
+lands in the queue, when its SLA is breached and when an escalation moves it.
 
 Exactly once per event and channel, and never in the way of a run:
 1. The intent is the timeline event the state change writes in its own transaction
@@ -14,6 +14,10 @@ Exactly once per event and channel, and never in the way of a run:
    backoff (the schedule lives in PostgreSQL, not as broker ETAs); after MAX_ATTEMPTS the row is
    `failed`. A sender that dies mid-send leaves a claim that expires: that one message may go
    out twice (at least once); the row is never lost.
+
+A Slack channel's message about an approval is kept true the same way: each `approval.*` event
+that decides, first-approves, expires or cancels a request records one delivery (`slack_update`)
+per message posted about it, which brings the message up to date (approvals/slack.py).
 
 Webhooks go to public addresses only (no server-side request forgery through a channel): a URL
 whose host is, or resolves to, a loopback, private, link-local, multicast, reserved or
@@ -32,6 +36,7 @@ import difflib
 import ipaddress
 import json
 import logging
+import re
 import socket
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -51,12 +56,13 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from approvals import mail_decisions
+from approvals import mail_decisions, slack
 from approvals.forms import validate_identifier
 from approvals.models import (
     NotificationChannel,
     NotificationCursor,
     NotificationDelivery,
+    SlackMessage,
     routed_queues,
 )
 from runs.models import Run, TimelineEvent
@@ -85,13 +91,22 @@ TOOL_PAUSED = "tool_paused"
 # One person gave the first of two approvals (`approval.first_approved`): the approval's queue
 # hears that a second, different person is needed.
 SECOND_APPROVER = "second_approver"
+# A request decided, first-approved, expired or cancelled: its Slack messages are updated.
+SLACK_UPDATE_VERBS = (
+    Verb.APPROVAL_FIRST_APPROVED,
+    Verb.APPROVAL_APPROVED,
+    Verb.APPROVAL_APPROVED_WITH_EDITS,
+    Verb.APPROVAL_REJECTED,
+    Verb.APPROVAL_EXPIRED,
+    Verb.APPROVAL_CANCELLED,
+)
 NOTIFYING_VERBS = (
     Verb.RUN_NEEDS_HUMAN,
     Verb.RUN_SLA_BREACHED,
     Verb.SIDE_EFFECT_EXTERNAL_MISMATCH,
     Verb.TOOL_PAUSED,
     Verb.RUN_REQUEUED,
-    Verb.APPROVAL_FIRST_APPROVED,
+    *SLACK_UPDATE_VERBS,
 )
 
 
@@ -114,6 +129,13 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
     """Record the deliveries a timeline event calls for; returns the ids of new rows."""
     channels = _enabled_channels() if channels is None else channels
     data = data or {}
+    if verb in SLACK_UPDATE_VERBS:
+        ids = record_slack_updates(run_id, data.get("approval"), seq, channels)
+        if verb != Verb.APPROVAL_FIRST_APPROVED:
+            return ids
+        return ids + record(
+            run_id, SECOND_APPROVER, data.get("queue", ""), seq, extra=data, channels=channels
+        )
     if verb == Verb.RUN_NEEDS_HUMAN:
         return record(run_id, QUEUED, data.get("queue", ""), seq, channels=channels)
     if verb == Verb.RUN_SLA_BREACHED:
@@ -133,10 +155,6 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
     if verb == Verb.TOOL_PAUSED:
         return record(
             run_id, TOOL_PAUSED, data.get("queue", ""), seq, extra=data, channels=channels
-        )
-    if verb == Verb.APPROVAL_FIRST_APPROVED:
-        return record(
-            run_id, SECOND_APPROVER, data.get("queue", ""), seq, extra=data, channels=channels
         )
     return []
 
@@ -161,6 +179,52 @@ def record(
     if created_ids and settings.TASKPILOTS["DISPATCH"] == "celery":
         transaction.on_commit(lambda: _hint(created_ids))
     return created_ids
+
+
+def record_slack_updates(run_id, approval_id, seq: int, channels=None) -> list[int]:
+    """One `slack_update` delivery per Slack message about the approval (keyed like the
+    others: a second call adds nothing); none while no Slack channel is enabled."""
+    channels = _enabled_channels() if channels is None else channels
+    enabled = {c.pk for queue in channels.values() for c in queue if c.kind == c.Kind.SLACK}
+    if not approval_id or not enabled:
+        return []
+    created_ids = []
+    messages = SlackMessage.objects.filter(approval_id=approval_id, channel_id__in=enabled)
+    for channel_id in messages.values_list("channel_id", flat=True):
+        payload = {
+            "text": f"The Slack message about approval {approval_id} is brought up to date.",
+            "event": slack.UPDATE,
+            "approval": approval_id,
+            "run": {"id": str(run_id)},
+            "url": console_url(run_id),
+        }
+        delivery, created = NotificationDelivery.objects.get_or_create(
+            key=f"{run_id}:{slack.UPDATE}:{channel_id}:{seq}",
+            defaults={
+                "channel_id": channel_id,
+                "run_id": run_id,
+                "event": slack.UPDATE,
+                "payload": payload,
+            },
+        )
+        if created:
+            created_ids.append(delivery.pk)
+    if created_ids and settings.TASKPILOTS["DISPATCH"] == "celery":
+        transaction.on_commit(lambda: _hint(created_ids))
+    return created_ids
+
+
+def record_run_events(run_id, after_seq: int) -> list[int]:
+    """Record now, rather than at the sweeper's next pass, the deliveries the run's events
+    after `after_seq` call for (the same keys: the sweeper then finds them recorded)."""
+    events = TimelineEvent.objects.filter(
+        run_id=run_id, seq__gt=after_seq, verb__in=NOTIFYING_VERBS
+    ).order_by("seq")
+    channels = _enabled_channels()
+    ids: list[int] = []
+    for event in events.values("verb", "seq", "data"):
+        ids += record_event(run_id, event["verb"], event["seq"], event["data"], channels)
+    return ids
 
 
 def scan_timeline(batch: int = 500) -> int:
@@ -321,6 +385,11 @@ def send(channel: NotificationChannel, payload: dict) -> None:
         subject = payload["text"].splitlines()[0][:150]
         body = f"{payload['text']}\n\n{payload['url']}\n"
         send_mail(subject, body, None, recipients, fail_silently=False)
+    elif channel.kind == NotificationChannel.Kind.SLACK:
+        try:
+            slack.send(channel, payload)
+        except slack.NotConfigured as exc:
+            raise DeliveryError(str(exc)) from None
     else:
         post_json(channel.target, payload)
 
@@ -519,6 +588,9 @@ def check_webhook_target(url: str) -> None:
         public_addresses(url)
 
 
+SLACK_CHANNEL_ID = re.compile(r"[CG][A-Z0-9]{6,30}")
+
+
 class ChannelForm(forms.ModelForm):
     class Meta:
         model = NotificationChannel
@@ -532,7 +604,8 @@ class ChannelForm(forms.ModelForm):
         help_texts = {
             "target": gettext_lazy(
                 "Email: addresses separated by commas. Webhook: an http(s) URL that takes a JSON "
-                "POST with a “text” field (chat tools' incoming webhooks do)."
+                "POST with a “text” field (chat tools' incoming webhooks do). Slack: the channel's "
+                "id; approvals get Approve, Reject and Open buttons."
             )
         }
 
@@ -596,4 +669,22 @@ class ChannelForm(forms.ModelForm):
             except DeliveryError as exc:
                 self.add_error("target", str(exc))
             data["target"] = target
+        elif kind == NotificationChannel.Kind.SLACK:
+            self._check_slack(data, target)
         return data
+
+    def _check_slack(self, data: dict, target: str) -> None:
+        """A Slack channel id (C…, G…), and this server set up to post there."""
+        if not SLACK_CHANNEL_ID.fullmatch(target):
+            self.add_error(
+                "target",
+                _(
+                    "A Slack channel id, like C0123456789 (in Slack: the channel's details, at "
+                    "the bottom), not its name."
+                ),
+            )
+            return
+        problem = slack.configuration_problem()
+        if problem:
+            self.add_error("target", _("Slack is not set up here: %(why)s.") % {"why": problem})
+        data["target"] = target

@@ -379,58 +379,81 @@ ACTIONS: dict[str, ActionSpec] = {
 }
 
 
-def _bind(spec: ActionSpec, request: HttpRequest, run: Run):
+def _bind(spec: ActionSpec, data, run: Run, user):
     if spec.form is not EditParamsForm:
-        return spec.form(request.POST)
-    ctx = console.build_run_context(run, request.user)
+        return spec.form(data)
+    ctx = console.build_run_context(run, user)
     fields = ctx.edit_fields or {"tool": "", "params": {}}
-    return EditParamsForm(request.POST, conditions=spec.perform is _approve_edits, **fields)
+    return EditParamsForm(data, conditions=spec.perform is _approve_edits, **fields)
+
+
+@dataclass
+class Acted:
+    """What one console action on a run came to: `status` 200 (done, `message` says what was
+    recorded and what the run does now), 403 (taken over: `message` says by whom), 409 (the run
+    moved on: `message` is the conflict sentence), 422 (refused or the form is wrong: `form`
+    carries the errors) or 428 (another person's soft claim: `claim`; acting anyway needs
+    `despite_claim`). Nothing is written unless the status is 200."""
+
+    status: int
+    message: str = ""
+    form: Any = None
+    claim: Any = None
+
+
+def act(run: Run, user, action: str, data, *, despite_claim: bool = False) -> Acted:
+    """The console's action `action` on `run` by `user` with its form's `data`: the same checks
+    and records wherever the person pressed the button (the run page, a mail link, Slack)."""
+    spec = ACTIONS[action]
+    if not may_act(user, run):
+        owner = run.owner.get_username() if run.owner else "?"
+        return Acted(
+            403,
+            _("%(owner)s has taken this run over; only they or an admin can act on it.")
+            % {"owner": owner},
+        )
+    form = _bind(spec, data, run, user)
+    if not form.is_valid():
+        return Acted(422, _("Check the form."), form=form)
+    _as_still_shown(run, form.cleaned_data)
+    held = live.claim_held_by_other(run, user)
+    if held and not despite_claim:
+        # A soft claim warns, it does not refuse: the forms come back carrying the confirmation.
+        return Acted(428, live.claim_warning(held), form=form, claim=held)
+    try:
+        message = spec.perform(run, user, form.cleaned_data, None)
+    except (actions.DecisionConflict, TransitionError):
+        return Acted(409, console.conflict_message(_fresh(run)))
+    except actions.ActionRefused as exc:
+        field = getattr(exc, "field", None)
+        if field in form.fields:
+            form.add_error(field, str(exc))
+        return Acted(422, str(exc), form=form)
+    except actions.ActionForbidden as exc:
+        # The run was taken over between loading the page and pressing the button.
+        return Acted(403, str(exc))
+    logger.info("console action %s on run %s by %s", action, run.pk, user.get_username())
+    if spec.says_what_next:
+        message = console.sentences(message, console.what_happens_next(_fresh(run), user))
+    return Acted(200, message)
 
 
 @require_POST
 @console_view(act=True)
 def run_action(request: HttpRequest, run_id, action: str) -> HttpResponse:
-    spec = ACTIONS.get(action)
-    if spec is None:
+    if action not in ACTIONS:
         raise Http404("unknown action")
     run = _get_run(run_id)
-    if not may_act(request.user, run):
-        owner = run.owner.get_username() if run.owner else "?"
-        return forbidden(
-            request,
-            _("%(owner)s has taken this run over; only they or an admin can act on it.")
-            % {"owner": owner},
-        )
-    form = _bind(spec, request, run)
-    if not form.is_valid():
-        return _answer(request, run, status=422, error=_("Check the form."), bound={action: form})
-    _as_still_shown(run, form.cleaned_data)
-    held = live.claim_held_by_other(run, request.user)
-    if held and request.POST.get("despite_claim") != "1":
-        # A soft claim warns, it does not refuse: the forms come back carrying the confirmation.
-        error = live.claim_warning(held)
-        return _answer(
-            request, run, status=422, error=error, bound={action: form}, despite_claim=True
-        )
-    try:
-        message = spec.perform(run, request.user, form.cleaned_data, request)
-    except actions.DecisionConflict:
-        return _answer(request, run, status=409, error=console.conflict_message(_fresh(run)))
-    except TransitionError:
-        return _answer(request, run, status=409, error=console.conflict_message(_fresh(run)))
-    except actions.ActionRefused as exc:
-        field = getattr(exc, "field", None)
-        if field in form.fields:
-            form.add_error(field, str(exc))
-        return _answer(request, run, status=422, error=str(exc), bound={action: form})
-    except actions.ActionForbidden as exc:
-        # The run was taken over between loading the page and pressing the button.
-        return forbidden(request, str(exc))
-    logger.info("console action %s on run %s by %s", action, run.pk, request.user.get_username())
-    run = _fresh(run)
-    if spec.says_what_next:
-        message = console.sentences(message, console.what_happens_next(run, request.user))
-    return _answer(request, run, status=200, success=message)
+    despite_claim = request.POST.get("despite_claim") == "1"
+    acted = act(run, request.user, action, request.POST, despite_claim=despite_claim)
+    if acted.status == 403:
+        return forbidden(request, acted.message)
+    if acted.status == 200:
+        return _answer(request, _fresh(run), status=200, success=acted.message)
+    if acted.status == 409:
+        return _answer(request, run, status=409, error=acted.message)
+    bound, extra = {action: acted.form}, {"despite_claim": True} if acted.claim else {}
+    return _answer(request, run, status=422, error=acted.message, bound=bound, **extra)
 
 
 def _as_still_shown(run: Run, data: dict) -> None:

@@ -458,3 +458,10 @@ LOGGING = {
 if devenv.uses_filesystem_broker(_broker_url):
     # kombu warns "No hostname was supplied" for every connection to the filesystem broker.
     LOGGING["loggers"]["kombu.connection"] = {"level": "ERROR"}
+
+# Slack channels (approvals/slack.py; the `slack` extra): the app's bot token (chat:write), the
+# signing secret its interactivity requests are checked with, and the Web API's address (a test
+# points it at a fake server).
+TASKPILOTS["SLACK_BOT_TOKEN"] = env_secret("TASKPILOTS_SLACK_BOT_TOKEN", "") or ""
+TASKPILOTS["SLACK_SIGNING_SECRET"] = env_secret("TASKPILOTS_SLACK_SIGNING_SECRET", "") or ""
+TASKPILOTS["SLACK_API_URL"] = env_str("TASKPILOTS_SLACK_API_URL", "https://slack.com/api/")

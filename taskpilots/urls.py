@@ -7,6 +7,7 @@ from django.views.generic import RedirectView
 
 from approvals.auth import LockoutLoginView, set_time_zone
 from approvals.metrics_views import prometheus
+from approvals.slack_views import urlpatterns as slack_urlpatterns
 from taskpilots import views
 from taskpilots.api import api
 
@@ -24,3 +25,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
 ]
+
+# Slack's interactivity requests (Approve / Reject pressed on a queue's Slack message): signed by
+# Slack, not a console page (no session, no CSRF token); approvals/slack_views.py.
+urlpatterns += slack_urlpatterns

@@ -66,6 +66,7 @@ from approvals.models.rules import (
     RuleVersion,
     ToolPause,
 )
+from approvals.models.slack import SlackIdentity, SlackMessage
 from approvals.models.tool_metadata import (
     OVERRIDABLE,
     RISK_ORDER,
@@ -102,6 +103,8 @@ __all__ = [
     "DeliveryStatus",
     "NotificationDelivery",
     "NotificationCursor",
+    "SlackIdentity",
+    "SlackMessage",
     "MetricCounts",
     "MetricSums",
     "PeriodSums",

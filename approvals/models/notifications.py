@@ -39,16 +39,18 @@ class SlaBreach(models.Model):
 class ChannelKind(models.TextChoices):
     EMAIL = "email", _("Email")
     WEBHOOK = "webhook", _("Webhook (JSON)")
+    SLACK = "slack", _("Slack")
 
 
 class NotificationChannel(models.Model):
-    """Where a queue's notifications go: email addresses or an outgoing JSON webhook."""
+    """Where a queue's notifications go: email addresses, an outgoing JSON webhook, or a Slack
+    channel (its id; the app's token is a setting, approvals/slack.py)."""
 
     Kind = ChannelKind
 
     queue = models.CharField(max_length=100)
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    # Comma-separated addresses for email, an http(s) URL for a webhook.
+    # Comma-separated addresses for email, an http(s) URL for a webhook, a Slack channel id.
     target = models.CharField(max_length=1000)
     enabled = models.BooleanField(default=True)
     created_by = models.ForeignKey(

@@ -65,6 +65,12 @@ class TimelineEvent(ImmutableModel):
                         "tool.paused",
                         "run.requeued",
                         "approval.first_approved",
+                        # A request decided, expired or cancelled: its Slack messages update.
+                        "approval.approved",
+                        "approval.approved_with_edits",
+                        "approval.rejected",
+                        "approval.expired",
+                        "approval.cancelled",
                     ]
                 ),
             ),

@@ -22,7 +22,7 @@ ENGLISH_ONLY = {"api/docs.html"}
 ALLOWED = {
     "TaskPilots", "JSON", "CSV", "API", "SLA", "UTC", "ID", "URL", "HTTP", "OAuth", "PostgreSQL",
     "sha", "Lines",  # "JSON Lines" is a format's name
-    "Webhook",
+    "Webhook", "Slack",
 }  # fmt: skip
 
 # Template syntax that holds no text of its own, or whose text is translated.

