@@ -458,3 +458,12 @@ LOGGING = {
 if devenv.uses_filesystem_broker(_broker_url):
     # kombu warns "No hostname was supplied" for every connection to the filesystem broker.
     LOGGING["loggers"]["kombu.connection"] = {"level": "ERROR"}
+
+# --- Single sign-on with OpenID Connect (approvals/sso, the `oidc` extra; docs/deploy.md): off
+# unless TASKPILOTS_OIDC_ISSUER is set. TASKPILOTS_LOCAL_PASSWORDS=0 turns password sign-in off.
+from approvals.sso import conf as _sso  # noqa: E402
+
+INSTALLED_APPS.append("approvals.sso")
+TASKPILOTS_SSO = _sso.from_environment()
+AUTHENTICATION_BACKENDS = _sso.authentication_backends(TASKPILOTS_SSO)
+MIDDLEWARE += _sso.middleware(TASKPILOTS_SSO)
