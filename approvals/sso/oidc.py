@@ -16,7 +16,9 @@ import functools
 import logging
 import re
 
+import jwt
 import requests
+from django.contrib import auth
 from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
@@ -34,6 +36,7 @@ from mozilla_django_oidc.views import (
 
 from approvals.sso import conf, roles
 from approvals.sso.models import OidcIdentity
+from approvals.sso.refusal import refused
 
 logger = logging.getLogger("taskpilots.console")
 
@@ -133,7 +136,14 @@ class RoleMappingBackend(OIDCAuthenticationBackend):
         return super().authenticate(request, **kwargs)
 
     def verify_token(self, token, **kwargs):
-        payload = super().verify_token(token, **kwargs)  # the signature (JWKS), exp, nonce
+        try:
+            header = jwt.get_unverified_header(token)
+            if header.get("alg") != self.OIDC_RP_SIGN_ALGO:
+                raise SuspiciousOperation("The token's algorithm does not match the client's.")
+            payload = super().verify_token(token, **kwargs)  # the signature (JWKS), exp, nonce
+        except (jwt.PyJWTError, KeyError, ValueError) as exc:
+            # Expired, malformed, or no key id: the library lets these through as errors.
+            raise SuspiciousOperation(f"The token is not valid: {exc!r}") from exc
         sso = conf.current()
         if str(payload.get("iss", "")).rstrip("/") != sso["ISSUER"]:
             raise SuspiciousOperation("The ID token comes from another issuer.")
@@ -233,21 +243,23 @@ class CallbackView(OIDCAuthenticationCallbackView):
     get_settings = staticmethod(oidc_setting)
 
     def get(self, request):
-        from approvals.sso.views import refused
-
         try:
             return super().get(request)
         except SuspiciousOperation as exc:
             logger.warning("sign-in refused: reason=unverified detail=%s", exc)
-            return refused(request, "unverified", status=400)
+            return self._failed("unverified", status=400)
         except (requests.RequestException, ProviderUnavailable) as exc:
             logger.error("sign-in failed: the provider did not answer: %s", exc)
-            return refused(request, "unreachable", status=502)
+            return self._failed("unreachable", status=502)
 
     def login_failure(self):
-        from approvals.sso.views import refused
+        return self._failed(getattr(self.request, "sso_refusal", "failed"))
 
-        return refused(self.request, getattr(self.request, "sso_refusal", "failed"))
+    def _failed(self, reason: str, status: int = 403):
+        """Whoever was signed in in this browser (a renewal that failed) is not any more."""
+        if self.request.user.is_authenticated:
+            auth.logout(self.request)
+        return refused(self.request, reason, status=status)
 
 
 class SessionRefresh(LibrarySessionRefresh):
@@ -283,8 +295,6 @@ class SessionRefresh(LibrarySessionRefresh):
             return super().process_request(request)
         except ProviderUnavailable as exc:
             logger.error("session renewal failed: the provider did not answer: %s", exc)
-            from approvals.sso.views import refused
-
             return refused(request, "unreachable", status=502)
 
     @staticmethod
