@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed
 # by its package-lock.json and installed outside git.
 PEERS := var/peers
 PEERS_STAMP := $(PEERS)/.installed
+# The OpenID Connect provider the single sign-on tests start (npm oidc-provider), pinned by its
+# package-lock.json and installed beside it, outside git.
+OIDC_PROVIDER := tests/oidc_provider
+OIDC_STAMP := $(OIDC_PROVIDER)/node_modules/.installed
 
 # The newest Python >= 3.12 we can find: python3.13, python3.12, then pyenv's versions.
 PYTHON ?= $(shell for p in python3.13 python3.12 \
@@ -14,7 +18,7 @@ PYTHON ?= $(shell for p in python3.13 python3.12 \
 	  command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null && { command -v $$p; break; }; \
 	done)
 
-.PHONY: run test test-embedded lint format venv install peers clean-var
+.PHONY: run test test-embedded lint format venv install peers oidc-provider clean-var
 .DEFAULT_GOAL := run
 
 $(PY):
@@ -44,6 +48,13 @@ $(PEERS_STAMP): taskpilots/peers/package.json taskpilots/peers/package-lock.json
 
 peers: $(PEERS_STAMP)
 
+# After the peers, which install node and npm when missing.
+$(OIDC_STAMP): $(OIDC_PROVIDER)/package.json $(OIDC_PROVIDER)/package-lock.json | $(PEERS_STAMP)
+	@npm ci --prefix $(OIDC_PROVIDER) --no-audit --no-fund --loglevel=error
+	@touch $@
+
+oidc-provider: $(OIDC_STAMP)
+
 run: $(STAMP)
 	@$(PY) -m taskpilots.devrun
 
@@ -59,7 +70,7 @@ format: $(STAMP)
 MARKS ?=
 SELECT := $(if $(MARKS),($(MARKS)) and ,)
 
-test: $(STAMP) $(PEERS_STAMP)
+test: $(STAMP) $(PEERS_STAMP) $(OIDC_STAMP)
 	@# The browser tests drive Debian's Chromium (never `playwright install`).
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "Installing chromium for the browser tests"; \

@@ -17,6 +17,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_POST
 
 from approvals import viewer_time
+from approvals.sso import conf as sso
 
 logger = logging.getLogger("taskpilots.console")
 
@@ -65,7 +66,22 @@ def set_time_zone(request: HttpRequest) -> HttpResponse:
 
 
 class LockoutLoginView(auth_views.LoginView):
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        settings = sso.current()
+        context["sso"] = {
+            "enabled": settings["ENABLED"],
+            "provider": settings.get("PROVIDER_NAME", ""),
+            "local_passwords": settings["LOCAL_PASSWORDS"],
+        }
+        return context
+
     def post(self, request, *args, **kwargs) -> HttpResponse:
+        if not sso.local_passwords():
+            # TASKPILOTS_LOCAL_PASSWORDS=0: no password signs anyone in (docs/deploy.md).
+            logger.warning("password login refused: local passwords are off")
+            context = self.get_context_data(form=self.get_form(), password_refused=True)
+            return self.render_to_response(context, status=403)
         username = request.POST.get("username", "")[:150]
         address = client_address(request)
         if failures(username, address) >= LOGIN_MAX_FAILURES:

