@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import datetime as dt
+import threading
 from typing import Any
 
 from django.db import transaction
@@ -57,7 +58,6 @@ RUN_ID = "taskpilots.run.id"
 WORKFLOW = "taskpilots.workflow.name"
 WORKFLOW_VERSION = "taskpilots.workflow.version"
 RUN_STATUS = "taskpilots.run.status"
-RUN_FAILURES = "taskpilots.run.failure_count"
 ACTOR = "taskpilots.actor"
 STEP_NAME = "taskpilots.step.name"
 STEP_KIND = "taskpilots.step.kind"
@@ -111,6 +111,30 @@ class RunIds(RandomIdGenerator):
     def generate_span_id(self) -> int:
         forced = _FORCED_IDS.get()
         return forced[1] if forced else super().generate_span_id()
+
+
+class _Recent:
+    """A map of the runs this process traced lately, bounded (the oldest entry goes first),
+    shared by the worker's threads."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        return self._entries.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        with self._lock:
+            self._entries[key] = value
+            if len(self._entries) > self.LIMIT:
+                del self._entries[next(iter(self._entries))]
+
+    def pop(self, key: str) -> Any:
+        with self._lock:
+            return self._entries.pop(key, None)
 
 
 @dataclasses.dataclass
@@ -177,6 +201,12 @@ class Spans:
     def __init__(self, provider: TracerProvider):
         self.provider = provider
         self.tracer = provider.get_tracer("taskpilots")
+        # Per run: its own span's context (ids and the sampler's decision: a digest and a
+        # sampler call), and (workflow, version, created) from its steps, for its span when it
+        # ends in this process (the run row is read otherwise). Per tool: its wrapped copy.
+        self._parents = _Recent()
+        self._runs = _Recent()
+        self._tools: dict[str, tuple[Any, Any]] = {}
 
     # -- the run's trace -------------------------------------------------------------------
 
@@ -184,10 +214,14 @@ class Spans:
         """A context whose current span is the run's own (remote: exported when the run ends),
         sampled as the provider's sampler decides for the run's trace id with no parent — the
         same decision in every process."""
-        trace_id, span_id = traceids.ids(run_id)
-        decision = self.provider.sampler.should_sample(Context(), trace_id, "run")
-        flags = TraceFlags.SAMPLED if decision.decision.is_sampled() else TraceFlags.DEFAULT
-        parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+        key = str(run_id)
+        parent = self._parents.get(key)
+        if parent is None:
+            trace_id, span_id = traceids.ids(run_id)
+            decision = self.provider.sampler.should_sample(Context(), trace_id, "run")
+            flags = TraceFlags.SAMPLED if decision.decision.is_sampled() else TraceFlags.DEFAULT
+            parent = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+            self._parents.put(key, parent)
         return trace.set_span_in_context(NonRecordingSpan(parent))
 
     def committed(self, run_id: str, events: list[dict]) -> None:
@@ -198,20 +232,22 @@ class Spans:
                 self.run_ended(run_id, status, event)
 
     def run_ended(self, run_id: str, status: str, event: dict) -> None:
-        row = (
-            Run.objects.filter(pk=run_id)
-            .values_list("workflow", "workflow_version", "created_at", "failure_count")
-            .first()
-        )
-        if row is None:
+        known = self._runs.pop(str(run_id))
+        self._parents.pop(str(run_id))
+        if known is None:  # its steps ran elsewhere (or long ago): one read
+            known = (
+                Run.objects.filter(pk=run_id)
+                .values_list("workflow", "workflow_version", "created_at")
+                .first()
+            )
+        if known is None:
             return
-        workflow, version, created_at, failures = row
+        workflow, version, created_at = known
         attributes = {
             RUN_ID: str(run_id),
             WORKFLOW: workflow,
             WORKFLOW_VERSION: version,
             RUN_STATUS: status,
-            RUN_FAILURES: failures,
             ACTOR: str(event.get("actor") or "system"),
         }
         forced = _FORCED_IDS.set(traceids.ids(run_id))
@@ -275,6 +311,8 @@ class Spans:
         span = self.tracer.start_span(
             f"step {step.name}", self.run_context(run.pk), attributes=attributes, links=links
         )
+        if run.created_at is not None:
+            self._runs.put(attributes[RUN_ID], (run.workflow, run.workflow_version, run.created_at))
         attached = otel_context.attach(trace.set_span_in_context(span))
         return _Open(span, attached, _STEP.set(attributes), claim)
 
@@ -293,7 +331,16 @@ class Spans:
     # -- tool calls (runs.hooks.wrap_tools) -------------------------------------------------
 
     def wrap_tool(self, tool):
-        """The tool with each call to the outside world in a span."""
+        """The tool with each call to the outside world in a span (made once per tool as the
+        registry hands it out: a new copy when the registry's changes)."""
+        known = self._tools.get(tool.name)
+        if known is not None and known[0] is tool:
+            return known[1]
+        wrapped = self._wrapped(tool)
+        self._tools[tool.name] = (tool, wrapped)
+        return wrapped
+
+    def _wrapped(self, tool):
         changes: dict[str, Any] = {"invoke": self._call(tool, tool.invoke, "invoke")}
         if tool.lookup is not None:
             changes["lookup"] = self._call(tool, tool.lookup, "lookup")

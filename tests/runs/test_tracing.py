@@ -167,6 +167,24 @@ def test_a_persons_decision_is_a_span_of_the_runs_trace(exported, sandbox, suppo
     assert refund.attributes["taskpilots.idempotency_key"].startswith(f"tp-{run.pk}-refund")
 
 
+def test_a_run_a_person_ends_elsewhere_gets_its_span_from_the_run_row(
+    request, sandbox, support_user
+):
+    run, _ = engine.start_run("test.refund", {"payment": "p-2", "amount": 250})
+    assert drive(run).status == "needs_human"  # its steps were executed by an untraced process
+    exported = request.getfixturevalue("exported")
+    with exported.committing():
+        actions.cancel_run(run.pk, support_user, reason="the customer withdrew")
+    run.refresh_from_db()
+    assert run.status == "cancelled"
+    root = one(exported, "run test.refund")
+    assert root.parent is None and root.context.span_id == traceids.ids(run.pk)[1]
+    assert root.start_time == ns(run.created_at)
+    assert root.attributes["taskpilots.run.status"] == "cancelled"
+    assert root.attributes["taskpilots.actor"] == f"user:{support_user.username}"
+    assert parent_id(one(exported, "decision cancel")) == root.context.span_id
+
+
 @function_tool
 def look_up_order(order_id: str) -> dict:
     """Look an order up."""
