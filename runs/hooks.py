@@ -1,28 +1,41 @@
-"""The engine's hook points: where code outside it may watch what it records or stand in for a
-tool, without replacing any of its functions.
+"""The engine's hook points: where code outside it may watch what it records, stand in for a
+tool or time the work it does, without replacing any of its functions.
 
-Two points, both empty unless something registers on them:
+Three points, all empty unless something registers on them:
 - `wrap_tools(wrapper)`: `runs.tools.get` hands out `wrapper(tool)` instead of the tool (the
   same tool, or a stand-in that calls it);
 - `observe_events(observer)`: `observer(run_id, events)` is called once timeline events the
   engine wrote have committed, whichever way they were written (`TimelineEvent.append` inside
   the caller's transaction, or a hot-path batch that is its own transaction); each event is a
   dict with its `at` (ISO 8601: when its writer made it, which
-  can be long before the commit that a stalled or cut-off process completes), `verb`, `data`
-  and `hash`.
+  can be long before the commit that a stalled or cut-off process completes), `actor`, `verb`,
+  `data` and `hash`;
+- `trace(tracer)`: `tracer.start(what, subject)` is called as a piece of the engine's work
+  begins and `tracer.end(token, result, error)` as it ends, in the thread that does it, with
+  what `start` returned (a span around it: taskpilots/otel). The pieces: `"step"`, one
+  execution of a step (subject: its `runs.engine.claim.Claim`; result: the `Outcome`), in
+  `runs.engine.steps.execute` — every claimed step, and the reads executed ahead of their
+  claim — and in `runs.engine.inline` for a pure compute step executed ahead (its step has no
+  row id yet; result: a `Succeeded`, or `None` when it failed there and the ordinary path
+  executes it again); `"model_request"`, a model turn's request to the model
+  (`runs.agents.sdk.runner`; subject: {"agent": name, "model": name}; result: the SDK's
+  `ModelResponse`). Tool calls are timed through `wrap_tools`.
 
-The engine registers nothing here. The only registrant is the evidence app's fault injection
-and drill logging (taskpilots/evidence/faults.py), and production settings do not install that
-app: in production both lists stay empty, so a process whose environment has the fault
-variables set injects nothing (tests/taskpilots/test_production_tooling.py). An observer or
-wrapper that raises is logged and skipped, never changes what the engine does.
+The engine registers nothing here. The registrants are the evidence app's fault injection
+and drill logging (taskpilots/evidence/faults.py) and the OpenTelemetry traces (taskpilots/otel,
+installed only when TASKPILOTS_OTEL=1), and production settings install neither by default: in
+production the lists stay empty, so a process whose environment has the fault variables set
+injects nothing (tests/taskpilots/test_production_tooling.py), and the engine pays one list
+check per hook point for them. An observer, wrapper or tracer that raises is logged and
+skipped, never changes what the engine does: a tracer sees the result and the error of the
+work, it cannot change them.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import transaction
 
@@ -31,10 +44,18 @@ logger = logging.getLogger("taskpilots.engine")
 ToolWrapper = Callable[[Any], Any]
 EventObserver = Callable[[str, list[dict]], None]
 
+
+class Tracer(Protocol):
+    def start(self, what: str, subject: Any) -> Any: ...
+
+    def end(self, token: Any, result: Any, error: BaseException | None) -> None: ...
+
+
 # The engine's hot path checks these lists itself (`if hooks.event_observers:`): no call where
 # nothing is registered.
 tool_wrappers: list[ToolWrapper] = []
 event_observers: list[EventObserver] = []
+tracers: list[Tracer] = []
 
 
 def wrap_tools(wrapper: ToolWrapper) -> None:
@@ -45,10 +66,15 @@ def observe_events(observer: EventObserver) -> None:
     event_observers.append(observer)
 
 
+def trace(tracer: Tracer) -> None:
+    tracers.append(tracer)
+
+
 def clear() -> None:
     """Forget every registration (a test that registered its own)."""
     tool_wrappers.clear()
     event_observers.clear()
+    tracers.clear()
 
 
 def wrapping_tools() -> bool:
@@ -81,3 +107,29 @@ def events_written(run_id, events: list[dict]) -> None:
     """`events` were written: tell the observers once the transaction that wrote them has
     committed (at once outside a transaction block; nothing if it rolls back)."""
     transaction.on_commit(lambda: events_committed(run_id, events))
+
+
+def traced(what: str, subject: Any, work: Callable[[], Any]) -> Any:
+    """`work()` between every tracer's `start(what, subject)` and `end`: its result returned,
+    its exception raised, as without tracers. Callers check `if hooks.tracers:` first."""
+    started = []
+    for tracer in tracers:
+        try:
+            started.append((tracer, tracer.start(what, subject)))
+        except Exception:
+            logger.exception("hook: tracer %r failed to start %s; the work goes on", tracer, what)
+    try:
+        result = work()
+    except BaseException as exc:
+        _ended(started, None, exc)
+        raise
+    _ended(started, result, None)
+    return result
+
+
+def _ended(started: list, result: Any, error: BaseException | None) -> None:
+    for tracer, token in reversed(started):
+        try:
+            tracer.end(token, result, error)
+        except Exception:
+            logger.exception("hook: tracer %r failed to end its span", tracer)

@@ -7,7 +7,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.csp import CSP
 
-from taskpilots import dbpool, devenv
+from taskpilots import dbpool, devenv, otel
 from taskpilots.env import (
     env_bool,
     env_float,
@@ -66,6 +66,15 @@ if EVIDENCE:
 DEMO = EVIDENCE or env_bool("TASKPILOTS_DEMO")
 if DEMO:
     INSTALLED_APPS.append("taskpilots.demo")
+# OpenTelemetry traces (the `otel` extra; docs/deploy.md, "Traces"): off unless TASKPILOTS_OTEL=1.
+# On, the app sets up the SDK, the Django and Celery instrumentation and the engine's spans in
+# every process; off, it is not installed and nothing of OpenTelemetry is imported.
+OTEL = otel.enabled()
+if OTEL:
+    otel.check_environment()
+    INSTALLED_APPS.append("taskpilots.otel")
+# Where the console links a run's trace when tracing is on ({trace_id} replaced; empty: no link).
+TRACE_URL = otel.trace_url()
 
 MIDDLEWARE = [
     # First, so it sees every final response under /api/v1/ (runs/api/middleware.py).

@@ -82,3 +82,5 @@ class RunContext:
     to_undo: list[SideEffect] = field(default_factory=list)
     by_hand: list[SideEffect] = field(default_factory=list)
     by_hand_queue: str = ""
+    # The run's trace when this deployment traces (run_page.trace_of): {"id", "url"}.
+    trace: dict | None = None

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.formats import number_format
 from django.utils.safestring import SafeString
@@ -35,6 +36,7 @@ from runs.models import (
     Wait,
     shown,
 )
+from runs.traceids import trace_id_hex
 
 # JSON longer than this (characters, pretty-printed) or deeper than this is shown truncated,
 # with a link to the raw document.
@@ -168,7 +170,19 @@ def build_run_context(run: Run, user) -> RunContext:
     ctx.by_hand_queue = BY_HAND_QUEUE
     ctx.suggestion = suggest_next_action(ctx)
     ctx.idle = idle_sentence(ctx)
+    ctx.trace = trace_of(run)
     return ctx
+
+
+def trace_of(run: Run) -> dict | None:
+    """The run's trace id (runs/traceids.py) and its address in the trace viewer
+    (TASKPILOTS_TRACE_URL, `{trace_id}` and `{run_id}` replaced), when this deployment traces
+    (TASKPILOTS_OTEL=1: docs/deploy.md, "Traces"); None otherwise."""
+    if not settings.OTEL:
+        return None
+    trace_id = trace_id_hex(run.pk)
+    url = settings.TRACE_URL.replace("{trace_id}", trace_id).replace("{run_id}", str(run.pk))
+    return {"id": trace_id, "url": url}
 
 
 def changed_side(current: Step | None, effects: list[SideEffect]) -> dict | None:

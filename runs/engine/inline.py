@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from django.db import connection
 from django.utils import timezone
 
-from runs import statements
+from runs import hooks, statements
 from runs import tools as tool_registry
 from runs import workflows as workflow_registry
 from runs.batch import STEP_IDS, Batch, Refused, execute_one
@@ -194,10 +194,23 @@ def _ahead(run, step, workflow, definition: StepDef, ctx, steps, worker, paused,
     if definition.kind != StepKind.COMPUTE or definition.fn is None or definition.waits:
         return _NOT_AHEAD
     ctx.iteration, ctx.spec = step.iteration, step.spec
+    if hooks.tracers:
+        claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
+        done = hooks.traced("step", claim, lambda: _computed_ahead(definition, ctx))
+        return _NOT_AHEAD if done is None else done.result
     try:
         return to_json_value(definition.fn(ctx))
     except Exception:
         return _NOT_AHEAD
+
+
+def _computed_ahead(definition: StepDef, ctx) -> Succeeded | None:
+    """A pure compute step executed ahead, as tracers see it (runs.hooks): its result, or None
+    when it failed (executed again by the ordinary path, which records the failure)."""
+    try:
+        return Succeeded(to_json_value(definition.fn(ctx)))
+    except Exception:
+        return None
 
 
 def _reads_ahead(definition: StepDef, paused: dict | None) -> bool:

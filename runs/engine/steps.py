@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from runs import hooks
 from runs import tools as tool_registry
 from runs.engine.calls import build_params, check_scope, connection_released, invoke
 from runs.engine.claim import UNCHECKED, Claim
@@ -28,9 +29,16 @@ from runs.tools import Tool, ToolError
 
 
 def execute(claim: Claim) -> Outcome:
-    """Run the claimed step and say what it produced; a tool error is a classified failure."""
+    """Run the claimed step and say what it produced; a tool error is a classified failure.
+    Tracers (runs.hooks) see each execution as a "step"."""
     if claim.ahead is not None:  # it ran before its claim committed (runs.engine.inline)
         return claim.ahead
+    if hooks.tracers:
+        return hooks.traced("step", claim, lambda: _execute(claim))
+    return _execute(claim)
+
+
+def _execute(claim: Claim) -> Outcome:
     kind = claim.step.kind
     try:
         if kind in (StepKind.READ, StepKind.SIDE_EFFECT):

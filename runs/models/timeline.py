@@ -135,8 +135,8 @@ class TimelineEvent(ImmutableModel):
         event._state.adding = False
         event._state.db = "default"
         if hooks.event_observers:
-            written = {"id": event_id, "at": at.isoformat(), "verb": verb, "data": data}
-            hooks.events_written(run_id, [{**written, "hash": event_hash}])
+            written = {"id": event_id, "at": at.isoformat(), "actor": actor, "verb": verb}
+            hooks.events_written(run_id, [{**written, "data": data, "hash": event_hash}])
         return event
 
     def recompute_hash(self) -> str:

