@@ -83,7 +83,17 @@ class _HintSender:
     def __init__(self, app) -> None:
         # Protocol 2 is Celery's default; under protocol 1 hints go through `send_task`.
         self.short = app.conf.task_protocol == 2
-        message = app.amqp.as_task_v2("-", ADVANCE_TASK, args=("-",), ignore_result=None)
+        # The time limits the registered task carries (Celery's task_time_limit settings), as
+        # `send_task` puts them in the message where runs.tasks is imported; a worker reads the
+        # same values from its own registry when a message has none.
+        message = app.amqp.as_task_v2(
+            "-",
+            ADVANCE_TASK,
+            args=("-",),
+            ignore_result=None,
+            time_limit=app.conf.task_time_limit,
+            soft_time_limit=app.conf.task_soft_time_limit,
+        )
         self.headers, self.embed = message.headers, message.body[2]
         queue = app.amqp.router.route({}, ADVANCE_TASK, ("-",), {})["queue"]
         exchange_type = getattr(queue.exchange, "type", "direct")

@@ -54,6 +54,14 @@ def _received(queue, count: int) -> list:
 
 
 def test_a_hint_is_the_message_send_task_would_send(queue):
+    # As in a worker, which sends hints too: the app finalized and the task registered, so
+    # send_task puts the task's own options (its time limits) in the message. (Where the app
+    # is not finalized yet, send_task leaves them out and the worker reads the same values
+    # from its registry.)
+    import runs.tasks  # noqa: F401
+
+    assert dispatch.ADVANCE_TASK in celery_app.tasks
+
     run_id = str(uuid.uuid4())
     celery_app.send_task(dispatch.ADVANCE_TASK, (run_id,))
     dispatch.hint(run_id)
