@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runs.models import Risk
-from runs.tools import CallContext, LookupResult, Verification
+from runs.tools import CallContext, LookupResult, Tool, Verification, python_tool
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,32 @@ class ToolPolicy:
     timeout: float | None = None
     compensating_tool: str = ""
     compensation_params: Callable[[dict, dict], dict] | None = None
+
+    def python_tool(
+        self,
+        name: str,
+        invoker: Callable,
+        *,
+        timeout: float | None,
+        params_schema: dict,
+        description: str,
+    ) -> Tool:
+        """The framework's function as the TaskPilots python tool `name` with this policy's
+        metadata (`timeout`: the framework tool's own, used when the policy sets none)."""
+        return python_tool(
+            name,
+            invoker,
+            side_effect=self.side_effect,
+            risk=self.risk,
+            dedupes_by_key=self.dedupes_by_key,
+            lookup_fn=self.lookup,
+            verification=self.verification,
+            settle_seconds=self.settle_seconds,
+            target=self.target or (lambda params, _n=name: f"agent-tool:{_n}"),
+            scope=self.scope,
+            timeout=self.timeout if self.timeout is not None else timeout,
+            compensating_tool=self.compensating_tool,
+            compensation_params=self.compensation_params,
+            params_schema=params_schema,
+            description=description,
+        )

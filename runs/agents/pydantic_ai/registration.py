@@ -25,7 +25,7 @@ from runs.agents.pydantic_ai.workflow import (
     RunInputCallContext,
 )
 from runs.models import FailureClass
-from runs.tools import CallContext, ToolError, python_tool
+from runs.tools import CallContext, ToolError
 from runs.workflows import Context
 
 _AGENTS: dict[tuple[str, int], PydanticAgentWorkflow] = {}
@@ -121,20 +121,10 @@ def _bind(runner: PydanticAgentWorkflow, tool_name: str, function: Any, policy) 
     policy = policy or ToolPolicy()
     target = f"{runner.name}.{tool_name}"
     schema = function.function_schema.json_schema
-    tool = python_tool(
+    tool = policy.python_tool(
         target,
         runner.invoker(tool_name),
-        side_effect=policy.side_effect,
-        risk=policy.risk,
-        dedupes_by_key=policy.dedupes_by_key,
-        lookup_fn=policy.lookup,
-        verification=policy.verification,
-        settle_seconds=policy.settle_seconds,
-        target=policy.target or (lambda params, _n=target: f"agent-tool:{_n}"),
-        scope=policy.scope,
-        timeout=policy.timeout if policy.timeout is not None else function.timeout,
-        compensating_tool=policy.compensating_tool,
-        compensation_params=policy.compensation_params,
+        timeout=function.timeout,
         params_schema=flat_schema(schema),
         description=function.description or "",
     )

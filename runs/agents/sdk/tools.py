@@ -21,7 +21,7 @@ from runs.agents import set_tool_info as _set_tool_info
 from runs.agents.policy import ToolPolicy
 from runs.agents.sdk.base import _jsonable, _resolved
 from runs.models import FailureClass
-from runs.tools import CallContext, ToolError, python_tool
+from runs.tools import CallContext, ToolError
 
 
 @dataclass(frozen=True)
@@ -117,20 +117,10 @@ def register_function_tool(
 ) -> str:
     """Register an SDK function tool as the TaskPilots python tool `tool_name`."""
     policy = policy or ToolPolicy()
-    tool = python_tool(
+    tool = policy.python_tool(
         tool_name,
         _sdk_invoker(function, agent),
-        side_effect=policy.side_effect,
-        risk=policy.risk,
-        dedupes_by_key=policy.dedupes_by_key,
-        lookup_fn=policy.lookup,
-        verification=policy.verification,
-        settle_seconds=policy.settle_seconds,
-        target=policy.target or (lambda params, _n=tool_name: f"agent-tool:{_n}"),
-        scope=policy.scope,
-        timeout=policy.timeout if policy.timeout is not None else function.timeout_seconds,
-        compensating_tool=policy.compensating_tool,
-        compensation_params=policy.compensation_params,
+        timeout=function.timeout_seconds,
         params_schema=flat_schema(function.params_json_schema),
         description=function.description or "",
     )
