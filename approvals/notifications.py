@@ -16,8 +16,9 @@ Exactly once per event and channel, and never in the way of a run:
    out twice (at least once); the row is never lost.
 
 A Slack channel's message about an approval is kept true the same way: each `approval.*` event
-that decides, first-approves, expires or cancels a request records one delivery (`slack_update`)
-per message posted about it, which brings the message up to date (approvals/slack.py).
+that decides, first-approves, expires or cancels a request, and every takeover or release of
+the run, records one delivery (`slack_update`) per message posted about it, which brings the
+message up to date (approvals/slack.py).
 
 Webhooks go to public addresses only (no server-side request forgery through a channel): a URL
 whose host is, or resolves to, a loopback, private, link-local, multicast, reserved or
@@ -59,6 +60,7 @@ from django.utils.translation import gettext_lazy
 from approvals import mail_decisions, slack
 from approvals.forms import validate_identifier
 from approvals.models import (
+    ApprovalRequest,
     NotificationChannel,
     NotificationCursor,
     NotificationDelivery,
@@ -100,6 +102,9 @@ SLACK_UPDATE_VERBS = (
     Verb.APPROVAL_EXPIRED,
     Verb.APPROVAL_CANCELLED,
 )
+# A run taken over by a person, or given back: the Slack messages about its open request lose
+# (or get back) their Approve and Reject buttons, so no one presses a button that would refuse.
+SLACK_OWNER_VERBS = (Verb.RUN_TAKEN_OVER, Verb.RUN_RELEASED)
 NOTIFYING_VERBS = (
     Verb.RUN_NEEDS_HUMAN,
     Verb.RUN_SLA_BREACHED,
@@ -107,6 +112,7 @@ NOTIFYING_VERBS = (
     Verb.TOOL_PAUSED,
     Verb.RUN_REQUEUED,
     *SLACK_UPDATE_VERBS,
+    *SLACK_OWNER_VERBS,
 )
 
 
@@ -136,6 +142,15 @@ def record_event(run_id, verb: str, seq: int, data: dict, channels=None) -> list
         return ids + record(
             run_id, SECOND_APPROVER, data.get("queue", ""), seq, extra=data, channels=channels
         )
+    if verb in SLACK_OWNER_VERBS:
+        pending = ApprovalRequest.objects.filter(
+            run_id=run_id, status=ApprovalRequest.Status.PENDING
+        ).values_list("pk", flat=True)
+        return [
+            pk
+            for approval_id in pending
+            for pk in record_slack_updates(run_id, approval_id, seq, channels)
+        ]
     if verb == Verb.RUN_NEEDS_HUMAN:
         return record(run_id, QUEUED, data.get("queue", ""), seq, channels=channels)
     if verb == Verb.RUN_SLA_BREACHED:

@@ -18,7 +18,9 @@ console's own action.
 The message is updated (chat.update) through the notification deliveries (their retries and
 backoff): every `approval.*` event that ends or first-approves a request records one delivery per
 message about it (approvals/notifications.py). Decided, it says by whom and when, without
-buttons; first-approved, it says who approved and carries fresh buttons for the second person.
+buttons; first-approved, it says who approved and carries fresh buttons for the second person;
+taken over (`run.taken_over`), it says by whom and has no Approve or Reject until the run is
+given back (`run.released`). Answers to a press are in the presser's Slack language.
 
 slack_sdk is the `slack` extra: without it (or without TASKPILOTS_SLACK_BOT_TOKEN) a Slack
 channel's deliveries fail with what to install or set, and nothing else changes.
@@ -31,8 +33,9 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.core import signing
+from django.core.cache import cache
 from django.urls import reverse
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from approvals import console, live, mail_decisions, viewer_time
@@ -49,6 +52,8 @@ UPDATE = "slack_update"
 # Slack's limits: a section's text, a field, a header, a button's value.
 TEXT_MAX, FIELD_MAX, HEADER_MAX = 3000, 2000, 150
 API_TIMEOUT_SECONDS = 5
+# How long a person's Slack language is kept, and how soon it is asked again when Slack did not say.
+LOCALE_SECONDS, LOCALE_RETRY_SECONDS = 24 * 3600, 10 * 60
 
 
 class NotConfigured(Exception):
@@ -142,6 +147,28 @@ def client():
     return WebClient(token=token, base_url=base.rstrip("/") + "/", timeout=API_TIMEOUT_SECONDS)
 
 
+def language_of(team_id: str, slack_user: str) -> str:
+    """The language Slack shows this person (users.info with include_locale, scope users:read),
+    as one of LANGUAGES: what their answers and forms are written in. Cached for a day; the
+    server's language when Slack does not say (no scope, Slack down, a locale not offered)."""
+    key = f"taskpilots:slack-locale:{team_id[:64]}:{slack_user[:64]}"
+    language = cache.get(key)
+    if language is not None:
+        return language or settings.LANGUAGE_CODE
+    locale = ""
+    try:
+        answer = client().users_info(user=slack_user, include_locale=True)
+        locale = str((answer.get("user") or {}).get("locale") or "")
+    except Exception as exc:  # no users:read scope, Slack down: the server's language
+        logger.info("slack users.info for %s: %s", slack_user, exc)
+    try:
+        language = translation.get_supported_language_variant(locale.lower()) if locale else ""
+    except LookupError:
+        language = ""
+    cache.set(key, language, LOCALE_SECONDS if language else LOCALE_RETRY_SECONDS)
+    return language or settings.LANGUAGE_CODE
+
+
 # --------------------------------------------------------------------------------------------
 # The message
 
@@ -212,9 +239,17 @@ def pending_blocks(ctx: console.RunContext, state: str) -> list[dict]:
     blocks += [
         {"type": "section", "text": _text(_("What will be done if you approve")), "fields": fields},
         {"type": "section", "text": _text(f"{_('Parameters')}:\n{params}")},
-        *_actions(ctx.run, buttons_for(ctx.approval, ctx.run, state)),
+        *_actions(ctx.run, _buttons(ctx, state)),
     ]
     return blocks
+
+
+def _buttons(ctx: console.RunContext, state: str) -> dict[str, str]:
+    """Approve and Reject, unless a person took the run over: then only they decide, in the
+    console (the message says who; their release brings the buttons back)."""
+    if ctx.run.status == Run.Status.TAKEN_OVER:
+        return {}
+    return buttons_for(ctx.approval, ctx.run, state)
 
 
 def _actions(run: Run, values: dict[str, str]) -> list[dict]:

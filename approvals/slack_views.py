@@ -33,12 +33,13 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import path
+from django.utils import translation
 from django.utils.html import strip_tags
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from approvals import console, mail_decisions, notifications, slack, viewer_time, views
+from approvals import console, live, mail_decisions, notifications, slack, viewer_time, views
 from approvals.models import ApprovalRequest, SlackIdentity
 from approvals.permissions import ACT
 from runs.invisible import neutralise
@@ -84,12 +85,16 @@ def interactivity(request: HttpRequest) -> HttpResponse:
         return HttpResponse("not a Slack payload", status=400, content_type="text/plain")
     if not isinstance(payload, dict):
         return HttpResponse("not a Slack payload", status=400, content_type="text/plain")
-    if payload.get("type") == "block_actions":
-        return _block_actions(payload)
     view = payload.get("view") or {}
-    if payload.get("type") == "view_submission" and view.get("callback_id") == REJECT_VIEW:
-        return _reject_submitted(payload, view)
-    return HttpResponse(status=200)  # nothing of ours (a link button, a closed modal)
+    if payload.get("type") == "block_actions":
+        handle = _block_actions
+    elif payload.get("type") == "view_submission" and view.get("callback_id") == REJECT_VIEW:
+        handle = _reject_submitted
+    else:
+        return HttpResponse(status=200)  # nothing of ours (a link button, a closed modal)
+    slack_user = (payload.get("user") or {}).get("id", "")
+    with translation.override(slack.language_of(_team(payload), str(slack_user))):
+        return handle(payload)
 
 
 def _verify(request: HttpRequest) -> HttpResponse | None:
@@ -142,7 +147,8 @@ def _block_actions(payload: dict) -> HttpResponse:
     return HttpResponse(status=200)
 
 
-def _reject_submitted(payload: dict, view: dict) -> HttpResponse:
+def _reject_submitted(payload: dict) -> HttpResponse:
+    view = payload.get("view") or {}
     try:
         meta = json.loads(view.get("private_metadata") or "{}")
         values = (view.get("state") or {}).get("values") or {}
@@ -253,10 +259,9 @@ def _decide(press: Press, user, button: slack.Button, approval: ApprovalRequest)
         # The message updates at once rather than at the sweeper's next pass.
         notifications.record_run_events(run.pk, last_seq)
         return _plain(acted.message)
-    if acted.status == 428:
-        raise Refused(
-            _plain(acted.message) + " " + _("Open the run in the console to act anyway.") + link
-        )
+    if acted.status == 428:  # pressing again in Slack would not act anyway: the console does
+        held = _plain(live.claim_warning_held(acted.claim))
+        raise Refused(held + " " + _("Open the run in the console to act anyway.") + link)
     errors = ""
     if acted.form is not None and acted.form.errors:
         errors = " " + " ".join(

@@ -20,6 +20,7 @@ from io import StringIO
 from urllib.parse import parse_qs, urlencode
 
 import pytest
+from django.core.cache import cache
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
@@ -57,16 +58,24 @@ class FakeSlack:
         self.calls: list[tuple[str, dict, dict]] = []
         self.down = False
         self._ts = 0
+        # Each Slack user's locale as users.info tells it (None: the app lacks users:read).
+        self.locales: dict[str, str | None] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # users.info: its arguments in the query string
+                path, _, query = self.path.partition("?")
+                self.reply(path.rsplit("/", 1)[-1], {k: v[0] for k, v in parse_qs(query).items()})
+
             def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
                 if "json" in (self.headers.get("Content-Type") or ""):
                     body = json.loads(raw or "{}")
                 else:
                     body = {k: v[0] for k, v in parse_qs(raw).items()}
-                method = self.path.rsplit("/", 1)[-1]
+                self.reply(self.path.rsplit("/", 1)[-1], body)
+
+            def reply(self, method: str, body: dict):
                 fake.calls.append((method, body, dict(self.headers)))
                 status, answer = fake.answer(method, body)
                 data = json.dumps(answer).encode()
@@ -94,6 +103,11 @@ class FakeSlack:
             return 200, {"ok": True, "channel": body["channel"], "ts": body["ts"]}
         if method == "chat.postEphemeral":
             return 200, {"ok": True, "message_ts": "1700000099.000001"}
+        if method == "users.info":
+            locale = self.locales.get(body["user"], "en-US")
+            if locale is None:
+                return 200, {"ok": False, "error": "missing_scope", "needed": "users:read"}
+            return 200, {"ok": True, "user": {"id": body["user"], "locale": locale}}
         if method == "views.open":
             return 200, {"ok": True, "view": {"id": "V0MODAL001", **body["view"]}}
         return 200, {"ok": False, "error": "unknown_method"}
@@ -106,6 +120,7 @@ class FakeSlack:
 def fake_slack(settings):
     fake = FakeSlack()
     fake.thread.start()
+    cache.clear()  # the people's Slack languages (slack.language_of) from any earlier test
     settings.TASKPILOTS = {
         **settings.TASKPILOTS,
         "PUBLIC_URL": "https://tp.example.com",
@@ -449,20 +464,34 @@ def test_a_takeover_or_a_soft_claim_sends_the_person_to_the_console(posted, fake
     before = written(run)
     press(signed(block_actions(message, "approve", "UANN")))
     told = fake_slack.of("chat.postEphemeral")[-1]["text"]
-    assert "cat" in told and "act anyway" in told
+    # Pressing again in Slack would not act anyway: the answer sends the person to the console.
+    assert told.startswith("cat is already handling this run (for 5 more minutes).")
+    assert "Press the button again" not in told and "console to act anyway" in told
     assert f"<https://tp.example.com/console/runs/{run.pk}/|" in told
     assert written(run) == before
 
+    # Cat takes the run over: the message loses its Approve and Reject buttons and says who.
     actions.take_over(run.pk, people["cat"])
     notifications.sweep()
-    fresh = fake_slack.of("chat.update")
-    message = fresh[-1] if fresh else message
+    (taken,) = fake_slack.of("chat.update")
+    assert set(buttons(taken)) == {"open"}
+    assert "cat" in texts(taken)
+    # The buttons of the message as it was before: refused, with the console's sentence.
     before = written(run)
     press(signed(block_actions(message, "approve", "UBOB")))
     told = fake_slack.of("chat.postEphemeral")[-1]["text"]
     assert "cat took over" in told
     assert "Open the run in the console" in told
     assert written(run) == before
+
+    # Given back to the inbox: fresh buttons, and Bob's press decides.
+    actions.release(run.pk, people["cat"], needed_engineer=False)
+    notifications.sweep()
+    released = fake_slack.of("chat.update")[-1]
+    assert set(buttons(released)) == {"approve", "reject", "open"}
+    SoftClaim.objects.filter(run=run).delete()  # Cat's five minutes are over
+    press(signed(block_actions(released, "approve", "UBOB")))
+    assert ApprovalRequest.objects.get(run=run).decided_by == people["bob"]
 
 
 def test_slack_being_down_never_blocks_a_decision(posted, fake_slack, people):
@@ -521,3 +550,22 @@ def test_without_the_slack_extra_a_channel_fails_and_the_endpoint_is_off(
 
 def test_the_interactivity_url_is_the_documented_one():
     assert reverse("slack-interactivity") == URL
+
+
+def test_answers_and_forms_are_in_the_language_slack_shows_the_person(posted, fake_slack, people):
+    run, message = posted
+    fake_slack.locales.update({"UBOB": "zh-CN", "UCAT": None})
+    # Cat's press, without the users:read scope: the server's language.
+    SoftClaim.claim(run, people["ann"], minutes=5)
+    press(signed(block_actions(message, "approve", "UCAT")))
+    assert "ann is already handling this run" in fake_slack.of("chat.postEphemeral")[-1]["text"]
+    # Bob's Slack is in Chinese: the same answer, and the reject form, in Chinese.
+    press(signed(block_actions(message, "approve", "UBOB")))
+    told = fake_slack.of("chat.postEphemeral")[-1]["text"]
+    assert "ann" in told and "如仍要操作，请在控制台中打开该运行。" in told, told
+    press(signed(block_actions(message, "reject", "UBOB")))
+    assert fake_slack.of("views.open")[-1]["view"]["title"]["text"] == "拒绝"
+    # Asked once per person, then remembered.
+    press(signed(block_actions(message, "approve", "UBOB")))
+    asked = [body["user"] for body in fake_slack.of("users.info")]
+    assert sorted(asked) == ["UBOB", "UCAT"]
