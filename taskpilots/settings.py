@@ -483,3 +483,6 @@ INSTALLED_APPS.append("approvals.sso")
 TASKPILOTS_SSO = _sso.from_environment()
 AUTHENTICATION_BACKENDS = _sso.authentication_backends(TASKPILOTS_SSO)
 MIDDLEWARE += _sso.middleware(TASKPILOTS_SSO)
+# The sign-out form's redirect goes on to the provider's end_session_endpoint (browsers hold a
+# form's redirects to form-action too).
+SECURE_CSP["form-action"] += _sso.sign_out_origins(TASKPILOTS_SSO)

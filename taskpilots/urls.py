@@ -1,13 +1,13 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
 from approvals.auth import LockoutLoginView, set_time_zone
 from approvals.metrics_views import prometheus
 from approvals.slack_views import urlpatterns as slack_urlpatterns
+from approvals.sso.views import SignOutView
 from taskpilots import views
 from taskpilots.api import api
 
@@ -18,7 +18,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("metrics", prometheus, name="prometheus-metrics"),
     path("accounts/login/", LockoutLoginView.as_view(), name="login"),
-    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("accounts/logout/", SignOutView.as_view(), name="logout"),
     path("accounts/time-zone/", set_time_zone, name="time-zone"),
     path("i18n/", include("django.conf.urls.i18n")),
     path("console/", include("approvals.urls")),

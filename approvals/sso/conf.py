@@ -24,6 +24,7 @@ ENDPOINTS = {
     "token": "TASKPILOTS_OIDC_TOKEN_ENDPOINT",
     "userinfo": "TASKPILOTS_OIDC_USERINFO_ENDPOINT",
     "jwks": "TASKPILOTS_OIDC_JWKS_URI",
+    "end_session": "TASKPILOTS_OIDC_END_SESSION_ENDPOINT",
 }
 SIGN_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384", "ES512")
 PASSWORD_BACKEND = "django.contrib.auth.backends.ModelBackend"
@@ -116,6 +117,8 @@ def from_environment() -> dict:
         "ROLES": roles,
         "RENEW_SECONDS": env_int("TASKPILOTS_OIDC_RENEW_SECONDS", 15 * 60, minimum=30),
         "TIMEOUT": env_int("TASKPILOTS_OIDC_TIMEOUT", 10, minimum=1),
+        # Signing out of TaskPilots signs out at the provider too (when it offers that).
+        "SIGN_OUT_AT_PROVIDER": env_bool("TASKPILOTS_OIDC_SIGN_OUT_AT_PROVIDER", True),
     }
 
 
@@ -130,6 +133,16 @@ def authentication_backends(sso: dict) -> list[str]:
 def middleware(sso: dict) -> list[str]:
     """After AuthenticationMiddleware: renews an OIDC session with the provider when due."""
     return [OIDC_MIDDLEWARE] if sso["ENABLED"] else []
+
+
+def sign_out_origins(sso: dict) -> list[str]:
+    """The origins the sign-out form's redirect may reach (the Content-Security-Policy's
+    form-action): the end_session_endpoint's when it is given, else the issuer's, where the
+    discovery document puts it at every provider we know."""
+    if not (sso["ENABLED"] and sso.get("SIGN_OUT_AT_PROVIDER", True)):
+        return []
+    parts = urlsplit(sso["ENDPOINTS"].get("end_session") or sso["ISSUER"])
+    return [f"{parts.scheme}://{parts.netloc}"]
 
 
 def current() -> dict:

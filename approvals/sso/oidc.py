@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from urllib.parse import urlencode
 
 import jwt
 import requests
@@ -66,6 +67,26 @@ def _discovery(issuer: str, timeout: int) -> dict:
     return document
 
 
+def end_session_url(id_token: str, after: str) -> str:
+    """Where the browser goes to end the person's session at the provider too (OpenID Connect
+    RP-Initiated Logout 1.0), coming back to `after`; "" when the provider offers no
+    end_session_endpoint. ProviderUnavailable when its discovery cannot be read."""
+    sso = conf.current()
+    url = sso["ENDPOINTS"].get("end_session") or _discovery(sso["ISSUER"], sso["TIMEOUT"]).get(
+        "end_session_endpoint", ""
+    )
+    if not url:
+        return ""
+    query = urlencode(
+        {
+            "id_token_hint": id_token,
+            "post_logout_redirect_uri": after,
+            "client_id": sso["CLIENT_ID"],
+        }
+    )
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
 def endpoint(name: str) -> str:
     sso = conf.current()
     if name in sso["ENDPOINTS"]:
@@ -96,6 +117,8 @@ _FIXED = {
     "OIDC_ALLOW_UNSECURED_JWT": False,
     "OIDC_RP_IDP_SIGN_KEY": None,
     "OIDC_CREATE_USER": True,
+    # Kept in the session for one use: the id_token_hint of the provider's sign-out.
+    "OIDC_STORE_ID_TOKEN": True,
     "OIDC_EXEMPT_URLS": [re.compile(pattern) for pattern in conf.EXEMPT_PATHS],
 }
 

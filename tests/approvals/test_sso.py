@@ -391,3 +391,47 @@ def test_a_callback_with_an_unknown_state_says_so(client):
         response = client.get("/oidc/callback/?code=c&state=not-ours")
     assert response.status_code == 400
     assert "could not be verified" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_signing_out_ends_the_provider_session_too_or_at_least_this_one(client):
+    user = UserFactory(username="ivy", groups=["support"])
+    end_session = f"{ISSUER}/logout"
+
+    def signed_in(backend=conf.OIDC_BACKEND):
+        client.force_login(user, backend=backend)
+        session = client.session
+        if backend == conf.OIDC_BACKEND:
+            session["oidc_id_token"] = "the.id.token"
+        session.save()
+
+    with sso_on(ENDPOINTS={**ENDPOINTS, "end_session": end_session}):
+        signed_in()
+        response = client.post("/accounts/logout/")
+        assert response.status_code == 302
+        location = response["Location"]
+        assert location.startswith(f"{end_session}?id_token_hint=the.id.token&")
+        assert "post_logout_redirect_uri=http%3A%2F%2Ftestserver%2Faccounts%2Flogin%2F" in location
+        assert "client_id=taskpilots" in location
+        assert "_auth_user_id" not in client.session  # signed out here first
+        # Signed in with a password: only here.
+        signed_in(conf.PASSWORD_BACKEND)
+        assert client.post("/accounts/logout/")["Location"] == "/accounts/login/"
+    # Turned off, or a provider with no end_session_endpoint, or one that does not answer:
+    # the session here ends all the same.
+    with sso_on(SIGN_OUT_AT_PROVIDER=False, ENDPOINTS={**ENDPOINTS, "end_session": end_session}):
+        signed_in()
+        assert client.post("/accounts/logout/")["Location"] == "/accounts/login/"
+        assert "_auth_user_id" not in client.session
+    with sso_on(ISSUER="http://127.0.0.1:9", TIMEOUT=1):  # nothing listens on port 9
+        signed_in()
+        assert client.post("/accounts/logout/")["Location"] == "/accounts/login/"
+        assert "_auth_user_id" not in client.session
+
+
+def test_the_sign_out_redirect_is_allowed_by_the_content_security_policy():
+    assert conf.sign_out_origins(sso_settings()) == ["https://idp.example.test"]
+    ends = {**ENDPOINTS, "end_session": "https://login.example.test/oidc/logout"}
+    assert conf.sign_out_origins(sso_settings(ENDPOINTS=ends)) == ["https://login.example.test"]
+    assert conf.sign_out_origins(sso_settings(SIGN_OUT_AT_PROVIDER=False)) == []
+    assert conf.sign_out_origins(conf.OFF) == []

@@ -4,8 +4,9 @@ Connect provider (the npm `oidc-provider`, tests/oidc_provider/) with discovery,
 login page, token and userinfo endpoints, whose people's groups the test changes.
 
 A support person signs in and gets the inbox's actions; moved to the auditors' group at the
-provider, they are an auditor after their session's silent renewal, and again after signing
-out and in; a person in no mapped group is refused with a page that says why, and no account
+provider, they are an auditor after their session's silent renewal; signing out ends their
+session at the provider too (the next sign-in asks for the password again) and reads the groups
+again; a person in no mapped group is refused with a page that says why, and no account
 is made for them.
 """
 
@@ -57,7 +58,10 @@ def sso(django_db_setup):
     """(provider, TaskPilots' base URL): gunicorn on a free port with single sign-on on."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    with OidcProvider(redirect_uris=[f"{base}/oidc/callback/"]) as provider:
+    with OidcProvider(
+        redirect_uris=[f"{base}/oidc/callback/"],
+        post_logout_redirect_uris=[f"{base}/accounts/login/"],
+    ) as provider:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
         env.update(
             DATABASE_URL=database_url(),
@@ -160,8 +164,15 @@ def test_sign_in_maps_groups_to_roles_and_roles_follow_the_provider(browser_page
     # Back to support, then sign out and in again: the new sign-in reads the groups again.
     provider.set_person("alice", password="alice-pw", groups=["tp-support", "tp-admins"])
     page.get_by_role("button", name="Log out").click()
+    # Signing out of TaskPilots ends her session at the provider too (it asks to confirm),
+    # then comes back to the login page.
+    page.wait_for_url(f"{provider.issuer}/session/end**")
+    page.get_by_role("button", name="Yes, sign me out").click()
     page.wait_for_url("**/accounts/login/")
-    _sign_in(page, None)
+    page.goto("/console/")
+    page.wait_for_url("**/accounts/login/?next=/console/")  # signed out here
+    # The provider asks for her password again: nobody at this computer signs in as her.
+    _sign_in(page, "alice", "alice-pw")
     page.wait_for_url("**/console/")
     expect(page.get_by_role("link", name="Rules")).to_be_visible()  # admins' page
     assert _roles("alice") == {"support", "admin"}

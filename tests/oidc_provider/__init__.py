@@ -5,6 +5,7 @@ node_modules here (outside git) by `make test`, or by the first test that needs 
     with OidcProvider(redirect_uris=[...]) as provider:
         provider.set_person("alice", password="…", groups=["tp-support"])
         provider.issuer  # http://127.0.0.1:PORT, with discovery, JWKS, authorize, token, userinfo
+                         # and end_session (sign-out, back to a post_logout_redirect_uri)
 
 People live in a JSON file the provider reads at every login and every claims lookup, so a
 test changes someone's groups between two sign-ins by calling set_person again.
@@ -54,10 +55,16 @@ def ensure_installed() -> str:
 
 
 class OidcProvider:
-    def __init__(self, redirect_uris: list[str], client_id: str = "taskpilots"):
+    def __init__(
+        self,
+        redirect_uris: list[str],
+        client_id: str = "taskpilots",
+        post_logout_redirect_uris: list[str] = (),
+    ):
         self.client_id = client_id
         self.client_secret = secrets.token_urlsafe(32)
         self.redirect_uris = redirect_uris
+        self.post_logout_redirect_uris = list(post_logout_redirect_uris)
         self.issuer = ""
         self.output: list[str] = []
         self._folder = Path(tempfile.mkdtemp(prefix="tp-oidc-"))
@@ -86,6 +93,7 @@ class OidcProvider:
                     "client_id": self.client_id,
                     "client_secret": self.client_secret,
                     "redirect_uris": self.redirect_uris,
+                    "post_logout_redirect_uris": self.post_logout_redirect_uris,
                     "users_file": str(self.users_file),
                 }
             )

@@ -5,7 +5,8 @@
 //
 //   node provider.mjs CONFIG.json
 //
-// CONFIG: {"client_id", "client_secret", "redirect_uris": [...], "users_file"}. The users file:
+// CONFIG: {"client_id", "client_secret", "redirect_uris": [...], "post_logout_redirect_uris":
+// [...], "users_file"}. The users file:
 // {"<login>": {"sub", "password", "email", "name", "groups": [...]}, ...}, read at every login
 // and every claims lookup. It listens on a free port of 127.0.0.1 and prints one JSON line,
 // {"issuer": "http://127.0.0.1:PORT"}, once it answers. Nothing is fetched at run time.
@@ -60,6 +61,7 @@ const provider = new Provider(issuer, {
     client_id: config.client_id,
     client_secret: config.client_secret,
     redirect_uris: config.redirect_uris,
+    post_logout_redirect_uris: config.post_logout_redirect_uris || [],
     grant_types: ['authorization_code'],
     response_types: ['code'],
     token_endpoint_auth_method: 'client_secret_basic',
@@ -73,7 +75,23 @@ const provider = new Provider(issuer, {
     profile: ['name', 'preferred_username'],
     groups: ['groups'],
   },
-  features: { devInteractions: { enabled: false } },
+  features: {
+    devInteractions: { enabled: false },
+    // RP-initiated sign-out (/session/end): a page of our own asks to confirm, as real
+    // providers do; its form is the library's (with its CSRF field).
+    rpInitiatedLogout: {
+      enabled: true,
+      async logoutSource(ctx, form) {
+        ctx.body = `<!doctype html><html lang="en"><head><meta charset="utf-8">
+<title>Test identity provider: sign out</title></head><body>
+<h1>Sign out of the test identity provider?</h1>
+${form}
+<button autofocus type="submit" form="op.logoutForm" value="yes" name="logout">Yes, sign me out</button>
+<button type="submit" form="op.logoutForm">No, stay signed in</button>
+</body></html>`;
+      },
+    },
+  },
   interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
   async findAccount(ctx, sub) {
     if (!bySub(sub)) return undefined;
