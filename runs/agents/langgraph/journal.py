@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextvars
 import json
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,7 +127,9 @@ def load_output(recorded: dict) -> Any:
 
 
 def _load(value: Any) -> Any:
-    return load(value, allowed_objects="messages")
+    with warnings.catch_warnings():  # langchain_core marks load() beta; it is its own format
+        warnings.filterwarnings("ignore", message=".*`load` is in beta")
+        return load(value, allowed_objects="messages")
 
 
 def jsonable(value: Any) -> Any:
