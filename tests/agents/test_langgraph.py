@@ -64,3 +64,132 @@ def test_each_node_run_and_tool_call_is_a_recorded_step(sandbox):
     effect = SideEffect.objects.get(run=run, tool="test.lg_graph.send_mail")
     assert effect.status == "committed"
     assert mails[0]["idempotency_key"] == effect.idempotency_key
+
+
+def test_an_interrupt_is_an_approval_and_the_decision_is_what_the_node_gets_back(
+    sandbox, support_user
+):
+    run = start("test.lg_graph_review")
+    assert run.status == "needs_human", run.attention_reason
+    assert step_names(run)[-1] == "interrupt:5.0:review"
+    assert not sandbox.ledger(system="mail", run=str(run.pk))
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.proposed_params["question"] == "Send this mail?"
+    assert approval.proposed_params["to"] == "ann@example.com"
+    assert "review" in approval.reason
+    edited = {**approval.proposed_params, "subject": "Refund for order o-1"}
+    actions.decide_approval(
+        approval.pk, support_user, "approved_with_edits", edited_params=edited
+    )
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    assert step_names(run) == REVIEW_STEPS
+    mails = sandbox.ledger(system="mail", run=str(run.pk))
+    assert len(mails) == 1
+    sent = Step.objects.get(run=run, name="call:6.0:send_mail")
+    assert sent.spec["params"]["subject"] == "Refund for order o-1"  # the person's edit
+    assert len(lg_graph.MODEL_CALLS) == 3  # the review node's re-run asked no model
+
+
+def test_a_rejected_interrupt_stops_the_graph_before_the_mail(sandbox, support_user):
+    run = start("test.lg_graph_review")
+    approval = ApprovalRequest.objects.get(run=run)
+    actions.decide_approval(approval.pk, support_user, "rejected", comment="not this one")
+    run = engine.run_until_quiet(run.pk)
+    assert run.status in Run.TERMINAL and run.status != "succeeded"
+    assert "node:5.1:review" not in step_names(run)
+    assert not Step.objects.filter(run=run, name__startswith="call:6").exists()
+    assert not sandbox.ledger(system="mail", run=str(run.pk))
+    assert len(lg_graph.MODEL_CALLS) == 2
+
+
+def test_a_side_effect_waits_for_a_person_by_rule(sandbox, support_user):
+    lg_graph.register(approval=True)
+    run = start()
+    assert run.status == "needs_human", run.attention_reason
+    assert step_names(run)[-1] == "approve:4.0:send_mail"
+    assert not sandbox.ledger(system="mail", run=str(run.pk))
+    approval = ApprovalRequest.objects.get(run=run)
+    assert approval.proposed_params["subject"] == "Your order o-1"
+    actions.decide_approval(approval.pk, support_user, "approved")
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    assert step_names(run) == [*STEPS[:4], "approve:4.0:send_mail", *STEPS[4:]]
+    assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+    assert len(lg_graph.MODEL_CALLS) == 3
+
+
+def test_a_crash_after_the_mail_left_resumes_without_a_second_mail_or_model_call(sandbox):
+    lg_graph.CRASH_AFTER_SEND["armed"] = True
+    run, _ = engine.start_run("test.lg_graph", dict(CASE))
+    with pytest.raises(lg_graph.Crash):
+        engine.run_until_quiet(run.pk)
+    assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+    assert SideEffect.objects.get(run=run, tool="test.lg_graph.send_mail").status == "intended"
+    Step.objects.filter(run=run, status="running").update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    engine.sweep()
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+    effect = SideEffect.objects.get(run=run, tool="test.lg_graph.send_mail")
+    assert effect.status == "committed" and effect.confirmed_by == "reconcile"
+    assert len(lg_graph.MODEL_CALLS) == 3
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{}, {"message": ""}, {"message": "   "}, {"message": 42}, {"message": "x" * 20_001}],
+)
+def test_bad_input_is_refused_with_nothing_written(bad):
+    with pytest.raises(StartError, match="message"):
+        engine.start_run("test.lg_graph", bad)
+    assert Run.objects.count() == 0 and Step.objects.count() == 0
+
+
+def test_registration_says_what_is_wrong():
+    with pytest.raises(GraphSetupError, match="no tools named"):
+        register_langgraph("test.lg_x", lg_graph.graph, tools={"nope": "mail.send"})
+    with pytest.raises(GraphSetupError, match="not registered"):
+        register_langgraph("test.lg_x", lg_graph.graph, tools={"send_mail": "no.such.tool"})
+    with pytest.raises(GraphSetupError, match="not a LangGraph StateGraph"):
+        register_langgraph("test.lg_x", object())
+    with pytest.raises(GraphSetupError, match="interrupt\\(\\) in the node"):
+        compiled = lg_graph.build().compile(interrupt_before=["tools"])
+        register_langgraph("test.lg_x", compiled)
+    assert Run.objects.count() == 0
+
+
+def test_the_graph_itself_is_unchanged():
+    """Registering compiles a journaled copy: the graph still runs on its own, outside
+    TaskPilots, as LangGraph runs it."""
+    lg_graph.register(approval=True)
+    policy = ToolPolicy(side_effect=False)
+    assert policy.side_effect is False
+    state = lg_graph.graph.nodes["agent"].bound.invoke({"messages": [("user", "hi")]})
+    assert state["messages"][0].tool_calls[0]["name"] == "lookup_order"
+
+
+def test_without_the_extra_the_engine_runs_and_the_import_says_what_to_install():
+    from tests.taskpilots.test_plain_install import extras_only_modules, run_without_extras
+
+    blocked = extras_only_modules()
+    assert {"langgraph", "langchain_core"} <= set(blocked)
+    code = """
+import os
+os.environ["DJANGO_SETTINGS_MODULE"] = "taskpilots.settings"
+import django
+django.setup()
+import runs.agents, runs.engine, runs.agents.policy
+try:
+    from runs.agents.langgraph import register_langgraph
+except ImportError as exc:
+    print("langgraph:", exc)
+print("imported:", sys.modules.get("langgraph") is not None)
+"""
+    result = run_without_extras(code, blocked)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert "pip install 'taskpilots[langgraph]'" in lines["langgraph"]
+    assert lines["imported"] == "False"
