@@ -162,12 +162,15 @@ def test_registration_says_what_is_wrong():
 
 
 def test_the_graph_itself_is_unchanged():
-    """Registering compiles a journaled copy: the graph still runs on its own, outside
-    TaskPilots, as LangGraph runs it."""
-    lg_graph.register(approval=True)
-    policy = ToolPolicy(side_effect=False)
-    assert policy.side_effect is False
-    state = lg_graph.graph.nodes["agent"].bound.invoke({"messages": [("user", "hi")]})
+    """Registering compiles a journaled copy from the graph's builder: the graph registered
+    is not modified and still runs as LangGraph runs it."""
+    runner = register_langgraph(
+        "test.lg_copy", lg_graph.graph, tools={"send_mail": ToolPolicy(needs_approval=True)}
+    )
+    assert runner.graph is not lg_graph.graph
+    assert lg_graph.graph.builder.nodes["tools"].runnable._wrap_tool_call is None
+    agent = lg_graph.graph.nodes["agent"].bound
+    state = agent.invoke({"messages": [("user", "hi")]})
     assert state["messages"][0].tool_calls[0]["name"] == "lookup_order"
 
 
