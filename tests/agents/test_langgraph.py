@@ -78,9 +78,7 @@ def test_an_interrupt_is_an_approval_and_the_decision_is_what_the_node_gets_back
     assert approval.proposed_params["to"] == "ann@example.com"
     assert "review" in approval.reason
     edited = {**approval.proposed_params, "subject": "Refund for order o-1"}
-    actions.decide_approval(
-        approval.pk, support_user, "approved_with_edits", edited_params=edited
-    )
+    actions.decide_approval(approval.pk, support_user, "approved_with_edits", edited_params=edited)
     run = engine.run_until_quiet(run.pk)
     assert run.status == "succeeded", run.attention_reason
     assert step_names(run) == REVIEW_STEPS

