@@ -19,8 +19,8 @@ AGENTS_EXTRA = "pip install 'taskpilots[agents]'"
 
 
 class MissingExtra(ImportError):
-    """A package of an optional extra (`agents`, `pydantic-ai`, `langgraph`) is not installed; the message
-    says what to do."""
+    """A package of an optional extra (`agents`, `pydantic-ai`, `langgraph`) is not installed;
+    the message says what to do."""
 
     def __init__(self, package: str, extra: str = "agents") -> None:
         super().__init__(
