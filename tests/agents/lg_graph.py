@@ -22,6 +22,7 @@ from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
@@ -138,7 +139,9 @@ def build(with_review: bool = False) -> StateGraph:
 
 
 graph = build().compile()
-review_graph = build(with_review=True).compile()
+# As LangGraph's docs teach for interrupt(): compiled with a checkpointer (TaskPilots compiles
+# its own copy without one, its steps being the graph's durable state).
+review_graph = build(with_review=True).compile(checkpointer=InMemorySaver())
 
 
 def mail_by_key(key: str, call) -> LookupResult:

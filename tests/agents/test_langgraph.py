@@ -6,10 +6,14 @@ runs a recorded node (nor asks its model) again."""
 
 from __future__ import annotations
 
+import operator
 from datetime import timedelta
+from typing import Annotated, TypedDict
 
 import pytest
 from django.utils import timezone
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
 
 from approvals import actions
 from approvals.models import ApprovalRequest
@@ -194,3 +198,78 @@ print("imported:", sys.modules.get("langgraph") is not None)
     lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
     assert "pip install 'taskpilots[langgraph]'" in lines["langgraph"]
     assert lines["imported"] == "False"
+
+
+class Fan(TypedDict):
+    log: Annotated[list, operator.add]
+    name: str
+    send: bool
+
+
+RAN: list[str] = []
+
+
+def _node(label):
+    def run(state: Fan):
+        RAN.append(label)
+        return {"log": [label]}
+
+    return run
+
+
+def ask(state: Fan):
+    RAN.append("ask")
+    name = interrupt("What is the customer's name?")
+    answer = interrupt({"question": f"Mail {name}?", "send": True})
+    return {"name": name, "send": answer["send"], "log": ["ask"]}
+
+
+def fan_graph():
+    builder = StateGraph(Fan)
+    for label in ("a", "b", "c"):
+        builder.add_node(label, _node(label))
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("a", "c")
+    builder.add_edge(["b", "c"], "ask")
+    builder.add_edge("ask", END)
+    return builder.compile()
+
+
+def test_parallel_nodes_and_two_interrupts_in_one_node(support_user):
+    RAN.clear()
+    register_langgraph(
+        "test.lg_fan",
+        fan_graph(),
+        graph_input=lambda data: {"log": [], "name": "", "send": False},
+        validate_input=lambda data: data,
+        output=lambda state: {
+            "log": sorted(state["log"]),
+            "name": state["name"],
+            "send": state["send"],
+        },  # fmt: skip
+    )
+    run, _ = engine.start_run("test.lg_fan", {})
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "needs_human", run.attention_reason
+    first = ApprovalRequest.objects.get(run=run, step__name="interrupt:3.0:ask")
+    assert first.proposed_params == {"value": "What is the customer's name?"}
+    actions.decide_approval(
+        first.pk, support_user, "approved_with_edits", edited_params={"value": "Ann"}
+    )
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "needs_human", run.attention_reason
+    second = ApprovalRequest.objects.get(run=run, step__name="interrupt:3.1:ask")
+    assert second.proposed_params == {"question": "Mail Ann?", "send": True}
+    actions.decide_approval(second.pk, support_user, "approved")
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    assert run.result["final_output"] == {"log": ["a", "ask", "b", "c"], "name": "Ann",
+                                          "send": True}  # fmt: skip
+    assert step_names(run) == ["start", "node:1:a", "node:2:b", "node:2:c", "node:3:ask",
+                               "interrupt:3.0:ask", "node:3.1:ask", "interrupt:3.1:ask",
+                               "node:3.2:ask", "finish"]  # fmt: skip
+    # Each recorded node ran once; the interrupting node ran again after each decision, as
+    # under LangGraph.
+    assert sorted(RAN) == ["a", "ask", "ask", "ask", "b", "c"]

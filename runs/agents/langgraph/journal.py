@@ -48,6 +48,9 @@ CURRENT_JOURNAL: contextvars.ContextVar[Journal | None] = contextvars.ContextVar
 CURRENT_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "taskpilots_langgraph_call", default=None
 )
+# How long a node beside the live one waits for it to start (it is started at once unless the
+# graph's routing is not deterministic).
+LIVE_START_WAIT = 60.0
 
 
 class NotRecordable(TypeError):
@@ -138,7 +141,8 @@ def jsonable(value: Any) -> Any:
 
 
 def tool_message(recorded: Any, call: dict) -> ToolMessage:
-    content = recorded if isinstance(recorded, str) else json.dumps(recorded, default=str)
+    # As LangChain's tools turn a result into a ToolMessage's content.
+    content = recorded if isinstance(recorded, str) else json.dumps(recorded, ensure_ascii=False)
     return ToolMessage(content=content, name=call["name"], tool_call_id=call["id"])
 
 
@@ -158,21 +162,23 @@ class Journal:
     def __init__(self, results: dict[str, Any], live: str | None = None) -> None:
         self.results = results
         self.live = live
+        self._live_superstep = _superstep_of(live) if live else None
         self.pending: list[PendingStep] = []
         self.done: Done | None = None
         self._lock = threading.Lock()
-        self._live_finished = threading.Event()
+        self._live_started = threading.Event()
 
     def raise_pending(self, step: PendingStep):
         with self._lock:
             self.pending.append(step)
-        if self.live:  # a node beside the live one waits for it, so the live one is not cut off
-            self._live_finished.wait(timeout=3600)
+        if step.order[0] == self._live_superstep:
+            # A node beside the live one in its superstep waits until the live one started:
+            # LangGraph cancels the tasks not started when one fails, and waits for the others.
+            self._live_started.wait(timeout=LIVE_START_WAIT)
         raise Pending(step)
 
     def finish_live(self, result: dict):
         self.done = Done(result)
-        self._live_finished.set()
         raise self.done
 
     def first_pending(self) -> PendingStep | None:
@@ -212,6 +218,7 @@ class Journal:
             # The node runs again from its start, as on LangGraph's own resume: its earlier
             # interrupts return the people's decisions, in order.
             scratchpad.resume[:] = resumes
+        self._live_started.set()
         try:
             output = runnable.invoke(state, config)
         except GraphInterrupt as exc:
@@ -238,6 +245,11 @@ class Journal:
             order=(superstep, "", index),
         )
         return self.raise_pending(step)
+
+
+def _superstep_of(step: str) -> int:
+    """The superstep of a node step's name (`node:<s>:<node>` or `node:<s>.<r>:<node>`)."""
+    return int(step.split(":", 2)[1].split(".")[0])
 
 
 def _index(state: Any, call: dict) -> int:
