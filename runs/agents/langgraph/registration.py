@@ -16,7 +16,7 @@ from langgraph.prebuilt import ToolNode
 
 from runs import tools as tool_registry
 from runs import workflows
-from runs.agents import AgentToolInfo, flat_schema, set_tool_info, tool_info
+from runs.agents import AgentToolInfo, flat_schema, set_tool_info
 from runs.agents.langgraph.journal import CURRENT_CALL, CURRENT_JOURNAL, intercept_tool_call
 from runs.agents.langgraph.workflow import (
     FAILED_HANDLER,
@@ -27,6 +27,7 @@ from runs.agents.langgraph.workflow import (
     LangGraphWorkflow,
 )
 from runs.agents.policy import ToolPolicy
+from runs.agents.steps import use_registered_tool
 from runs.models import FailureClass
 from runs.tools import CallContext, ToolError
 from runs.workflows import Context
@@ -164,21 +165,7 @@ def _journaled_node(node: str, runnable: Any) -> RunnableCallable:
 
 def _bind(runner: LangGraphWorkflow, tool_name: str, function: Any, policy) -> str:
     if policy is not None and policy.tool:
-        try:
-            tool_registry.get(policy.tool)
-        except tool_registry.UnknownTool:
-            raise GraphSetupError(
-                f"tool {tool_name!r} maps to {policy.tool!r}, which is not registered"
-            ) from None
-        if policy.needs_approval is not None:
-            info = dataclasses.replace(
-                tool_info(policy.tool),
-                needs_approval=policy.needs_approval,
-                approval_reason=policy.approval_reason,
-                queue=policy.queue,
-            )
-            set_tool_info(policy.tool, info)
-        return policy.tool
+        return use_registered_tool(tool_name, policy, GraphSetupError)
     policy = policy or ToolPolicy()
     target = f"{runner.name}.{tool_name}"
     schema = convert_to_openai_tool(function)["function"].get("parameters") or {}

@@ -25,8 +25,7 @@ from typing import Any
 from langchain_core.messages import BaseMessage, ToolMessage
 from pydantic import ValidationError
 
-from runs import tools as tool_registry
-from runs.agents import run_sync, tool_info
+from runs.agents import run_sync
 from runs.agents.langgraph.journal import (
     CURRENT_CALL,
     CURRENT_JOURNAL,
@@ -37,6 +36,7 @@ from runs.agents.langgraph.journal import (
     jsonable,
     pass_signal,
 )
+from runs.agents.steps import tool_call_step
 from runs.models import FailureClass, StepKind
 from runs.tools import CallContext, ToolError
 from runs.workflows import END, Context, DynamicStep, Workflow, compute
@@ -174,39 +174,15 @@ class LangGraphWorkflow:
         )
 
     def _call_step(self, ctx: Context, pending: PendingStep) -> DynamicStep:
-        name = pending.name
-        target = self.tools.get(pending.tool)
-        if not target:
-            return self._compute(
-                name, REFUSAL_HANDLER, error=f"there is no tool named {pending.tool!r}"
-            )
-        arguments = pending.arguments
-        info = tool_info(target)
-        if info.approval_needed(arguments):
-            approve = "approve:" + name.removeprefix("call:")
-            if approve not in {h["name"] for h in ctx.history}:
-                return DynamicStep(
-                    approve,
-                    StepKind.APPROVAL,
-                    tool=target,
-                    params=arguments,
-                    stage=self.stage,
-                    queue=info.queue,
-                    reason=info.approval_reason
-                    or f"The graph {self.name!r} wants to call {pending.tool}.",
-                )
-            decision = ctx.results.get(approve)
-            if not isinstance(decision, dict) or "params" not in decision:
-                skipped = "a person skipped this call instead of approving it"
-                return self._compute(name, REFUSAL_HANDLER, error=skipped)
-            arguments = decision["params"]
-        tool = tool_registry.get(target)
-        return DynamicStep(
-            name,
-            StepKind.SIDE_EFFECT if tool.side_effect else StepKind.READ,
-            tool=target,
-            params=arguments,
+        return tool_call_step(
+            ctx,
+            pending.name,
+            pending.tool,
+            self.tools.get(pending.tool, ""),
+            pending.arguments,
             stage=self.stage,
+            who=f"The graph {self.name!r}",
+            refuse=lambda name, error: self._compute(name, REFUSAL_HANDLER, error=error),
         )
 
     # -- each step's own work ---------------------------------------------------------------
