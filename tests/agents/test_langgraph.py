@@ -13,7 +13,7 @@ from typing import Annotated, TypedDict
 import pytest
 from django.utils import timezone
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import interrupt
+from langgraph.types import Command, interrupt
 
 from approvals import actions
 from approvals.models import ApprovalRequest
@@ -224,20 +224,24 @@ def ask(state: Fan):
     return {"name": name, "send": answer["send"], "log": ["ask"]}
 
 
+def fan_out(state: Fan) -> Command:
+    RAN.append("a")
+    return Command(update={"log": ["a"]}, goto=["b", "c"])
+
+
 def fan_graph():
     builder = StateGraph(Fan)
-    for label in ("a", "b", "c"):
+    builder.add_node("a", fan_out)
+    for label in ("b", "c"):
         builder.add_node(label, _node(label))
     builder.add_node("ask", ask)
     builder.add_edge(START, "a")
-    builder.add_edge("a", "b")
-    builder.add_edge("a", "c")
     builder.add_edge(["b", "c"], "ask")
     builder.add_edge("ask", END)
     return builder.compile()
 
 
-def test_parallel_nodes_and_two_interrupts_in_one_node(support_user):
+def test_a_command_fans_out_to_parallel_nodes_and_one_node_interrupts_twice(support_user):
     RAN.clear()
     register_langgraph(
         "test.lg_fan",
@@ -273,3 +277,24 @@ def test_parallel_nodes_and_two_interrupts_in_one_node(support_user):
     # Each recorded node ran once; the interrupting node ran again after each decision, as
     # under LangGraph.
     assert sorted(RAN) == ["a", "ask", "ask", "ask", "b", "c"]
+
+
+class Opaque:
+    """Neither JSON nor a LangChain message."""
+
+
+def test_a_node_output_that_cannot_be_recorded_stops_its_step_saying_why():
+    builder = StateGraph(Fan)
+    builder.add_node("odd", lambda state: {"log": [Opaque()]})
+    builder.add_edge(START, "odd")
+    register_langgraph(
+        "test.lg_odd",
+        builder,
+        graph_input=lambda data: {"log": [], "name": "", "send": False},
+        validate_input=lambda data: data,
+    )
+    run, _ = engine.start_run("test.lg_odd", {})
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "needs_human"  # an invalid_input failure goes to a person
+    assert "not JSON or LangChain messages" in run.attention_reason
+    assert Step.objects.get(run=run, name="node:1:odd").status == "needs_human"
