@@ -91,7 +91,7 @@ def interrupt_step(superstep: int, run: int, node: str) -> str:
     return f"interrupt:{superstep}.{run}:{node}"
 
 
-def call_step(superstep: int, index: int, tool: str) -> str:
+def call_step(superstep: int, index: int | str, tool: str) -> str:
     return f"call:{superstep}.{index}:{tool}"
 
 
@@ -242,7 +242,7 @@ class Journal:
             "call",
             tool=call["name"],
             arguments=dict(call.get("args") or {}),
-            order=(superstep, "", index),
+            order=(superstep, "", str(index).rjust(12)),
         )
         return self.raise_pending(step)
 
@@ -252,15 +252,16 @@ def _superstep_of(step: str) -> int:
     return int(step.split(":", 2)[1].split(".")[0])
 
 
-def _index(state: Any, call: dict) -> int:
-    """The call's position among the tool calls of the message that asked for it."""
+def _index(state: Any, call: dict) -> int | str:
+    """The call's position among the tool calls of the message that asked for it (its id when
+    that message is not in the state's `messages`)."""
     messages = state.get("messages") if isinstance(state, dict) else getattr(state, "messages", [])
     for message in reversed(messages or []):
         if isinstance(message, AIMessage):
             for index, asked in enumerate(message.tool_calls):
                 if asked.get("id") == call.get("id"):
                     return index
-    return 0
+    return str(call.get("id") or 0)
 
 
 def intercept_tool_call(request: Any, execute: Any) -> Any:
