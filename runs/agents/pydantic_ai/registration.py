@@ -12,7 +12,7 @@ from pydantic_ai.agent import AbstractAgent
 
 from runs import tools as tool_registry
 from runs import workflows
-from runs.agents import AgentToolInfo, flat_schema, set_tool_info, tool_info
+from runs.agents import AgentToolInfo, flat_schema, set_tool_info
 from runs.agents.policy import ToolPolicy
 from runs.agents.pydantic_ai.journal import CURRENT_CALL
 from runs.agents.pydantic_ai.workflow import (
@@ -24,6 +24,7 @@ from runs.agents.pydantic_ai.workflow import (
     PydanticAgentWorkflow,
     RunInputCallContext,
 )
+from runs.agents.steps import use_registered_tool
 from runs.models import FailureClass
 from runs.tools import CallContext, ToolError
 from runs.workflows import Context
@@ -103,21 +104,7 @@ def _function_tools(agent: AbstractAgent) -> dict[str, Any]:
 
 def _bind(runner: PydanticAgentWorkflow, tool_name: str, function: Any, policy) -> str:
     if policy is not None and policy.tool:
-        try:
-            tool_registry.get(policy.tool)
-        except tool_registry.UnknownTool:
-            raise AgentSetupError(
-                f"tool {tool_name!r} maps to {policy.tool!r}, which is not registered"
-            ) from None
-        if policy.needs_approval is not None:
-            info = dataclasses.replace(
-                tool_info(policy.tool),
-                needs_approval=policy.needs_approval,
-                approval_reason=policy.approval_reason,
-                queue=policy.queue,
-            )
-            set_tool_info(policy.tool, info)
-        return policy.tool
+        return use_registered_tool(tool_name, policy, AgentSetupError)
     policy = policy or ToolPolicy()
     target = f"{runner.name}.{tool_name}"
     schema = function.function_schema.json_schema

@@ -28,8 +28,7 @@ from pydantic_ai.models import Model, infer_model
 from pydantic_ai.usage import RunUsage
 from pydantic_core import to_jsonable_python
 
-from runs import tools as tool_registry
-from runs.agents import run_sync, tool_info
+from runs.agents import run_sync
 from runs.agents.pydantic_ai.journal import (
     CURRENT_CALL,
     RETRY_KEY,
@@ -39,6 +38,7 @@ from runs.agents.pydantic_ai.journal import (
     PendingStep,
     pass_signal,
 )
+from runs.agents.steps import tool_call_step
 from runs.models import FailureClass, StepKind
 from runs.tools import CallContext, ToolError
 from runs.workflows import END, Context, DynamicStep, Workflow, compute
@@ -156,42 +156,15 @@ class PydanticAgentWorkflow:
         )
 
     def _call_step(self, ctx: Context, pending: PendingStep) -> DynamicStep:
-        name = pending.name
-        target = self.tools.get(pending.tool)
-        if not target:
-            return self._compute(
-                name, REFUSAL_HANDLER, error=f"there is no tool named {pending.tool!r}"
-            )
-        arguments = pending.arguments
-        info = tool_info(target)
-        if info.approval_needed(arguments):
-            approve = "approve:" + name.removeprefix("call:")
-            if approve not in {h["name"] for h in ctx.history}:
-                return DynamicStep(
-                    approve,
-                    StepKind.APPROVAL,
-                    tool=target,
-                    params=arguments,
-                    stage=self.stage,
-                    queue=info.queue,
-                    reason=info.approval_reason
-                    or f"The agent {self.agent.name or self.name!r} wants to call {pending.tool}.",
-                )
-            decision = ctx.results.get(approve)
-            if not isinstance(decision, dict) or "params" not in decision:
-                return self._compute(
-                    name,
-                    REFUSAL_HANDLER,
-                    error="a person skipped this call instead of approving it",
-                )
-            arguments = decision["params"]
-        tool = tool_registry.get(target)
-        return DynamicStep(
-            name,
-            StepKind.SIDE_EFFECT if tool.side_effect else StepKind.READ,
-            tool=target,
-            params=arguments,
+        return tool_call_step(
+            ctx,
+            pending.name,
+            pending.tool,
+            self.tools.get(pending.tool, ""),
+            pending.arguments,
             stage=self.stage,
+            who=f"The agent {self.agent.name or self.name!r}",
+            refuse=lambda name, error: self._compute(name, REFUSAL_HANDLER, error=error),
         )
 
     # -- each step's own work ---------------------------------------------------------------
