@@ -1,7 +1,7 @@
 """The engine's hook points: where code outside it may watch what it records, stand in for a
 tool or time the work it does, without replacing any of its functions.
 
-Three points, all empty unless something registers on them:
+Four points, all empty unless something registers on them:
 - `wrap_tools(wrapper)`: `runs.tools.get` hands out `wrapper(tool)` instead of the tool (the
   same tool, or a stand-in that calls it);
 - `observe_events(observer)`: `observer(run_id, events)` is called once timeline events the
@@ -19,7 +19,10 @@ Three points, all empty unless something registers on them:
   row id yet; result: a `Succeeded`, or `None` when it failed there and the ordinary path
   executes it again); `"model_request"`, a model turn's request to the model
   (`runs.agents.sdk.runner`; subject: {"agent": name, "model": name}; result: the SDK's
-  `ModelResponse`). Tool calls are timed through `wrap_tools`.
+  `ModelResponse`). Tool calls are timed through `wrap_tools`;
+- `propagate(injector)`: `injector(headers)` adds to the headers of every HTTP request an
+  http tool sends (runs.tools.http_request), in the thread that sends it: the trace context
+  (W3C `traceparent`), so the receiving service's spans join the run's trace.
 
 The engine registers nothing here. The registrants are the evidence app's fault injection
 and drill logging (taskpilots/evidence/faults.py) and the OpenTelemetry traces (taskpilots/otel,
@@ -56,6 +59,8 @@ class Tracer(Protocol):
 tool_wrappers: list[ToolWrapper] = []
 event_observers: list[EventObserver] = []
 tracers: list[Tracer] = []
+HeaderInjector = Callable[[dict[str, str]], None]
+propagators: list[HeaderInjector] = []
 
 
 def wrap_tools(wrapper: ToolWrapper) -> None:
@@ -70,11 +75,26 @@ def trace(tracer: Tracer) -> None:
     tracers.append(tracer)
 
 
+def propagate(injector: HeaderInjector) -> None:
+    propagators.append(injector)
+
+
 def clear() -> None:
     """Forget every registration (a test that registered its own)."""
     tool_wrappers.clear()
     event_observers.clear()
     tracers.clear()
+    propagators.clear()
+
+
+def outgoing_headers(headers: dict[str, str]) -> None:
+    """Let every injector add to an outgoing request's headers (callers check
+    `if hooks.propagators:` first); one that raises is logged and skipped."""
+    for injector in propagators:
+        try:
+            injector(headers)
+        except Exception:
+            logger.exception("hook: header injector %r failed; the request goes without", injector)
 
 
 def wrapping_tools() -> bool:

@@ -570,6 +570,8 @@ def http_request(
     all_headers = {"Accept": "application/json", **(headers or {})}
     if payload is not None:
         all_headers["Content-Type"] = "application/json"
+    if hooks.propagators:  # the trace context (taskpilots/otel), when tracing is on
+        hooks.outgoing_headers(all_headers)
     about_to_send()
     try:
         response = _http_client().request(

@@ -33,6 +33,7 @@ from django.db.models.signals import post_save
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.propagate import inject
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
@@ -470,6 +471,7 @@ def register(provider: TracerProvider) -> Spans:
     hooks.trace(spans)
     hooks.wrap_tools(spans.wrap_tool)
     hooks.observe_events(spans.committed)
+    hooks.propagate(inject)
     post_save.connect(spans.decision_saved, sender=HumanDecision, weak=False, dispatch_uid=spans)
     return spans
 
@@ -479,6 +481,7 @@ def unregister(spans: Spans) -> None:
         (hooks.tracers, spans),
         (hooks.tool_wrappers, spans.wrap_tool),
         (hooks.event_observers, spans.committed),
+        (hooks.propagators, inject),
     ):
         if item in registered:
             registered.remove(item)

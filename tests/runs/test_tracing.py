@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,9 +24,10 @@ from opentelemetry.trace import StatusCode
 
 from approvals import actions
 from approvals.models import ApprovalRequest
-from runs import engine, hooks, traceids
+from runs import engine, hooks, tools, traceids, workflows
 from runs.agents.sdk import ToolPolicy, register_agent
 from runs.models import SideEffect, Step
+from runs.workflows import Workflow, side_effect
 from taskpilots.env import format_database_url
 from taskpilots.otel import setup
 from taskpilots.otel import spans as otel_spans
@@ -351,3 +354,75 @@ def test_tracing_on_traces_the_engine_django_and_celery_in_every_process():
     assert {s["trace"] for s in steps} == {f"{trace_id:032x}"}
     assert {s["parent"] for s in steps} == {run_span_id}
     assert all(s["links"] == [task["span"]] for s in steps)
+
+
+class _Receiver:
+    """An HTTP service on a free local port that keeps the headers of every request it gets."""
+
+    def __init__(self):
+        self.headers: list[dict[str, str]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
+                body = json.dumps({"id": f"msg-{len(receiver.headers)}"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/send"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def receiver():
+    service = _Receiver()
+    yield service
+    service.server.shutdown()
+    service.server.server_close()
+
+
+def _http_mail_run(url: str):
+    tools.register(
+        tools.http_tool(
+            "test.traced_http_mail",
+            "POST",
+            url,
+            side_effect=True,
+            target=lambda p: f"mailbox:{p['to']}",
+        ),
+        replace=True,
+    )
+    step = side_effect("send", "test.traced_http_mail", params=lambda ctx: {"to": "ann"})
+    workflows.register(Workflow("test.traced_http", 1, [step]), replace=True)
+    return engine.start_run("test.traced_http", {})[0]
+
+
+def test_an_http_tools_request_carries_the_trace_context_of_its_call(exported, receiver):
+    with exported.committing():
+        run = drive(_http_mail_run(receiver.url))
+    assert run.status == "succeeded"
+    (headers,) = receiver.headers
+    # W3C trace context: version-trace id-parent span id-flags; the parent is the call's span.
+    version, trace_id, parent, flags = headers["traceparent"].split("-")
+    call = one(exported, "tool test.traced_http_mail")
+    assert (version, flags) == ("00", "01")
+    assert int(trace_id, 16) == traceids.ids(run.pk)[0] == call.context.trace_id
+    assert int(parent, 16) == call.context.span_id
+    assert headers["idempotency-key"] == SideEffect.objects.get(run=run).idempotency_key
+
+
+def test_without_tracing_an_http_tool_sends_no_trace_context(receiver):
+    assert not hooks.propagators
+    run = drive(_http_mail_run(receiver.url))
+    assert run.status == "succeeded"
+    (headers,) = receiver.headers
+    assert "traceparent" not in headers and "tracestate" not in headers
