@@ -237,11 +237,18 @@ def approval_messages(run_id, payload: dict, recipients: list[str]):
     messages = []
     for address in recipients:
         user = recipient_user(address)
-        body = render_to_string(
-            "mail/approval.txt",
-            {**context, "links": links_for(ctx, state, address, user), "address": address},
+        personal = {
+            **context,
+            "subject": subject,
+            "links": links_for(ctx, state, address, user),
+            "address": address,
+        }
+        message = EmailMultiAlternatives(
+            subject, render_to_string("mail/approval.txt", personal), None, [address]
         )
-        messages.append(EmailMultiAlternatives(subject, body, None, [address]))
+        # The same content and links as HTML, for clients that show it (buttons, a table).
+        message.attach_alternative(render_to_string("mail/approval.html", personal), "text/html")
+        messages.append(message)
     return messages
 
 

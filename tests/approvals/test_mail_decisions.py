@@ -5,10 +5,12 @@ someone else's or anonymous request, and any GET, write nothing."""
 
 from __future__ import annotations
 
+import html
 import re
 import socket
 import time
 from email import message_from_bytes, policy
+from types import SimpleNamespace
 from unittest import mock
 from urllib.parse import urlsplit
 
@@ -377,6 +379,10 @@ def test_agent_data_in_the_mail_is_plain_text_with_invisible_characters_shown(sm
     notifications.sweep()
     body = mailed_links(smtp, "ann@example.com")["body"]
     assert "pay_[U+202E]<b>gpj.exe" in body and "\u202e" not in body
+    # The HTML part: the same value escaped, never markup.
+    html_part = smtp.for_address("ann@example.com").get_body(("html",)).get_content()
+    assert "pay_[U+202E]&lt;b&gt;gpj.exe" in html_part
+    assert "<b>gpj" not in html_part and "\u202e" not in html_part
     page = login(people["ann"]).get(mailed_links(smtp, "ann@example.com")["Approve"])
     assert b"<b>gpj" not in page.content and b"&lt;b&gt;gpj" in page.content
     assert ApprovalRequest.objects.get(run=run).status == "pending"
@@ -397,3 +403,24 @@ def test_a_role_that_does_not_act_is_refused_before_the_link_is_read(mailed, smt
     before = written(run)
     assert login(auditor).get(approve).status_code == 403
     assert written(run) == before
+
+
+def test_the_html_part_says_what_the_text_says_with_the_same_links(mailed, smtp, people):
+    message = smtp.for_address("ann@example.com")
+    text = mailed_links(smtp, "ann@example.com")
+    page = message.get_body(("html",)).get_content()
+    hrefs = {
+        name: urlsplit(html.unescape(url)).path
+        for url, name in re.findall(r'<a href="([^"]+)"[^>]*>([^<]+)</a>', page)
+    }
+    assert hrefs == {
+        "Approve": text["Approve"],
+        "Reject": text["Reject"],
+        "Open in the console": text["Open in the console"],
+    }
+    shown = visible_text(SimpleNamespace(content=page.encode()))
+    for line in ("What will be done if you approve", "payments.refund", "These links are for"):
+        assert line in shown and line in text["body"]
+    # The address nobody has gets both links too; one link per person, never another's.
+    other = smtp.for_address("bob@example.com").get_body(("html",)).get_content()
+    assert text["Approve"] not in other
