@@ -71,6 +71,9 @@ class TimelineEvent(ImmutableModel):
                         "approval.rejected",
                         "approval.expired",
                         "approval.cancelled",
+                        # A run taken over or given back: its Slack messages update.
+                        "run.taken_over",
+                        "run.released",
                     ]
                 ),
             ),

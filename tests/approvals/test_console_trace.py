@@ -34,7 +34,7 @@ def test_tracing_on_the_page_shows_the_trace_id(page, settings):
     run, get = page
     trace_id = traceids.trace_id_hex(run.pk)
     html = get()
-    assert f'<dt>Trace</dt><dd class="mono clip">{trace_id}</dd>' in html
+    assert f'<dt>Trace</dt><dd class="mono">{trace_id}</dd>' in html
     assert "tempo.example" not in html
     # In Chinese too.
     assert "<dt>链路追踪</dt>" in get(HTTP_ACCEPT_LANGUAGE="zh-Hans")
