@@ -1,8 +1,8 @@
 # The notification scan's partial index also covers run.taken_over and run.released (a Slack
 # message about the run's open request loses or gets back its buttons: approvals/slack.py).
-# Built concurrently: the timeline is the largest table, and writes go on meanwhile.
+# In the migration's transaction, as 0026 did: the partial index holds only the notifying
+# verbs, but building it reads the whole timeline while writes to it wait.
 
-from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.db import migrations, models
 
 VERBS = [
@@ -23,15 +23,13 @@ VERBS = [
 
 
 class Migration(migrations.Migration):
-    atomic = False
-
     dependencies = [
         ("runs", "0026_notify_slack_updates"),
     ]
 
     operations = [
-        RemoveIndexConcurrently(model_name="timelineevent", name="timeline_notify_idx"),
-        AddIndexConcurrently(
+        migrations.RemoveIndex(model_name="timelineevent", name="timeline_notify_idx"),
+        migrations.AddIndex(
             model_name="timelineevent",
             index=models.Index(
                 condition=models.Q(("verb__in", VERBS)),
