@@ -135,3 +135,16 @@ def test_registering_reaches_no_server(tmp_path, monkeypatch):
     pai_mcp_agent.register()
     starts = tmp_path / "fresh.ledger.starts"
     assert not starts.exists()  # the server is started on first use, not at registration
+
+
+def test_the_model_sees_the_tools_it_sees_without_taskpilots(drafts, tmp_path):
+    from runs.agents import run_sync
+
+    native = pai_mcp_agent.build_agent(tmp_path / "native.ledger")
+    result = run_sync(lambda: native.run(CASE["message"]))  # Pydantic AI alone, no TaskPilots
+    assert result.output.published
+    alone = list(pai_mcp_agent.MODEL_CALLS)
+    pai_mcp_agent.MODEL_CALLS.clear()
+    run = start()
+    assert run.status == "succeeded", run.attention_reason
+    assert alone == pai_mcp_agent.MODEL_CALLS  # the same names and schemas, on every request
