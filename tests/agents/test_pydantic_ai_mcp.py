@@ -148,3 +148,15 @@ def test_the_model_sees_the_tools_it_sees_without_taskpilots(drafts, tmp_path):
     run = start()
     assert run.status == "succeeded", run.attention_reason
     assert alone == pai_mcp_agent.MODEL_CALLS  # the same names and schemas, on every request
+
+
+def test_a_server_that_cannot_be_listed_stops_the_run_for_a_person_saying_so(drafts):
+    gone = MCPToolset(StdioTransport(command="/nonexistent/mcp-server", args=[]), id="gone")
+    agent = Agent(FunctionModel(pai_mcp_agent.fake_model), toolsets=[gone])
+    register_pydantic_agent("test.pai_mcp_gone", agent)
+    run, _ = engine.start_run("test.pai_mcp_gone", dict(CASE))
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "needs_human"
+    assert step_names(run) == ["start"]  # no step was made up for it
+    assert "cannot list the tools of MCP server 'gone'" in run.attention_reason
+    assert pai_mcp_agent.MODEL_CALLS == []

@@ -143,6 +143,9 @@ class PydanticAgentWorkflow:
         try:
             _, found = self.run_pass(ctx.input, journal)
         except Exception as exc:  # the agent itself failed (retries used up, a usage limit...)
+            listing = tool_error_in(exc)
+            if listing is not None:  # an MCP server's tools could not be listed: a person looks
+                raise listing from None
             return self._compute(FAILED, FAILED_HANDLER, error=f"{type(exc).__name__}: {exc}")
         if found is None:
             return self._compute(FINISH, FINISH_HANDLER)
@@ -179,9 +182,10 @@ class PydanticAgentWorkflow:
         journal = Journal(ctx.results, live=step)
         try:
             _, found = self.run_pass(ctx.input, journal)
-        except ToolError:
-            raise
         except Exception as exc:
+            listing = tool_error_in(exc)
+            if listing is not None:  # an MCP server's tools could not be listed
+                raise listing from None
             raise ToolError(
                 _model_failure_class(exc), f"model request failed: {type(exc).__name__}: {exc}"
             ) from exc
@@ -251,6 +255,18 @@ class PydanticAgentWorkflow:
             "model_requests": journal.requests,
             "usage": usage,
         }
+
+
+def tool_error_in(exc: BaseException) -> ToolError | None:
+    """The ToolError that ended a pass (listing an MCP server's tools failed), also from inside
+    exception groups and causes; None when there is none."""
+    if isinstance(exc, ToolError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        found = (tool_error_in(inner) for inner in exc.exceptions)
+        return next((f for f in found if f is not None), None)
+    cause = exc.__cause__ or exc.__context__
+    return tool_error_in(cause) if cause is not None and cause is not exc else None
 
 
 def _done(found: Pending | Done | None, step: str) -> Any:
