@@ -160,3 +160,26 @@ def test_a_server_that_cannot_be_listed_stops_the_run_for_a_person_saying_so(dra
     assert step_names(run) == ["start"]  # no step was made up for it
     assert "cannot list the tools of MCP server 'gone'" in run.attention_reason
     assert pai_mcp_agent.MODEL_CALLS == []
+
+
+def test_renamed_and_combined_mcp_tools_call_their_taskpilots_tools(drafts):
+    from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.toolsets import CombinedToolset
+
+    def model(messages, info):
+        pai_mcp_agent.MODEL_CALLS.append({t.name: {} for t in info.function_tools})
+        if not any(isinstance(m, ModelResponse) for m in messages):
+            return ModelResponse(parts=[ToolCallPart("guide", {"topic": "refunds"})])
+        return ModelResponse(parts=[TextPart("ok")])
+
+    renamed = stdio(drafts, id="drafts").renamed({"guide": "style_guide"})
+    agent = Agent(FunctionModel(model), toolsets=[CombinedToolset([renamed])])
+    register_pydantic_agent("test.pai_mcp_renamed", agent)
+    run, _ = engine.start_run("test.pai_mcp_renamed", dict(CASE))
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "succeeded", run.attention_reason
+    assert "guide" in pai_mcp_agent.MODEL_CALLS[0]
+    step = Step.objects.get(run=run, name="call:1.0:guide")
+    assert (step.kind, step.tool) == ("read", "mcp.drafts.style_guide")
+    assert step.result["result"]["topic"] == "refunds"
+    assert run.result["final_output"] == "ok"
