@@ -127,7 +127,23 @@ def test_what_cannot_run_under_taskpilots_is_refused_saying_why(drafts):
     assert "two different MCP servers" in refused(
         stdio(drafts, id="drafts"), MCPToolset(other, id="drafts")
     )
+    # Toolsets that are neither function tools nor MCP servers are refused, as before.
+    from pydantic_ai.toolsets import ExternalToolset, FunctionToolset
+
+    assert "neither a FunctionToolset nor an MCP server" in refused(ExternalToolset([]))
+    assert "inside a wrapper" in refused(FunctionToolset([]).prefixed("x"))
     assert Run.objects.count() == 0
+
+
+def test_a_tool_named_in_mcp_tools_that_the_server_lacks_stops_at_its_listing(drafts):
+    agent = pai_mcp_agent.build_agent(drafts)
+    config = {"drafts": {"unpublish": McpToolConfig(needs_approval=True)}}
+    register_pydantic_agent("test.pai_mcp_lacking", agent, mcp_tools=config)
+    run, _ = engine.start_run("test.pai_mcp_lacking", dict(CASE))
+    run = engine.run_until_quiet(run.pk)
+    assert run.status == "needs_human"
+    assert "MCP server 'drafts' has no tools named ['unpublish']" in run.attention_reason
+    assert pai_mcp_agent.MODEL_CALLS == []
 
 
 def test_registering_reaches_no_server(tmp_path, monkeypatch):
