@@ -1,7 +1,7 @@
 """A small MCP server for the SDK handoff tests (stdio): a style guide to read, drafts to
 publish, and a tool the agent's tool_filter hides.
 
-    python tests/agents/drafts_mcp_server.py LEDGER
+    python tests/agents/drafts_mcp_server.py LEDGER [--lookup]
 
 Each `publish_draft` call appends one JSON line to LEDGER (the idempotency key from the call's
 `_meta`, and the title), so a test counts the writes on the receiving side; each start of the
@@ -47,6 +47,21 @@ def delete_drafts() -> dict:
     """Delete every draft (hidden from the agent by its tool_filter)."""
     LEDGER.write_text("")
     return {"deleted": True}
+
+
+def find_draft(idempotency_key: str) -> dict:
+    """Whether a draft was published with this idempotency key (TaskPilots' lookup by key)."""
+    lines = LEDGER.read_text().splitlines() if LEDGER.exists() else []
+    for number, line in enumerate(lines, start=1):
+        entry = json.loads(line)
+        if entry.get("key") == idempotency_key:
+            draft = {"id": f"draft-{number}", "title": entry.get("title")}
+            return {"found": True, "id": draft["id"], "response": draft}
+    return {"found": False}
+
+
+if "--lookup" in sys.argv[2:]:
+    server.tool(annotations=ToolAnnotations(readOnlyHint=True))(find_draft)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ CURRENT_CALL: contextvars.ContextVar[CallContext | None] = contextvars.ContextVa
     "taskpilots_pydantic_ai_call", default=None
 )
 RETRY_KEY = "__model_retry__"
+# In a tool definition's metadata: the TaskPilots tool a call of it is (an MCP server's tool,
+# runs.agents.pydantic_ai.mcp_servers), whatever name the agent's wrappers give it.
+TARGET_KEY = "taskpilots_tool"
 
 
 def model_step(number: int) -> str:
@@ -80,6 +83,8 @@ class PendingStep:
     tool: str = ""
     arguments: dict = field(default_factory=dict)
     order: tuple[int, int] = (0, 0)
+    # The TaskPilots tool named by the tool definition ("": the workflow's mapping decides).
+    target: str = ""
 
 
 @dataclass(init=False)
@@ -118,8 +123,9 @@ class Journal(AbstractCapability[Any]):
 
     async def wrap_tool_execute(self, ctx, *, call, tool_def, args, handler) -> Any:
         name = self._name(call)
+        target = str((getattr(tool_def, "metadata", None) or {}).get(TARGET_KEY) or "")
         if name in self.results:
-            return _replayed(self.results[name])
+            return _replayed(self.results[name], mcp=bool(target))
         index = self._index(call)
         step = PendingStep(
             name,
@@ -127,6 +133,7 @@ class Journal(AbstractCapability[Any]):
             tool=call.tool_name,
             arguments=call.args_as_dict(),
             order=(self.requests, index),
+            target=target,
         )
         raise self._pending(step)
 
@@ -152,9 +159,13 @@ def _is_call(part: Any) -> bool:
     return getattr(part, "part_kind", "") == "tool-call"
 
 
-def _replayed(recorded: Any) -> Any:
+def _replayed(recorded: Any, *, mcp: bool = False) -> Any:
     if isinstance(recorded, dict) and RETRY_KEY in recorded:
         raise ModelRetry(recorded[RETRY_KEY])
+    if mcp and isinstance(recorded, dict) and {"result", "server", "tool"} <= set(recorded):
+        # An MCP tool's normalised response (runs.agents.mcp.normalise): the model gets its
+        # value, as Pydantic AI's MCPToolset gives it (structured content, or the text).
+        return recorded["result"]
     return recorded
 
 

@@ -1,5 +1,6 @@
 """register_pydantic_agent: a Pydantic AI `Agent`, unchanged, as a TaskPilots workflow; its
-function tools registered as TaskPilots python tools; the steps' handlers, by name."""
+function tools registered as TaskPilots python tools, its MCP servers' tools as TaskPilots MCP
+tools (runs.agents.pydantic_ai.mcp_servers); the steps' handlers, by name."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from runs import workflows
 from runs.agents import AgentToolInfo, flat_schema, set_tool_info
 from runs.agents.policy import ToolPolicy
 from runs.agents.pydantic_ai.journal import CURRENT_CALL
+from runs.agents.pydantic_ai.mcp_servers import McpSource, swap_mcp_servers
 from runs.agents.pydantic_ai.workflow import (
     FAILED_HANDLER,
     FINISH_HANDLER,
@@ -39,6 +41,7 @@ def register_pydantic_agent(
     *,
     version: int = 1,
     tools: Mapping[str, ToolPolicy | str] | None = None,
+    mcp_tools: Mapping[str, Mapping[str, Any]] | None = None,
     deps: Callable[[dict], Any] | None = None,
     prompt: Callable[[dict], str] | None = None,
     validate_input: Callable[[dict], dict] | None = None,
@@ -48,7 +51,10 @@ def register_pydantic_agent(
 
     `tools` maps the agent's tool names to a ToolPolicy (TaskPilots metadata: side effect or
     read, risk, lookup by key, approval rule, ...), or to a registered TaskPilots tool to call
-    instead; a tool not named is a medium-risk side effect (the cautious guess).
+    instead; a tool not named is a medium-risk side effect (the cautious guess). `mcp_tools`
+    maps the `id` of an MCP server of the agent (`toolsets=[MCPToolset(..., id=...)]`) to {its
+    tool name, as the server names it: McpToolConfig} (side effect or read, risk, target, lookup
+    by key, verification, approval rule); without one, the tool's MCP annotations decide.
     `deps(run_input)` builds the agent's dependencies (`deps_type`); it is called again on
     every step, so it must be pure. `prompt(run_input)` is the user prompt (default: the
     input's `message`); `validate_input` checks the untrusted run input at start.
@@ -61,7 +67,7 @@ def register_pydantic_agent(
             f"the agent takes dependencies ({getattr(deps_type, '__name__', deps_type)}): "
             "pass deps=<a function of the run input that builds them>"
         )
-    functions = _function_tools(agent)
+    functions, toolsets = _toolsets(agent, mcp_tools)
     policies = {
         k: ToolPolicy(tool=v) if isinstance(v, str) else v for k, v in (tools or {}).items()
     }
@@ -77,6 +83,7 @@ def register_pydantic_agent(
         prompt=prompt,
         validate_input=validate_input,
         stage=stage,
+        toolsets=toolsets,
     )
     runner.functions.update(functions)
     for tool_name, function in functions.items():
@@ -86,20 +93,29 @@ def register_pydantic_agent(
     return runner
 
 
-def _function_tools(agent: AbstractAgent) -> dict[str, Any]:
+def _toolsets(
+    agent: AbstractAgent, mcp_tools: Mapping[str, Mapping[str, Any]] | None
+) -> tuple[dict[str, Any], list | None]:
     """The agent's function tools by name (@agent.tool, @agent.tool_plain, tools=[...], and
-    FunctionToolsets); any other toolset is refused, saying why."""
+    FunctionToolsets), and its other toolsets with each MCP server swapped for its TaskPilots
+    tools (None when it has none); any other toolset is refused, saying why."""
     found: dict[str, Any] = {}
-    for toolset in agent.toolsets:
-        if not isinstance(toolset, FunctionToolset):
-            raise AgentSetupError(
-                f"toolset {toolset.label} of the agent is not a FunctionToolset: its tools are "
-                "listed only while the agent runs, so TaskPilots cannot register them up front "
-                "(MCP servers: give the agent TaskPilots MCP tools, runs.agents.mcp, as "
-                "functions, or run it with the OpenAI Agents SDK runner)"
-            )
-        found.update(toolset.tools)
-    return found
+    others: list = []
+    config = {k: dict(v) for k, v in (mcp_tools or {}).items()}
+    sources: dict[str, McpSource] = {}
+    for position, toolset in enumerate(agent.toolsets):
+        if isinstance(toolset, FunctionToolset):
+            found.update(toolset.tools)
+            if position:  # the first is the agent's own, which Pydantic AI always adds
+                others.append(toolset)
+            continue
+        others.append(swap_mcp_servers(toolset, config, sources))
+    if config:
+        raise AgentSetupError(
+            f"mcp_tools names {sorted(config)}, which are not MCP servers of the agent "
+            f"(their ids: {sorted(sources)})"
+        )
+    return found, (others if sources else None)
 
 
 def _bind(runner: PydanticAgentWorkflow, tool_name: str, function: Any, policy) -> str:

@@ -8,8 +8,8 @@ pydantic_ai.journal) and returns the first operation not recorded yet as the nex
 - `approve:<k>.<i>:<tool>`: when the tool's approval rule says so, a person's decision first
   (the decision's parameters are what the call then uses);
 - `call:<k>.<i>:<tool>`: the i-th tool call of the k-th response, a `side_effect` or `read`
-  step of the TaskPilots tool the function is registered as (snapshot, intent, idempotency key,
-  reconciliation, as for any other tool);
+  step of the TaskPilots tool the function is registered as, or of the MCP server's tool
+  `mcp.<id>.<tool>` (snapshot, intent, idempotency key, reconciliation, as for any other tool);
 - `finish`, once the agent's run returns: the output as JSON.
 
 The handler names are stored with the steps in the database: they never change.
@@ -89,6 +89,9 @@ class PydanticAgentWorkflow:
     tools: dict[str, str]
     # The agent's function tools (pydantic_ai.Tool) by name.
     functions: dict[str, Any] = field(default_factory=dict)
+    # The agent's toolsets other than its own function tools, each MCP server in them swapped
+    # for its TaskPilots tools (runs.agents.pydantic_ai.mcp_servers); None: the agent's own.
+    toolsets: list | None = None
     deps: Callable[[dict], Any] | None = None
     prompt: Callable[[dict], str] | None = None
     validate_input: Callable[[dict], dict] | None = None
@@ -115,7 +118,10 @@ class PydanticAgentWorkflow:
         deps = self.deps(run_input) if self.deps is not None else None
 
         async def go():
-            return await self.agent.run(prompt, deps=deps, capabilities=[journal])
+            if self.toolsets is None:
+                return await self.agent.run(prompt, deps=deps, capabilities=[journal])
+            with self.agent.override(toolsets=self.toolsets):
+                return await self.agent.run(prompt, deps=deps, capabilities=[journal])
 
         try:
             return run_sync(go), None
@@ -137,6 +143,9 @@ class PydanticAgentWorkflow:
         try:
             _, found = self.run_pass(ctx.input, journal)
         except Exception as exc:  # the agent itself failed (retries used up, a usage limit...)
+            listing = tool_error_in(exc)
+            if listing is not None:  # an MCP server's tools could not be listed: a person looks
+                raise listing from None
             return self._compute(FAILED, FAILED_HANDLER, error=f"{type(exc).__name__}: {exc}")
         if found is None:
             return self._compute(FINISH, FINISH_HANDLER)
@@ -160,7 +169,7 @@ class PydanticAgentWorkflow:
             ctx,
             pending.name,
             pending.tool,
-            self.tools.get(pending.tool, ""),
+            pending.target or self.tools.get(pending.tool, ""),
             pending.arguments,
             stage=self.stage,
             who=f"The agent {self.agent.name or self.name!r}",
@@ -173,9 +182,10 @@ class PydanticAgentWorkflow:
         journal = Journal(ctx.results, live=step)
         try:
             _, found = self.run_pass(ctx.input, journal)
-        except ToolError:
-            raise
         except Exception as exc:
+            listing = tool_error_in(exc)
+            if listing is not None:  # an MCP server's tools could not be listed
+                raise listing from None
             raise ToolError(
                 _model_failure_class(exc), f"model request failed: {type(exc).__name__}: {exc}"
             ) from exc
@@ -245,6 +255,18 @@ class PydanticAgentWorkflow:
             "model_requests": journal.requests,
             "usage": usage,
         }
+
+
+def tool_error_in(exc: BaseException) -> ToolError | None:
+    """The ToolError that ended a pass (listing an MCP server's tools failed), also from inside
+    exception groups and causes; None when there is none."""
+    if isinstance(exc, ToolError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        found = (tool_error_in(inner) for inner in exc.exceptions)
+        return next((f for f in found if f is not None), None)
+    cause = exc.__cause__ or exc.__context__
+    return tool_error_in(cause) if cause is not None and cause is not exc else None
 
 
 def _done(found: Pending | Done | None, step: str) -> Any:
