@@ -7,9 +7,12 @@ linked" fit without sideways scrolling, have no script error, and link and unlin
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from django.contrib.auth.models import Group
 from django.urls import reverse
 from playwright.sync_api import expect
 
@@ -68,7 +71,7 @@ def test_the_link_pages_fit_and_link_and_unlink(page, support_user, width, langu
     mine = _link("USAM0001")
     page.goto(mine)
     expect(page.get_by_role("heading", name=words["confirm"])).to_be_visible()
-    expect(page.locator(".lede")).to_contain_text(support_user.username)
+    expect(page.locator(".slack-link .slack-who")).to_contain_text(support_user.username)
     _shot(page, language, width, "confirm")
 
     assert page.goto(_link("UANN")).status == 409  # someone else's Slack account
@@ -100,3 +103,22 @@ def test_the_link_pages_fit_and_link_and_unlink(page, support_user, width, langu
     # The refusals' own statuses (409, 400) are logged as failed loads; nothing else may be.
     expected = ("409 (Conflict)", "400 (Bad Request)")
     assert [e for e in page.console_errors if not e.endswith(expected)] == []
+
+
+@pytest.mark.parametrize("language", ["en", "zh-hans"])
+@pytest.mark.parametrize("width", [1440, 1024, 390])
+def test_the_role_and_expired_refusals_fit(page, auditor_user, width, language):
+    page.set_viewport_size({"width": width, "height": 844})
+    log_in(page, auditor_user.username)
+    if language == "zh-hans":
+        page.click(".lang-switch button[value=zh-hans]")
+        page.wait_for_load_state()
+    assert page.goto(_link("UADA0001")).status == 403  # an auditor does not decide
+    expect(page.get_by_role("heading", name=WORDS[language]["refused"])).to_be_visible()
+    _shot(page, language, width, "role")
+    with mock.patch("time.time", return_value=time.time() - 31 * 60):
+        expired = _link("UADA0001")
+    auditor_user.groups.add(Group.objects.get_or_create(name="support")[0])
+    assert page.goto(expired).status == 410
+    _shot(page, language, width, "expired")
+    assert not SlackIdentity.objects.exists()
