@@ -115,9 +115,7 @@ def link(request: HttpRequest, token: str) -> HttpResponse:
         found = read(token)
     except mail_decisions.LinkRefused as exc:
         return _refused(request, exc.kind)
-    existing = SlackIdentity.objects.filter(
-        team_id=found.team_id, slack_user_id=found.slack_user_id
-    ).first()
+    existing = _existing(found)
     if existing is not None and existing.user_id != request.user.pk:
         return _refused(request, "taken", found=found)
     context = {"found": found, "minutes": int(lifetime().total_seconds() // 60)}
@@ -126,6 +124,12 @@ def link(request: HttpRequest, token: str) -> HttpResponse:
     if request.method == "GET":
         return render(request, TEMPLATE, {**context, "state": "confirm"})
     return _link(request, found)
+
+
+def _existing(found: LinkToken) -> SlackIdentity | None:
+    return SlackIdentity.objects.filter(
+        team_id=found.team_id, slack_user_id=found.slack_user_id
+    ).first()
 
 
 def _link(request: HttpRequest, found: LinkToken) -> HttpResponse:
@@ -138,7 +142,10 @@ def _link(request: HttpRequest, found: LinkToken) -> HttpResponse:
                 slack_user_id=found.slack_user_id,
                 linked_by=f"console:{username}"[:150],
             )
-    except IntegrityError:  # linked by someone else between the page and the press
+    except IntegrityError:  # linked between the page and the press: by them (twice), or another
+        existing = _existing(found)
+        if existing is not None and existing.user_id == request.user.pk:
+            return render(request, TEMPLATE, {"found": found, "state": "already"})
         return _refused(request, "taken", found=found)
     logger.info(
         "slack identity linked: %s/%s to user=%s by themselves in the console",

@@ -219,3 +219,32 @@ def test_without_a_public_address_the_answer_has_no_link(posted, fake_slack, set
     assert slack_link.url_for(TEAM, "UDAN") == ""
     settings.TASKPILOTS = {**settings.TASKPILOTS, "PUBLIC_URL": "https://tp.example.com"}
     assert slack_link.url_for("", "UDAN") == "" and slack_link.url_for(TEAM, "<b>") == ""
+
+
+def test_the_answer_and_its_link_are_in_the_persons_slack_language(posted, fake_slack):  # noqa: F811
+    _, message = posted
+    fake_slack.locales["UDAN"] = "zh-CN"
+    press(signed(block_actions(message, "approve", "UDAN")))
+    told = fake_slack.of("chat.postEphemeral")[-1]["text"]
+    assert "你的 Slack 账号尚未关联 TaskPilots 用户" in told and "30 分钟" in told
+    assert re.search(
+        r"<https://tp\.example\.com/console/slack/link/[^|>]+/\|关联你的 Slack 账号>", told
+    )
+
+
+def test_a_link_made_between_the_page_and_the_press_is_not_made_twice(fake_slack, people):  # noqa: F811
+    dan = UserFactory(username="dan", groups=["support"])
+    client = signed_in(dan)
+    SlackIdentity.objects.create(user=dan, team_id=TEAM, slack_user_id="UDAN")
+    before = state()
+    # Linked in another tab (dan's own) or by an admin (ann's) after the page was read: the
+    # unique constraint answers, and the page says which.
+    for slack_user, status, says in (
+        ("UDAN", 200, "is already linked to you"),
+        ("UANN", 409, "already linked to another person"),
+    ):
+        linked = SlackIdentity.objects.get(team_id=TEAM, slack_user_id=slack_user)
+        with mock.patch.object(slack_link, "_existing", side_effect=[None, linked]):
+            answer = client.post(urlsplit(slack_link.url_for(TEAM, slack_user)).path)
+        assert answer.status_code == status and says in answer.content.decode()
+    assert state() == before
