@@ -8,6 +8,8 @@ In this order, and nothing is written before the last step:
 2. The button's own signature (approvals/slack.py): a value TaskPilots did not make is refused.
 3. The person: the Slack user (workspace id + user id) must be linked to an active TaskPilots
    user (SlackIdentity) whose role acts on runs; otherwise an ephemeral answer says what to do.
+   An unlinked person's answer carries a "Link your Slack account" link, signed and short-lived,
+   to a console page where they link it to themselves (approvals/slack_link.py).
 4. The request: still pending and as the message showed it (mail_decisions.why_spent, the rule
    of the mail links): decided anywhere → "already decided by X at T"; first-approved by this
    person → "it waits for a second approver"; moved on → the console's conflict sentence.
@@ -39,7 +41,16 @@ from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from approvals import console, live, mail_decisions, notifications, slack, viewer_time, views
+from approvals import (
+    console,
+    live,
+    mail_decisions,
+    notifications,
+    slack,
+    slack_link,
+    viewer_time,
+    views,
+)
 from approvals.models import ApprovalRequest, SlackIdentity
 from approvals.permissions import ACT
 from runs.invisible import neutralise
@@ -205,13 +216,7 @@ def _prepare(press: Press):
     link = _link(approval.run_id if approval else None)
     if user is None:
         logger.warning("slack button refused: slack user %s is not linked", press.slack_user)
-        raise Refused(
-            _(
-                "Your Slack account is not linked to a TaskPilots user, so nothing was done. Ask "
-                "an admin to link it (manage.py link_slack_user), or decide in the console."
-            )
-            + link
-        )
+        raise Refused(_not_linked(press) + link)
     refusal = ACT.refusal_for(user)
     if refusal:
         raise Refused(f"{refusal}{link}")
@@ -230,6 +235,24 @@ def _prepare(press: Press):
     if spent == "changed":
         raise Refused(_plain(console.conflict_message(approval.run)) + link)
     return user, button, approval
+
+
+def _not_linked(press: Press) -> str:
+    """Why nothing was done, with the link that lets the person link their Slack account
+    themselves (approvals/slack_link.py) where the console has an absolute address."""
+    url = slack_link.url_for(press.team_id, press.slack_user)
+    if not url:
+        return _(
+            "Your Slack account is not linked to a TaskPilots user, so nothing was done. Ask "
+            "an admin to link it (manage.py link_slack_user), or decide in the console."
+        )
+    minutes = int(slack_link.lifetime().total_seconds() // 60)
+    text = _(
+        "Your Slack account is not linked to a TaskPilots user, so nothing was done. Link it "
+        "to yourself (sign in to the console; the link works for %(minutes)s minutes), ask an "
+        "admin to link it, or decide in the console."
+    ) % {"minutes": minutes}
+    return f"{text} <{url}|{_('Link your Slack account')}>"
 
 
 def _already(approval: ApprovalRequest) -> str:

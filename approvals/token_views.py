@@ -2,6 +2,9 @@
 gave integrations (runs.api.models.PersonalToken). Create one (its secret is shown once, on the
 answer to the POST, never stored), see when each was last used, revoke one.
 
+The page also lists the Slack accounts linked to the person, each with Unlink
+(approvals/slack_link.py).
+
 Everyone with a console role has this page for themselves; the scopes on offer are what their
 role allows (approvals.permissions.api_scopes), and a token only ever acts within the role its
 person holds at the time of each call.
@@ -21,7 +24,8 @@ from django.utils.translation import gettext_lazy
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from approvals.permissions import READ, api_scopes, require_role
+from approvals.models import SlackIdentity
+from approvals.permissions import READ, api_scopes, can_act, require_role
 from runs.api.models import (
     DELEGATION_MAX_MINUTES,
     PERSONAL_TOKEN_DAYS,
@@ -120,6 +124,9 @@ def _page(request, *, token_form=None, delegation_form=None, issued=None, status
         "token_form": token_form or TokenForm(user=request.user),
         "delegation_form": delegation_form or DelegationForm(user=request.user),
         "issued": issued,
+        # Their Slack links, each with Unlink (approvals/slack_link.py).
+        "slack_identities": SlackIdentity.objects.filter(user=request.user).order_by("linked_at"),
+        "may_decide": can_act(request.user),
     }
     response = render(request, "console/tokens.html", context, status=status)
     response["Cache-Control"] = "no-store"  # the issued secret must not be kept anywhere

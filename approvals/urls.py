@@ -71,3 +71,9 @@ urlpatterns += token_urlpatterns
 from approvals.mail_views import urlpatterns as mail_urlpatterns  # noqa: E402
 
 urlpatterns += mail_urlpatterns
+
+# A person links their own Slack account from the link a press in Slack answers them with, and
+# unlinks it from their tokens page (approvals/slack_link.py).
+from approvals.slack_link import urlpatterns as slack_link_urlpatterns  # noqa: E402
+
+urlpatterns += slack_link_urlpatterns

@@ -433,6 +433,9 @@ TASKPILOTS = {
     "PUBLIC_URL": env_str("TASKPILOTS_PUBLIC_URL", "") or "",
     # How long the Approve / Reject links in a queue's mail work (approvals/mail_decisions.py).
     "MAIL_LINK_HOURS": env_float("TASKPILOTS_MAIL_LINK_HOURS", 24.0, minimum=0.05),
+    # How long the "Link your Slack account" link a person gets in Slack works
+    # (approvals/slack_link.py).
+    "SLACK_LINK_MINUTES": env_float("TASKPILOTS_SLACK_LINK_MINUTES", 30.0, minimum=1.0),
     # What one unit of each currency is worth in a common unit, for approval rules whose
     # threshold names a currency ("two approvers above 1,000 USD"): "USD=1,EUR=1.08,JPY=0.0067".
     # A call in a currency not listed here counts as above every such threshold (people decide

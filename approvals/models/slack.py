@@ -19,7 +19,9 @@ from approvals.models.requests import ApprovalRequest
 
 class SlackIdentity(models.Model):
     """A Slack user (team id + user id, as Slack's payloads name them) linked to a TaskPilots
-    user. Linked by an admin (the Django admin, `manage.py link_slack_user`)."""
+    user. Linked by the person themselves from the link an unlinked press in Slack answers with
+    (approvals/slack_link.py; `linked_by` "console:<username>"), or by an admin (the Django
+    admin, `manage.py link_slack_user`)."""
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slack_identities"

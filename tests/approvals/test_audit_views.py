@@ -286,8 +286,13 @@ def test_every_console_post_is_refused_for_auditors(client, sandbox, auditor_use
     urls = _console_post_urls(run)
     assert len(urls) >= len(views.ACTIONS) + 5
     # Every role manages its own API tokens (approvals/token_views.py: an auditor's may read
-    # runs, nothing more); those pages write no decision, event or rule.
-    own = {reverse("console:tokens"), reverse("console:token-revoke", args=["x"])}
+    # runs, nothing more) and unlinks its own Slack accounts (approvals/slack_link.py: another's
+    # is 404); those pages write no decision, event or rule.
+    own = {
+        reverse("console:tokens"),
+        reverse("console:token-revoke", args=["x"]),
+        reverse("console:slack-unlink", args=[1]),
+    }
     for url in urls:
         body = {"expected_version": run.lock_version, "comment": "x", "name": "x"}
         status = client.post(url, body).status_code

@@ -1,5 +1,6 @@
 """Link a Slack user to a TaskPilots user: their Approve / Reject presses in Slack then decide
-as that user, with that user's roles (approvals/slack_views.py)."""
+as that user, with that user's roles (approvals/slack_views.py). People who decide can also
+link their own Slack account from the console (approvals/slack_link.py); this is for admins."""
 
 from __future__ import annotations
 
