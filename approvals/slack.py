@@ -169,6 +169,19 @@ def language_of(team_id: str, slack_user: str) -> str:
     return language or settings.LANGUAGE_CODE
 
 
+def email_of(slack_user: str) -> str:
+    """The email address on the Slack user's profile (users.info, scope users:read.email), ""
+    when Slack does not say (the scope missing, Slack down): what a person linking their own
+    Slack account is checked against (approvals/slack_link.py)."""
+    try:
+        answer = client().users_info(user=slack_user)
+        profile = (answer.get("user") or {}).get("profile") or {}
+        return str(profile.get("email") or "").strip()
+    except Exception as exc:
+        logger.info("slack users.info for %s: %s", slack_user, exc)
+        return ""
+
+
 # --------------------------------------------------------------------------------------------
 # The message
 

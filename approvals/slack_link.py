@@ -5,6 +5,10 @@ alone, with a "Link your Slack account" link (approvals/slack_views.py): a signe
 (django.core.signing, a salt of its own, a timestamp) carrying the workspace id and the Slack
 user id, at /console/slack/link/<token>/, working for TASKPILOTS_SLACK_LINK_MINUTES (30).
 
+The Slack account must be shown to be the person's: its profile's email address (users.info,
+scope users:read.email) must be their address in TaskPilots; otherwise (another address, or
+Slack does not say) nothing is linked and an admin links it. The page also warns.
+
 Like a mail's links (approvals/mail_views.py), the link writes nothing by itself: GET, signed in
 (the login page keeps `next`), shows a confirmation page saying which Slack user will act as
 whom; only its form's POST, with the CSRF token, links that Slack user to the person signed in.
@@ -43,7 +47,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
-from approvals import mail_decisions
+from approvals import mail_decisions, slack
 from approvals.models import SlackIdentity
 from approvals.permissions import ACT, READ, require_role
 
@@ -54,7 +58,14 @@ TEMPLATE = "console/slack_link.html"
 # Slack's ids: a workspace T…, a user U… or W… (what manage.py link_slack_user accepts).
 SLACK_ID = re.compile(r"[A-Z0-9]{2,32}")
 # Refusals, and the status each is answered with.
-REFUSALS = {"forged": 400, "expired": 410, "role": 403, "taken": 409}
+REFUSALS = {
+    "forged": 400,
+    "expired": 410,
+    "role": 403,
+    "taken": 409,
+    "mismatch": 403,
+    "unverified": 403,
+}
 
 
 @dataclass(frozen=True)
@@ -121,9 +132,25 @@ def link(request: HttpRequest, token: str) -> HttpResponse:
     context = {"found": found, "minutes": int(lifetime().total_seconds() // 60)}
     if existing is not None:
         return render(request, TEMPLATE, {**context, "state": "already"})
+    not_theirs = _not_theirs(request.user, found)
+    if not_theirs:
+        return _refused(request, not_theirs, found=found)
     if request.method == "GET":
         return render(request, TEMPLATE, {**context, "state": "confirm"})
     return _link(request, found)
+
+
+def _not_theirs(user, found: LinkToken) -> str:
+    """Why this Slack account is not shown to be the signed-in person's ("" when it is): its
+    profile's email address must be theirs in TaskPilots. Without it, a link someone else got
+    by pressing in Slack, sent to a person who opens it and presses Link, would make that
+    someone act as the person."""
+    email = slack.email_of(found.slack_user_id)
+    if not email:
+        return "unverified"
+    if email.casefold() != (user.email or "").strip().casefold():
+        return "mismatch"
+    return ""
 
 
 def _existing(found: LinkToken) -> SlackIdentity | None:

@@ -58,8 +58,11 @@ class FakeSlack:
         self.calls: list[tuple[str, dict, dict]] = []
         self.down = False
         self._ts = 0
-        # Each Slack user's locale as users.info tells it (None: the app lacks users:read).
+        # Each Slack user's locale as users.info tells it (None: the app lacks users:read),
+        # and their profile's email (None: it lacks users:read.email); by default UANN's is
+        # ann@example.com, the address the tests' people have.
         self.locales: dict[str, str | None] = {}
+        self.emails: dict[str, str | None] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -107,7 +110,11 @@ class FakeSlack:
             locale = self.locales.get(body["user"], "en-US")
             if locale is None:
                 return 200, {"ok": False, "error": "missing_scope", "needed": "users:read"}
-            return 200, {"ok": True, "user": {"id": body["user"], "locale": locale}}
+            user = {"id": body["user"], "locale": locale, "profile": {}}
+            email = self.emails.get(body["user"], f"{body['user'][1:].lower()}@example.com")
+            if email is not None:
+                user["profile"]["email"] = email
+            return 200, {"ok": True, "user": user}
         if method == "views.open":
             return 200, {"ok": True, "view": {"id": "V0MODAL001", **body["view"]}}
         return 200, {"ok": False, "error": "unknown_method"}

@@ -236,6 +236,7 @@ def test_a_link_made_between_the_page_and_the_press_is_not_made_twice(fake_slack
     dan = UserFactory(username="dan", groups=["support"])
     client = signed_in(dan)
     SlackIdentity.objects.create(user=dan, team_id=TEAM, slack_user_id="UDAN")
+    fake_slack.emails["UANN"] = dan.email  # past the address check: the race is what is tested
     before = state()
     # Linked in another tab (dan's own) or by an admin (ann's) after the page was read: the
     # unique constraint answers, and the page says which.
@@ -248,3 +249,31 @@ def test_a_link_made_between_the_page_and_the_press_is_not_made_twice(fake_slack
             answer = client.post(urlsplit(slack_link.url_for(TEAM, slack_user)).path)
         assert answer.status_code == status and says in answer.content.decode()
     assert state() == before
+
+
+def test_a_slack_account_whose_email_is_not_the_persons_is_not_linked(posted, fake_slack):  # noqa: F811
+    """Eve presses in Slack and sends her link to Dan: opened and pressed by Dan, it would make
+    Eve's presses decide as Dan. Her Slack profile's address is not his: refused, nothing
+    written; the same when Slack does not say the address (no users:read.email scope)."""
+    run, message = posted
+    dan = UserFactory(username="dan", groups=["support"])
+    path = link_for(fake_slack, message, "UEVE")
+    client = signed_in(dan, enforce_csrf_checks=True)
+    before = (state(), written(run))
+    page = client.get(path)
+    assert page.status_code == 403
+    assert "is not your address in TaskPilots" in page.content.decode()
+    assert client.post(path, {}).status_code == 403  # CSRF-checked POST: refused all the same
+    assert (state(), written(run)) == before
+
+    fake_slack.emails["UEVE"] = None
+    page = client.get(path)
+    assert page.status_code == 403
+    assert "users:read.email" in page.content.decode()
+    assert (state(), written(run)) == before
+
+    # Dan's own Slack account, whose profile has his address: linked.
+    own = link_for(fake_slack, message, "UDAN")
+    plain = signed_in(dan)
+    assert plain.post(own).status_code == 302
+    assert SlackIdentity.objects.get(slack_user_id="UDAN").user == dan

@@ -18,12 +18,12 @@ from playwright.sync_api import expect
 
 from approvals import slack_link
 from approvals.models import SlackIdentity
+from tests.approvals.test_slack import TEAM, fake_slack  # noqa: F401  (the fixture)
 from tests.browser.conftest import log_in
 from tests.factories import UserFactory
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
-TEAM = "T0TEAM0001"
 SHOTS = Path("/tmp/slack-link")
 FITS = "document.documentElement.scrollWidth <= window.innerWidth + 1"
 WORDS = {
@@ -58,8 +58,9 @@ def _link(slack_user: str) -> str:
 
 @pytest.mark.parametrize("language", ["en", "zh-hans"])
 @pytest.mark.parametrize("width", [1440, 1024, 390])
-def test_the_link_pages_fit_and_link_and_unlink(page, support_user, width, language):
+def test_the_link_pages_fit_and_link_and_unlink(page, support_user, fake_slack, width, language):  # noqa: F811
     words = WORDS[language]
+    fake_slack.emails["USAM0001"] = support_user.email  # Slack's profile has Sam's address
     other = UserFactory(username="ann", groups=["support"])
     SlackIdentity.objects.create(user=other, team_id=TEAM, slack_user_id="UANN")
     page.set_viewport_size({"width": width, "height": 844})
@@ -79,6 +80,9 @@ def test_the_link_pages_fit_and_link_and_unlink(page, support_user, width, langu
     _shot(page, language, width, "taken")
     assert page.goto("/console/slack/link/not-a-token/").status == 400
     _shot(page, language, width, "forged")
+    assert page.goto(_link("UEVE0001")).status == 403  # a Slack account with another address
+    expect(page.get_by_role("heading", name=words["refused"])).to_be_visible()
+    _shot(page, language, width, "mismatch")
 
     page.goto(mine)
     page.get_by_role("button", name=words["button"]).click()
@@ -100,8 +104,8 @@ def test_the_link_pages_fit_and_link_and_unlink(page, support_user, width, langu
     _shot(page, language, width, "tokens-unlinked")
     if language == "zh-hans":
         assert "No Slack account is linked" not in page.content()
-    # The refusals' own statuses (409, 400) are logged as failed loads; nothing else may be.
-    expected = ("409 (Conflict)", "400 (Bad Request)")
+    # The refusals' own statuses (409, 400, 403) are logged as failed loads; nothing else may be.
+    expected = ("409 (Conflict)", "400 (Bad Request)", "403 (Forbidden)")
     assert [e for e in page.console_errors if not e.endswith(expected)] == []
 
 
