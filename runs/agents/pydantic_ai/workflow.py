@@ -143,7 +143,7 @@ class PydanticAgentWorkflow:
         try:
             _, found = self.run_pass(ctx.input, journal)
         except Exception as exc:  # the agent itself failed (retries used up, a usage limit...)
-            listing = tool_error_in(exc)
+            listing = find_tool_error(exc)
             if listing is not None:  # an MCP server's tools could not be listed: a person looks
                 raise listing from None
             return self._compute(FAILED, FAILED_HANDLER, error=f"{type(exc).__name__}: {exc}")
@@ -183,7 +183,7 @@ class PydanticAgentWorkflow:
         try:
             _, found = self.run_pass(ctx.input, journal)
         except Exception as exc:
-            listing = tool_error_in(exc)
+            listing = find_tool_error(exc)
             if listing is not None:  # an MCP server's tools could not be listed
                 raise listing from None
             raise ToolError(
@@ -257,16 +257,16 @@ class PydanticAgentWorkflow:
         }
 
 
-def tool_error_in(exc: BaseException) -> ToolError | None:
+def find_tool_error(exc: BaseException) -> ToolError | None:
     """The ToolError that ended a pass (listing an MCP server's tools failed), also from inside
     exception groups and causes; None when there is none."""
     if isinstance(exc, ToolError):
         return exc
     if isinstance(exc, BaseExceptionGroup):
-        found = (tool_error_in(inner) for inner in exc.exceptions)
+        found = (find_tool_error(inner) for inner in exc.exceptions)
         return next((f for f in found if f is not None), None)
     cause = exc.__cause__ or exc.__context__
-    return tool_error_in(cause) if cause is not None and cause is not exc else None
+    return find_tool_error(cause) if cause is not None and cause is not exc else None
 
 
 def _done(found: Pending | Done | None, step: str) -> Any:
