@@ -32,12 +32,20 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+import orjson
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models, transaction
 from django.utils import timezone
 
 from runs import hooks, statements
-from runs.models import LEASE_UNEXPIRED, SqlValue, TimelineEvent, chain_heads, db_json
+from runs.models import (
+    LEASE_UNEXPIRED,
+    SqlValue,
+    TimelineEvent,
+    chain_heads,
+    db_json,
+    orjson_encodes_alike,
+)
 
 # tp_assert's SQLSTATE, and the unique violation (a key or position someone else took first).
 _REFUSALS = {"TP001", "23505"}
@@ -267,9 +275,25 @@ def _json_default(value):
 
 # Rows for jsonb_populate_record: datetimes to the microsecond (DjangoJSONEncoder keeps
 # milliseconds only), JSONField values as they are (already plain JSON: to_json_value).
-_row_json = json.JSONEncoder(
+_python_row_json = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), default=_json_default, check_circular=False
 ).encode
+_ROW_LEAVES = (datetime, uuid.UUID)
+
+
+def _row_json(row: dict) -> str:
+    """The row's JSON: by orjson where it writes what Python's encoder writes (every column a
+    time, an id or a value orjson_encodes_alike; the times through the same `_json_default`), a
+    payload of a few kilobytes then costs microseconds instead of a tenth of a millisecond."""
+    for value in row.values():
+        if type(value) not in _ROW_LEAVES and not orjson_encodes_alike(value):
+            return _python_row_json(row)
+    try:
+        return orjson.dumps(
+            row, default=_json_default, option=orjson.OPT_PASSTHROUGH_DATETIME
+        ).decode()
+    except orjson.JSONEncodeError:
+        return _python_row_json(row)
 
 
 def execute_one(sql: str, params: list, *, writes: bool = True):

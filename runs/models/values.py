@@ -8,8 +8,10 @@ import hashlib
 import json
 import math
 import re
+from enum import Enum
 from typing import Any
 
+import orjson
 from django.core.serializers.json import DjangoJSONEncoder
 
 
@@ -59,8 +61,50 @@ _CANONICAL = DjangoJSONEncoder(
 
 
 def canonical_json(value: Any) -> str:
-    """The one serialisation used for checksums and hashes: sorted keys, no spaces, UTF-8."""
+    """The one serialisation used for checksums and hashes: sorted keys, no spaces, UTF-8.
+
+    The definition is `_CANONICAL`'s output (every hash recorded so far was taken over it). A
+    value orjson encodes to the same text (`orjson_encodes_alike`) is encoded by orjson, about
+    thirty times faster for the documents agent runs carry (a 9 KB text: 3 µs against 110 µs);
+    anything else, or anything orjson refuses (an integer beyond 64 bits, a lone surrogate, a
+    value nested past 254 levels), by `_CANONICAL`. tests/runs/test_json_values.py holds the
+    two to the same text over every character and random values."""
+    if orjson_encodes_alike(value):
+        try:
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+        except orjson.JSONEncodeError:
+            pass
     return _CANONICAL.encode(value)
+
+
+# orjson writes floats below 1e-4 as 0.00001 and 1e-5 where Python writes 1e-05, and NaN and
+# the infinities as null where Python writes NaN and Infinity; every other float alike.
+_SMALLEST_ALIKE = 1e-4
+
+
+def orjson_encodes_alike(value: Any) -> bool:
+    """Whether orjson encodes `value` (sorted keys) to the text Python's encoder gives it: plain
+    JSON types exactly (the two treat subclasses of the containers and numbers differently; of
+    str, see below), str keys, floats that both write alike. Strings are alike for every
+    character (the escapes of `"`, `\\` and the control characters are the same, the rest
+    written as is)."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if isinstance(value, str):
+        # A subclass (a model's choices): Python's encoder writes its characters, orjson its
+        # characters too, or an Enum's value: alike where the two are the same.
+        return not isinstance(value, Enum) or value._value_ == str.__str__(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not orjson_encodes_alike(item):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        return all(map(orjson_encodes_alike, value))
+    if kind is float:
+        return value == 0.0 or _SMALLEST_ALIKE <= abs(value) < math.inf
+    return False
 
 
 def to_json_value(value: Any) -> Any:

@@ -77,3 +77,122 @@ def test_a_summary_of_cut_strings_is_the_summary_of_the_whole(seed, limit):
     text = canonical_json(value)
     whole = text if len(text) <= limit else text[: limit - 1] + "…"
     assert summarize(value, limit) == whole
+
+
+# --- canonical_json's orjson path writes exactly what the Python encoder (the definition) writes
+
+
+def _python_canonical(value):
+    from runs.models.values import _CANONICAL
+
+    return _CANONICAL.encode(value)
+
+
+def _random_float(rng: random.Random) -> float:
+    import struct
+
+    while True:
+        value = struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0]
+        if value == value:
+            return value
+
+
+def test_every_character_is_written_alike():
+    every = "".join(chr(c) for c in range(0xD800)) + "".join(chr(c) for c in range(0xE000, 0x10000))
+    text = every + "\U0001f600\U0010ffff"
+    assert canonical_json(text) == _python_canonical(text)
+    assert canonical_json({text: [text]}) == _python_canonical({text: [text]})
+
+
+def test_floats_are_written_alike_or_left_to_python():
+    rng = random.Random(20261207)
+    floats = [_random_float(rng) for _ in range(20000)]
+    floats += [1e-4, 1e-5, -1e-5, 9.99e-5, 5e-324, 1e16, 1e22, 1.7976931348623157e308, -0.0]
+    floats += [float("nan"), float("inf"), float("-inf")]
+    for value in floats:
+        assert canonical_json([value]) == _python_canonical([value]), value
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_random_values_are_written_alike(seed):
+    rng = random.Random(seed)
+    value = _random_value(rng)
+    assert canonical_json(value) == _python_canonical(value)
+
+
+def test_what_runs_carry_takes_the_fast_path():
+    from runs.models import orjson_encodes_alike
+
+    document = {"document": "word " * 2000, "n": 1, "f": 0.5, "tags": ["a", "b"], "none": None}
+    assert orjson_encodes_alike(document)
+    assert orjson_encodes_alike([1, "x", (2, 3), {"k": {"k": [True]}}])
+    assert not orjson_encodes_alike({"f": 1e-5})
+    assert not orjson_encodes_alike({1: "x"})
+    assert not orjson_encodes_alike({"when": datetime.datetime(2026, 12, 7)})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        2**64,  # beyond orjson's 64 bits
+        [1, {"a": -(2**63) - 1}],
+        "lone \ud800 surrogate",
+        {"a": {1: "int key", 2: "b"}},
+        (1, 2, [3, (4,)]),
+        {"when": datetime.datetime(2026, 12, 7, 4, 30, 1, 123456, tzinfo=datetime.UTC)},
+        {"amount": decimal.Decimal("12.30"), "id": uuid.UUID(int=7)},
+        {"flag": True, "nothing": None, "zero": 0.0, "tiny": 1e-7},
+    ],
+)
+def test_what_orjson_refuses_or_writes_otherwise_goes_to_python(value):
+    assert canonical_json(value) == _python_canonical(value)
+
+
+def test_deeper_than_orjson_goes_to_python():
+    value: list = ["deep"]
+    for _ in range(300):
+        value = [value]
+    assert canonical_json(value) == _python_canonical(value)
+
+
+def test_rows_are_written_as_before():
+    from runs.batch import _python_row_json, _row_json
+
+    when = datetime.datetime(2026, 12, 7, 4, 30, 1, 123456, tzinfo=datetime.UTC)
+    rows = [
+        {"id": uuid.UUID(int=5), "at": when, "data": {"doc": "é\n\x00" * 3000}, "n": 3},
+        {"at": when.replace(microsecond=0), "data": None, "f": 1e-5, "nan": float("nan")},
+        {"amount": decimal.Decimal("1.5"), "big": 2**70},
+    ]
+    for row in rows[:2]:
+        assert _row_json(row) == _python_row_json(row)
+    with pytest.raises(TypeError):
+        _row_json(rows[2])  # a Decimal column was never written; still refused the same way
+
+
+def test_choices_and_other_str_subclasses_are_written_alike():
+    import enum
+
+    from django.db import models
+
+    from runs.models import RunStatus, StepKind, orjson_encodes_alike
+
+    class Odd(enum.StrEnum):  # an Enum whose value is not its characters
+        A = "a"
+
+        def __new__(cls, value):
+            member = str.__new__(cls, "characters")
+            member._value_ = value
+            return member
+
+    class Label(models.TextChoices):
+        X = 'x\n"', "label"
+
+    class Plain(str):
+        pass
+
+    values = [RunStatus.RUNNING, StepKind.SIDE_EFFECT, Label.X, Plain("p\x01"), Odd.A]
+    for value in values:
+        assert canonical_json({"v": value}) == _python_canonical({"v": value}), value
+    assert orjson_encodes_alike({"v": RunStatus.RUNNING})
+    assert not orjson_encodes_alike(Odd.A)
