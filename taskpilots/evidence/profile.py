@@ -1,6 +1,6 @@
 """Where a step's CPU goes, reproducibly: the profiles docs/benchmarks.md may quote.
 
-    python manage.py profile_engine [--tool cpu|cprofile|callgrind|perf] [--runs 300]
+    python manage.py profile_engine [--tool cpu|cprofile|callgrind|perf|workers] [--runs 300]
                                     [--workflow bench.five] [--payload-kb 1,16] [--out DIR]
 
 Runs `--runs` runs of the workflow through `engine.advance` in this one process (a worker's path
@@ -13,7 +13,10 @@ plans, in a scratch database, and reports CPU per run of starting and of advanci
 - `callgrind`: the measured loop again under `valgrind --tool=callgrind` (instruction counts,
   deterministic across runs of the same commit; read with callgrind_annotate or kcachegrind);
 - `perf`: the measured loop under `perf record -g` (a sampled profile including PostgreSQL's
-  side when run as root: `perf report`).
+  side when run as root: `perf report`);
+- `workers`: not this process but two Celery workers under `bench engine`'s load, one of them
+  sampled by py-spy, its samples split into Celery's share and the engine's
+  (taskpilots/evidence/profile_workers.py; `--runs` is the measurement's size, 3,000 or more).
 
 The profiles go to `--out` (var/profiles by default); each measurement appends its figures with
 its environment (artifacts.py) to `--record` (`--out`/profile.jsonl by default;
@@ -124,6 +127,13 @@ def profile(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if tool in ("callgrind", "perf"):
         return _under(tool, workflow, runs, payload_kb, out, stamp, repeat)
+    if tool == "workers":
+        from taskpilots.evidence.profile_workers import profile_workers
+
+        figures = profile_workers(workflow, runs, payload_kb, out)
+        figures["tool"] = tool
+        artifacts.write(record, "profile", figures, [], started_in)
+        return figures
     if tool == "cprofile":
         import cProfile
         import pstats

@@ -27,6 +27,7 @@ RENDERERS = {
     "crash": "taskpilots.evidence.bench_crash:render_crash",
     "recovery": "taskpilots.evidence.bench_recovery:render_recovery",
     "profile": "taskpilots.evidence.profile:render_profile",
+    "workers": "taskpilots.evidence.profile_workers:render_workers",
 }
 
 BLOCK = re.compile(

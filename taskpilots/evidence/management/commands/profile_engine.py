@@ -12,7 +12,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--tool", choices=["cpu", "cprofile", "callgrind", "perf"], default="cpu"
+            "--tool", choices=["cpu", "cprofile", "callgrind", "perf", "workers"], default="cpu"
         )
         parser.add_argument("--runs", type=int, default=300)
         parser.add_argument("--repeat", type=int, default=5, help="rounds, each with and without")
