@@ -62,8 +62,9 @@ STALE_SECONDS = 30
 
 class BulkError(ValueError):
     """The filters or the action's parameters are not valid (the message says why). `code` is
-    what the API answers with: `invalid`, or `unknown_user` when a named person does not exist
-    (something the schema cannot know)."""
+    what the API answers with: `invalid`, `unknown_user` when a named person does not exist, or
+    `unknown_queue` when a named queue is none of the configured ones (things the schema cannot
+    know: people and queues are data)."""
 
     def __init__(self, message: str, field: str | None = None, code: str = "invalid"):
         super().__init__(message)
@@ -238,6 +239,7 @@ def _reassign_target(params: dict[str, Any]) -> dict[str, str]:
                 _("Unknown queue %(q)s: use one of %(known)s.")
                 % {"q": queue, "known": ", ".join(known) or "—"},
                 "to_queue",
+                code="unknown_queue",
             )
         return {"to_queue": queue}
     target = get_user_model().objects.filter(username=to).first()

@@ -233,7 +233,8 @@ BULK_ACTION_NEEDS = [
 ERROR_CODES_422 = {
     ("post", "/bulk-actions/preview"): (
         "`invalid` (a filter or the action's parameters the server refuses; `field` names it, "
-        "e.g. `filters.date_to` or `comment`), `unknown_user`, or a code of the schema's."
+        "e.g. `filters.date_to` or `comment`), `unknown_user`, `unknown_queue` (a queue none of "
+        "the configured ones: the message lists them), or a code of the schema's."
     ),
     ("post", "/bulk-actions/{bulk_id}/execute"): "`unknown_user`, or a code of the schema's.",
     ("post", "/runs"): (

@@ -64,20 +64,21 @@ def test_bulk_reassign_to_a_queue_moves_waiting_runs_and_tells_that_queue(
 
 
 @pytest.mark.parametrize(
-    ("params", "field", "says"),
+    ("params", "field", "says", "code"),
     [
-        ({"to_queue": "nowhere"}, "to_queue", "Unknown queue nowhere"),
-        ({"to_queue": "support", "to": "sam-support"}, "to", "one of the two"),
-        ({}, "to", "one of the two"),
+        ({"to_queue": "nowhere"}, "to_queue", "Unknown queue nowhere", "unknown_queue"),
+        ({"to_queue": "support", "to": "sam-support"}, "to", "one of the two", "invalid"),
+        ({}, "to", "one of the two", "invalid"),
     ],
 )
 def test_bad_reassign_targets_write_nothing(
-    sandbox, support_user, support_channel, params, field, says
+    sandbox, support_user, support_channel, params, field, says, code
 ):
     outage_parked_runs(sandbox, 1)
     with pytest.raises(bulk.BulkError) as refused:
         bulk.preview(support_user, "reassign", {}, params)
     assert refused.value.field == field and says in str(refused.value)
+    assert refused.value.code == code
     assert not BulkAction.objects.exists()
 
 
@@ -107,6 +108,8 @@ def test_over_the_api(sandbox, support_user, support_channel):
     assert status == 200 and preview["counts"]["pending"] == 2, preview
     status, body = api.post("/bulk-actions/preview", {**body, "to_queue": "nowhere"})
     assert status == 422 and body["error"]["field"] == "to_queue", body
+    # queues are data, as people are: a code of its own, which the schema check lets through
+    assert body["error"]["code"] == "unknown_queue" and "support" in body["error"]["message"]
 
 
 def test_the_run_page_hands_a_run_to_another_queue_or_person(

@@ -6,9 +6,10 @@ tests/runs/test_api_schema.py, and by the command line run in docs/api.md):
         --exclude-checks positive_data_acceptance -H "Authorization: Bearer $TOKEN"
 
 A request the schema calls valid may still be refused for what the server's data says about it:
-the named user does not exist (users are never listed in a public schema), or the workflow's
-own validator rejects the input. Only those two 422 codes are let through; any other refusal of
-valid data is still a failure.
+the named user does not exist (users are never listed in a public schema), the named queue is
+none of the configured ones (queues come from rules, channels and workflows), or the workflow's
+own validator rejects the input. Only those three 422 codes are let through; any other refusal
+of valid data is still a failure.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import schemathesis
 from schemathesis.core.failures import Failure
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-DATA_DEPENDENT = {"unknown_user", "invalid_input"}
+DATA_DEPENDENT = {"unknown_user", "unknown_queue", "invalid_input"}
 
 
 @schemathesis.check

@@ -4,7 +4,7 @@ or not — the API answers without a 5xx, with a documented status code, content
 refuses what the schema calls invalid; and accepts what the schema calls valid.
 
 The one allowance (tests/runs/schemathesis_hooks.py): a request the schema calls valid may be
-refused for what the server's data says about it, with exactly two 422 codes. The same run
+refused for what the server's data says about it, with exactly three 422 codes. The same run
 against a live server, with the coverage and stateful phases too, is the command in that module
 and in docs/api.md.
 """
