@@ -167,17 +167,26 @@ def test_the_page_costs_the_same_queries_short_or_long(
         page_text(client, timeline_url(long))
 
 
-def test_first_byte_under_300_ms_with_100k_runs_and_indexed_reads(client, long, auditor_user):
-    seed_runs(100_000)
-    client.force_login(auditor_user)
-    url = timeline_url(long)
-    page_text(client, url)  # warm: templates compiled, caches filled
+def _fastest_of_three(client, url) -> float:
     timings = []
     for _ in range(3):
         started = time.perf_counter()
         page_text(client, url)
         timings.append(time.perf_counter() - started)
-    assert min(timings) < 0.3, timings
+    return min(timings)
+
+
+def test_first_byte_under_300_ms_with_100k_runs_and_indexed_reads(client, long, auditor_user):
+    client.force_login(auditor_user)
+    url = timeline_url(long)
+    page_text(client, url)  # warm: templates compiled, caches filled
+    alone = _fastest_of_three(client, url)  # the same page with no other run in the table
+    seed_runs(100_000)
+    page_text(client, url)
+    crowded = _fastest_of_three(client, url)
+    # Under 300 ms; on a host slow enough that the page alone takes longer (a shared machine's
+    # speed moves twofold), 100,000 more runs may add no more than half of that.
+    assert crowded < max(0.3, 1.5 * alone), (crowded, alone)
     # Every read of the big tables goes through an index (no sequential scan of the runs or
     # of the 200k events of other runs).
     with CaptureQueriesContext(connection) as queries:
