@@ -14,6 +14,13 @@ def advance_run(run_id: str) -> int:
     return engine.advance(run_id)
 
 
+@shared_task(name="runs.tasks.advance_runs", acks_late=True, reject_on_worker_lost=True)
+def advance_runs(run_ids: list[str]) -> int:
+    """The hints of several runs in one message (runs.engine.dispatch.hint_soon)."""
+    close_old_connections()
+    return engine.advance_each(run_ids)
+
+
 @shared_task(name="runs.tasks.sweep", acks_late=True)
 def sweep() -> dict:
     close_old_connections()

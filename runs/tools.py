@@ -390,6 +390,23 @@ def about_to_wait() -> None:
     if hook is not None:
         _waiting.hook = None
         hook()
+    outer = getattr(_waiting, "outer", None)
+    if outer is not None:
+        _waiting.outer = None
+        outer()
+
+
+@contextmanager
+def on_first_wait(hook: Callable[[], None]):
+    """Run `hook` (once) the first time any call made in this block is about to wait, beside
+    whatever `when_waiting` hooks the calls set: the task that advances a batch of runs hands
+    the rest of its batch on then (runs.engine.execute.advance_each)."""
+    previous = getattr(_waiting, "outer", None)
+    _waiting.outer = hook
+    try:
+        yield
+    finally:
+        _waiting.outer = previous
 
 
 def about_to_send() -> None:

@@ -387,6 +387,12 @@ TASKPILOTS = {
     # (A task waiting on a call holds one of many threads, not a process: a run that waits
     # goes on in its task rather than costing a new message and claim for each step.)
     "INLINE_BUDGET_SECONDS": env_float("TASKPILOTS_INLINE_BUDGET_SECONDS", 30.0, minimum=0),
+    # Plain hints (a run started, a run that goes on) wait this long for others sent meanwhile
+    # by the same process and leave together, up to HINT_BATCH runs a message: a burst costs
+    # the broker and the workers' consumers a message per batch rather than per run
+    # (runs/engine/dispatch.py). 0 sends each hint alone, at once.
+    "HINT_LINGER_MS": env_float("TASKPILOTS_HINT_LINGER_MS", 2.0, minimum=0),
+    "HINT_BATCH": env_int("TASKPILOTS_HINT_BATCH", 16, minimum=1),
     # The engine's one-round-trip transactions (runs/engine/inline.py). Off, every step goes
     # through the model verbs one statement at a time: the same records, slower.
     "HOT_PATH": env_bool("TASKPILOTS_HOT_PATH", True),

@@ -18,7 +18,7 @@ from runs.engine.claim import Claim, claim_next
 from runs.engine.compensation import BY_HAND_QUEUE, begin_compensation, undoable
 from runs.engine.context import build_context, prior_results_summary
 from runs.engine.dispatch import enqueue
-from runs.engine.execute import advance, invoke_step, run_until_quiet
+from runs.engine.execute import advance, advance_each, invoke_step, run_until_quiet
 from runs.engine.gate import params_change
 from runs.engine.ledger import IdempotencyKeyConflict, Verdict, idempotency_key_for
 from runs.engine.outcomes import Outcome
@@ -41,6 +41,7 @@ __all__ = [
     "SweepReport",
     "Verdict",
     "advance",
+    "advance_each",
     "begin_compensation",
     "build_context",
     "choose",

@@ -9,11 +9,12 @@ from django.db import transaction
 
 from runs.engine import inline
 from runs.engine.claim import Claim, claim_next
-from runs.engine.dispatch import conf, enqueue, worker_id
+from runs.engine.dispatch import conf, enqueue, hint_many, worker_id
 from runs.engine.liveness import ClaimLost
 from runs.engine.record import record_outcome
 from runs.engine.steps import execute
 from runs.models import Run, TimelineEvent
+from runs.tools import on_first_wait
 from runs.verbs import Verb
 
 logger = logging.getLogger("taskpilots.engine")
@@ -81,6 +82,39 @@ def advance(run_id, *, worker: str | None = None, budget: float | None = None) -
                 enqueue(run_id)
             return executed
         claim = following
+    return executed
+
+
+# How long a batch's task goes on to its next run before it hands the rest on to other workers.
+BATCH_TURN_SECONDS = 0.5
+
+
+def advance_each(run_ids: list[str]) -> int:
+    """Advance the runs of one message (runs.engine.dispatch.hint_soon), one after another, as
+    long as each is quick: the moment one waits on the outside world (a request sent, a call
+    that did not return at once), or after BATCH_TURN_SECONDS, the runs not begun yet leave as
+    a message of their own for any worker — no run of a batch waits behind another's call.
+    Steps executed; as safe twice as `advance` (a redelivered batch finds its runs claimed or
+    done)."""
+    rest = [str(run_id) for run_id in run_ids]
+    rest.reverse()  # popped from the end: the message's order
+
+    def hand_on() -> None:
+        if rest:
+            handed = rest[::-1]
+            rest.clear()
+            hint_many(handed)
+
+    turn_ends = time.monotonic() + BATCH_TURN_SECONDS
+    executed = 0
+    try:
+        with on_first_wait(hand_on):
+            while rest:
+                executed += advance(rest.pop())
+                if rest and time.monotonic() > turn_ends:
+                    hand_on()
+    finally:
+        hand_on()  # what an error left undone goes on elsewhere
     return executed
 
 

@@ -114,3 +114,72 @@ def test_a_hint_with_a_countdown_or_expiry_is_sent_by_celery(queue):
     dispatch.hint("later", expires=60)
     (message,) = _received(queue, 1)
     assert message.headers["expires"] and message.decode()[0] == ["later"]
+
+
+# -- hints sent together (runs.engine.dispatch.hint_soon) ---------------------------------------
+
+
+@pytest.fixture
+def linger(settings):
+    """Hints linger long enough here for every hint a test sends to fall within one linger."""
+    settings.TASKPILOTS = {**settings.TASKPILOTS, "HINT_LINGER_MS": 300.0, "HINT_BATCH": 16}
+    yield settings.TASKPILOTS
+    dispatch.flush_hints()
+
+
+def test_hints_sent_meanwhile_leave_as_one_message(queue, linger):
+    import runs.tasks  # noqa: F401
+
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    for run_id in ids:
+        dispatch.hint_soon(run_id)
+    celery_app.send_task(dispatch.ADVANCE_MANY_TASK, (ids,))
+    by_celery, by_hint = sorted(
+        _received(queue, 2), key=lambda m: m.headers["root_id"] != m.headers["id"]
+    )
+    assert by_hint.headers["task"] == dispatch.ADVANCE_MANY_TASK
+    assert by_hint.decode()[0] == [ids]
+    assert by_hint.decode() == by_celery.decode()
+    varies = {"id", "root_id"}
+    assert {k: v for k, v in by_hint.headers.items() if k not in varies} == {
+        k: v for k, v in by_celery.headers.items() if k not in varies
+    }
+
+
+def test_a_lone_hint_is_the_plain_one_and_a_burst_is_cut_into_batches(queue, linger):
+    dispatch.hint_soon("alone")
+    (message,) = _received(queue, 1)
+    assert message.headers["task"] == dispatch.ADVANCE_TASK
+    assert message.decode()[0] == ["alone"]
+
+    linger["HINT_BATCH"] = 2
+    for n in range(5):
+        dispatch.hint_soon(f"run-{n}")
+    bodies = sorted(str(m.decode()[0]) for m in _received(queue, 3))  # no order between them
+    assert bodies == sorted(["[['run-0', 'run-1']]", "[['run-2', 'run-3']]", "['run-4']"])
+
+
+def test_without_a_linger_each_hint_leaves_at_once(queue, settings):
+    settings.TASKPILOTS = {**settings.TASKPILOTS, "HINT_LINGER_MS": 0.0}
+    dispatch.hint_soon("now")
+    assert dispatch._coalescer._held == {}
+    assert _received(queue, 1)[0].decode()[0] == ["now"]
+
+
+def test_a_hint_held_when_the_process_exits_is_sent():
+    """The atexit flush: a process that starts a run and exits at once (a management command,
+    a script) still sends its hint, with a linger far longer than the process lives."""
+    import subprocess
+    import sys
+
+    from taskpilots.evidence.workers import Workers
+
+    name = f"tp-test-{uuid.uuid4().hex[:10]}"
+    env = Workers(name).env(TASKPILOTS_HINT_LINGER_MS="600000")
+    code = (
+        "import django; django.setup(); from runs.engine import dispatch; dispatch.hint_soon('bye')"
+    )
+    env["DJANGO_SETTINGS_MODULE"] = "taskpilots.settings"
+    with _reading(name) as simple:
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+        assert _received(simple, 1)[0].decode()[0] == ["bye"]

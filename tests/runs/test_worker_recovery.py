@@ -148,3 +148,34 @@ def test_replay_through_a_worker_sends_nothing_again(workers, sandbox):
     wait_for(lambda: Run.objects.get(pk=run.pk).status == "succeeded", what="replay to finish")
     assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
     assert len(sandbox.ledger(system="tickets", run=str(run.pk))) == 1
+
+
+def test_a_batch_of_runs_whose_worker_dies_sends_each_mail_once(workers, sandbox):
+    # Three runs started together leave as one message (runs.engine.dispatch.hint_soon). The
+    # worker's task hands the two behind the first on as its mail call starts waiting, its
+    # other threads take them, and the worker dies with all three calls in the mail system's
+    # hands: each run finishes on the next worker, and each reply was sent once.
+    linger = settings.TASKPILOTS["HINT_LINGER_MS"]
+    settings.TASKPILOTS["HINT_LINGER_MS"] = 500.0
+    try:
+        first = workers.start()
+        sandbox.inject("mail", "latency", action="send", latency_ms=1500, count=3)
+        runs = [
+            engine.start_run("test.reply", {**REPLY_INPUT, "ticket": f"T-{n}"})[0] for n in range(3)
+        ]
+    finally:
+        settings.TASKPILOTS["HINT_LINGER_MS"] = linger
+    for run in runs:
+        wait_for(in_flight(run.pk, "mail.send"), what="mail call in flight")
+    wait_for(call_received(sandbox, "mail"), what="all three mail calls received")
+    first.kill()
+    for run in runs:
+        wait_for(lambda r=run: sandbox.ledger(system="mail", run=str(r.pk)), what="late commit")
+        expire_leases(run)
+    workers.start()
+    engine.sweep()
+    for run in runs:
+        run = wait_for(settled(run.pk), what="run to finish")
+        assert run.status == "succeeded", run.attention_reason
+        assert len(sandbox.ledger(system="mail", run=str(run.pk))) == 1
+        assert len(sandbox.ledger(system="tickets", run=str(run.pk))) == 1
