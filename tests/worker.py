@@ -13,9 +13,22 @@ from django.conf import settings
 from taskpilots.celery import app as celery_app
 from taskpilots.evidence.workers import WorkerProcess, Workers, wait_for
 
-__all__ = ["WorkerProcess", "Workers", "private_workers", "wait_for"]
+__all__ = ["WorkerProcess", "Workers", "private_workers", "reading_queue", "wait_for"]
 
 MODULES = "taskpilots.demo.tools,tests.runs.flows"
+
+
+@contextmanager
+def reading_queue(name: str):
+    """A reader of the queue `name` on the configured broker (what hints sent there look like),
+    the queue deleted afterwards."""
+    with celery_app.connection_for_read() as conn:
+        simple = conn.SimpleQueue(name)
+        try:
+            yield simple
+        finally:
+            simple.close()
+            conn.default_channel.queue_delete(name)
 
 
 @contextmanager

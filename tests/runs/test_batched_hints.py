@@ -17,6 +17,7 @@ from runs.models import Run
 from runs.tools import python_tool
 from runs.workflows import Workflow, read
 from taskpilots.celery import app as celery_app
+from tests.worker import reading_queue
 
 execute = sys.modules["runs.engine.execute"]
 
@@ -45,14 +46,11 @@ def hints():
     name = f"tp-test-{uuid.uuid4().hex[:10]}"
     previous = celery_app.conf.task_default_queue, settings.TASKPILOTS["DISPATCH"]
     celery_app.conf.task_default_queue = name
-    with celery_app.connection_for_read() as conn:
-        simple = conn.SimpleQueue(name)
-        try:
+    try:
+        with reading_queue(name) as simple:
             yield simple
-        finally:
-            simple.close()
-            conn.default_channel.queue_delete(name)
-            celery_app.conf.task_default_queue, settings.TASKPILOTS["DISPATCH"] = previous
+    finally:
+        celery_app.conf.task_default_queue, settings.TASKPILOTS["DISPATCH"] = previous
 
 
 def _runs(count: int, seconds: float) -> list[str]:

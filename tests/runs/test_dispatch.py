@@ -4,7 +4,6 @@ and steps aside where `send_task`'s extras are in use (its signals, protocol 1).
 from __future__ import annotations
 
 import uuid
-from contextlib import contextmanager
 
 import pytest
 from celery import signals
@@ -12,6 +11,7 @@ from django.conf import settings
 
 from runs.engine import dispatch
 from taskpilots.celery import app as celery_app
+from tests.worker import reading_queue
 
 pytestmark = pytest.mark.django_db
 
@@ -27,23 +27,11 @@ def queue():
     celery_app.conf.task_default_queue = name
     settings.TASKPILOTS["DISPATCH"] = "celery"
     try:
-        with _reading(name) as simple:
+        with reading_queue(name) as simple:
             yield simple
     finally:
         settings.TASKPILOTS["DISPATCH"] = previous_dispatch
         celery_app.conf.task_default_queue = previous_queue
-
-
-@contextmanager
-def _reading(name: str):
-    """A reader of the queue `name`, deleted afterwards."""
-    with celery_app.connection_for_read() as conn:
-        simple = conn.SimpleQueue(name)
-        try:
-            yield simple
-        finally:
-            simple.close()
-            conn.default_channel.queue_delete(name)
 
 
 def _received(queue, count: int) -> list:
@@ -87,7 +75,7 @@ def test_the_sender_follows_a_change_of_queue(queue):
     celery_app.conf.task_default_queue = other
     try:
         dispatch.hint("a-run")
-        with _reading(other) as moved:
+        with reading_queue(other) as moved:
             assert _received(moved, 1)[0].decode()[0] == ["a-run"]
     finally:
         celery_app.conf.task_default_queue = queue.queue.name
@@ -180,6 +168,6 @@ def test_a_hint_held_when_the_process_exits_is_sent():
         "import django; django.setup(); from runs.engine import dispatch; dispatch.hint_soon('bye')"
     )
     env["DJANGO_SETTINGS_MODULE"] = "taskpilots.settings"
-    with _reading(name) as simple:
+    with reading_queue(name) as simple:
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
         assert _received(simple, 1)[0].decode()[0] == ["bye"]
