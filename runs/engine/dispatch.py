@@ -154,10 +154,7 @@ class _Coalescer:
             for start in range(0, len(run_ids), size):
                 chunk = run_ids[start : start + size]
                 try:
-                    if len(chunk) == 1:
-                        sender.send(chunk[0])
-                    else:
-                        sender.send_many(chunk)
+                    sender.send_batch(chunk)
                 except Exception:  # the broker being down only delays the runs (the sweeper)
                     logger.warning(
                         "could not enqueue %d runs; the sweeper will pick them up", len(chunk)
@@ -233,11 +230,17 @@ class _HintSender:
         }
         self.queue = queue
         self.declared = hash(queue)
-        self.task = task
         self._many: _HintSender | None = None
 
     def send(self, run_id: str) -> None:
         self._publish((run_id,), f"('{run_id}',)")
+
+    def send_batch(self, run_ids: list[str]) -> None:
+        """One message for these runs: the plain hint for one, runs.tasks.advance_runs for more."""
+        if len(run_ids) == 1:
+            self.send(run_ids[0])
+        else:
+            self.send_many(run_ids)
 
     def send_many(self, run_ids: list[str]) -> None:
         """One message for these runs: runs.tasks.advance_runs."""
