@@ -35,13 +35,12 @@ from runs.tools import Tool
 
 APPROVE_VERBS = (HumanDecision.Verb.APPROVE, HumanDecision.Verb.APPROVE_WITH_EDITS)
 
-# The approve rules as one value: changes with any change of any enabled approve rule. The
-# hot path guards its statement on it (runs.engine.inline), so rules this process cached are
-# used only while they are still the rules in force.
-RULES_DIGEST_SQL = (
-    "SELECT md5(coalesce(string_agg(r::text, ',' ORDER BY r.id), '')) "
-    "FROM approvals_escalationrule r WHERE r.action = 'approve' AND r.enabled"
-)
+# The rules' stamp (approvals.models.RulesStamp): a new value with every change of any rule.
+# The hot path guards its statement on it (runs.engine.inline), so rules this process cached
+# are used only while they are still the rules in force. An index lookup, where a digest of
+# the rules' rows cost in proportion to the rules, twice in some statements; never NULL (a
+# missing row reads '', unlike any stamp), since a NULL would make the guard pass.
+RULES_STAMP_SQL = "SELECT coalesce(max(stamp), '') FROM approvals_rulesstamp WHERE id = 1"
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,7 +80,7 @@ def approve_rules(*, cached: bool = False) -> _Rules:
     if cached and known is not None:
         return known
     with connection.cursor() as cursor:
-        cursor.execute(RULES_DIGEST_SQL)
+        cursor.execute(RULES_STAMP_SQL)
         current = cursor.fetchone()[0]
     if known is None or known.digest != current:
         rules = EscalationRule.objects.filter(enabled=True, action=RuleAction.APPROVE)
@@ -134,7 +133,7 @@ def requirement(
         rules.append(_because(rule, needed))
         if needed > approvers:
             approvers, queue, sla = needed, rule.queue, rule.approval_sla_seconds
-    guard = (f"({RULES_DIGEST_SQL}) = %s", [read.digest]) if cached else None
+    guard = (RULES_STAMP_SQL, read.digest) if cached else None
     return Requirement(approvers, tuple(reasons), tuple(rules), queue, sla, guard)
 
 

@@ -46,7 +46,7 @@ class People:
         return permissions.api_scopes(user)
 
     def rules_statement(self) -> str:
-        return gate.RULES_DIGEST_SQL
+        return gate.RULES_STAMP_SQL
 
     def rules_seen(self, value: Any) -> None:
         gate.rules_seen(value)

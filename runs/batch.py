@@ -36,6 +36,7 @@ import orjson
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, models, transaction
 from django.utils import timezone
+from psycopg.types.json import JsonLoader
 
 from runs import hooks, statements
 from runs.models import (
@@ -44,6 +45,7 @@ from runs.models import (
     TimelineEvent,
     chain_heads,
     db_json,
+    json_loads,
     orjson_encodes_alike,
 )
 
@@ -70,6 +72,7 @@ class Batch:
         # (CTE body, params, what): a change that must touch exactly one row; `what` names it.
         self.parts: list[tuple[str, list, str]] = []
         self.values: list[tuple[str, list]] = []  # scalar subqueries whose value is returned
+        self.shared_reads: list[str] = []  # parameterless reads made once (shared)
         self.checks: list[tuple[str, list, str]] = []
         self.events: list[str] = []  # each a JSON object (see event)
         self.last_at = None
@@ -130,6 +133,14 @@ class Batch:
         """A condition that must hold when the statement runs, or nothing is written."""
         self.checks.append((condition, params, what))
 
+    def shared(self, sql: str) -> str:
+        """A parameterless read the statement makes once however many checks and values use
+        it (the open pauses, the approval rules' stamp: a MATERIALIZED CTE, where each use
+        as a subquery was a read of its own): the SQL to use in their place."""
+        if sql not in self.shared_reads:
+            self.shared_reads.append(sql)
+        return f"SELECT v FROM s{self.shared_reads.index(sql)}"
+
     def value(self, sql: str, params: list) -> int:
         """A scalar subquery in the same round trip: its value, by the index returned."""
         self.values.append((sql, params))
@@ -169,6 +180,7 @@ class Batch:
             tuple([(sql, what) for sql, _, what in self.parts]),
             tuple([(condition, what) for condition, _, what in self.checks]),
             tuple([sql for sql, _ in self.values]),
+            tuple(self.shared_reads),
         )
         return text, params
 
@@ -326,12 +338,19 @@ def _execute(db, sql: str, params: list):
 _local = threading.local()
 
 
+class _JsonLoader(JsonLoader):
+    _loads = staticmethod(json_loads)
+
+
 def _cursor(db) -> psycopg.RawCursor:
     """This thread's cursor on the connection the wrapper `db` holds now: a new one when the
     pooled wrapper holds another connection than the last time, or the last one was closed."""
     cursor = getattr(_local, "cursor", None)
     if cursor is None or cursor.connection is not db.connection or cursor.closed:
         cursor = _local.cursor = psycopg.RawCursor(db.connection)
+        # The json values the statements return (read rows, the open pauses) by orjson; jsonb
+        # stays text as Django's connection loads it (a JSONField's from_db_value reads it).
+        cursor.adapters.register_loader("json", _JsonLoader)
     return cursor
 
 

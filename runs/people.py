@@ -74,9 +74,9 @@ class Requirement:
     # Where a person is asked when no approval in force covers the call, and their SLA.
     queue: str = "support"
     sla_seconds: int = 0
-    # When worked out from rules a process had cached: a SQL boolean (and its parameters) that
-    # holds while those are still the rules in force (the hot path's statement checks it).
-    guard: tuple[str, list] | None = None
+    # When worked out from rules a process had cached: a parameterless SQL read and the value
+    # it gives while those are still the rules in force (the hot path's statement checks it).
+    guard: tuple[str, str] | None = None
 
     def record(self) -> dict[str, Any]:
         return {"required": self.approvers, "reasons": list(self.reasons)}

@@ -117,16 +117,19 @@ def batch_statement(
     parts: tuple[tuple[str, str], ...],
     checks: tuple[tuple[str, str], ...],
     values: tuple[str, ...],
+    shared: tuple[str, ...] = (),
 ) -> str:
     """A batch's one statement: the run's change, then each part (SQL, what it guards), each a
     data-modifying CTE that must touch exactly one row (tp_assert, runs/migrations/0010), the
-    events, then the conditions (SQL, what) and the values returned."""
+    events, the reads the conditions and values share (`sN`, each made once: Batch.shared),
+    then the conditions (SQL, what) and the values returned."""
     ctes = [f"run AS ({run_sql} RETURNING 1)"]
     asserts = ["tp_assert((SELECT count(*) FROM run) = 1, 'run moved')"]
     for n, (sql, what) in enumerate(parts):
         ctes.append(f"c{n} AS ({sql} RETURNING 1)")
         asserts.append(f"tp_assert((SELECT count(*) FROM c{n}) = 1, '{what}')")
     ctes.append(f"events AS ({INSERT_EVENTS})")
+    ctes += [f"s{n} AS MATERIALIZED (SELECT ({sql}) AS v)" for n, sql in enumerate(shared)]
     asserts += [f"tp_assert({condition}, '{what}')" for condition, what in checks]
     selected = asserts + [f"({sql})" for sql in values]
     return f"WITH {', '.join(ctes)} SELECT {', '.join(selected)}"

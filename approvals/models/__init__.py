@@ -63,6 +63,7 @@ from approvals.models.requests import (
 from approvals.models.rules import (
     EscalationRule,
     RuleChange,
+    RulesStamp,
     RuleVersion,
     ToolPause,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "RuleAction",
     "EscalationRule",
     "RuleChange",
+    "RulesStamp",
     "RuleVersion",
     "ToolPause",
     "OVERRIDABLE",

@@ -193,6 +193,26 @@ class EscalationRule(models.Model):
         return {name: getattr(self, name) for name in self.VERSIONED_FIELDS}
 
 
+class RulesStamp(models.Model):
+    """One row whose `stamp` is replaced by a fresh random value in every transaction that
+    changes escalation rules, by any path (a statement trigger on the rules' table,
+    approvals/migrations/0027, so the ORM, the admin, bulk edits and plain SQL alike).
+
+    The engine's one-round-trip statements read it to know that the approval rules a worker
+    cached are still those in force (approvals.gate.RULES_STAMP_SQL): one index lookup however
+    many rules there are. A stamp is never reused, so rules changed and changed back, or a
+    change rolled back, never pass for rules a worker read at another time."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    stamp = models.CharField(max_length=36)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="rules_stamp_one_row")]
+
+    def __str__(self) -> str:
+        return f"rules stamp {self.stamp}"
+
+
 # --------------------------------------------------------------------------------------------
 # Rule history, tool pauses, SLA breaches and notifications (the admin side of issue 7)
 

@@ -18,10 +18,11 @@ write the same rows and the same timeline events (tests/runs/test_inline.py comp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from django.db import connection
+from django.db import connection, models
 from django.utils import timezone
 
 from runs import hooks, statements
@@ -44,7 +45,16 @@ from runs.engine.ledger import (
 from runs.engine.liveness import ClaimLost
 from runs.engine.outcomes import Failed, Outcome, Succeeded
 from runs.engine.steps import execute
-from runs.models import Run, SideEffect, Step, StepKind, chain_heads, digest, to_json_value
+from runs.models import (
+    Run,
+    SideEffect,
+    Step,
+    StepKind,
+    chain_heads,
+    digest,
+    json_loads,
+    to_json_value,
+)
 from runs.people import Pause, people
 from runs.tools import ToolError
 from runs.workflows import DynamicStep, StepDef
@@ -58,14 +68,38 @@ ORDINARY = "ordinary"
 
 _RUN_FIELDS = Run._meta.concrete_fields
 _RUN_COLUMNS = tuple(f.column for f in _RUN_FIELDS)
+_RUN_ATTNAMES = [f.attname for f in _RUN_FIELDS]
+
+
+def _converter(field):
+    """How a column's value from the row becomes the field's: a JSONField's text (jsonb comes
+    as text through Django's connection) by runs.models.json_loads, as JSONField.from_db_value
+    would with Python's decoder; any other field's from_db_value; None when there is none."""
+    if isinstance(field, models.JSONField) and field.decoder is None:
+        return _json_column
+    if hasattr(field, "from_db_value"):
+        return lambda value: field.from_db_value(value, None, connection)
+    return None
+
+
+def _json_column(value):
+    if value is None:
+        return None
+    try:
+        return json_loads(value)
+    except json.JSONDecodeError:  # as JSONField.from_db_value: the text as it is
+        return value
+
+
+_RUN_CONVERTERS = [_converter(f) for f in _RUN_FIELDS]
 
 
 def _run_from_row(row) -> Run:
     values = [
-        f.from_db_value(value, None, connection) if hasattr(f, "from_db_value") else value
-        for f, value in zip(_RUN_FIELDS, row, strict=True)
+        value if convert is None else convert(value)
+        for convert, value in zip(_RUN_CONVERTERS, row, strict=True)
     ]
-    return Run.from_db("default", [f.attname for f in _RUN_FIELDS], values)
+    return Run.from_db("default", _RUN_ATTNAMES, values)
 
 
 # --------------------------------------------------------------------------------------------
@@ -156,7 +190,9 @@ def _plan_ahead(
             step.open_done(done.result, now, read_record=done.read, into=batch)
             pauses = _pauses_sql()
             if pauses is not None:  # a pause that came meanwhile: the ordinary path decides
-                batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
+                batch.check(
+                    f"NOT (({batch.shared(pauses)})::jsonb ? %s)", [step.tool], "tool paused"
+                )
             done = done.result
         else:
             step.open_done(done, now, into=batch)
@@ -245,9 +281,9 @@ def _claim_new(batch, run, workflow, step, definition, ctx, steps, worker) -> _P
     claim = claim_of(run, step, workflow, definition, ctx, worker, steps)
     pending = _Pending(claim)
     pauses, rules = _pauses_sql(), people().rules_statement()
-    pending.pause_index = None if pauses is None else batch.value(pauses, [])
+    pending.pause_index = None if pauses is None else batch.value(batch.shared(pauses), [])
     # The approval rules as of this statement, for the gate's next hot-path clearance.
-    pending.rules_index = None if rules is None else batch.value(rules, [])
+    pending.rules_index = None if rules is None else batch.value(batch.shared(rules), [])
     call = _prepare_call(claim) if definition.kind == StepKind.SIDE_EFFECT else None
     if call is not None:
         step.idempotency_key = call[1].idempotency_key
@@ -255,7 +291,7 @@ def _claim_new(batch, run, workflow, step, definition, ctx, steps, worker) -> _P
     if call is not None:
         batch_intent(batch, claim, call[0], call[1], call[3], new_step=True)
         if pauses is not None:  # never an intent for a paused tool
-            batch.check(f"NOT (({pauses})::jsonb ? %s)", [step.tool], "tool paused")
+            batch.check(f"NOT (({batch.shared(pauses)})::jsonb ? %s)", [step.tool], "tool paused")
         pending.intent = (call[1], call[2])
     return pending
 

@@ -492,7 +492,8 @@ def batch_intent(batch, claim: Claim, snapshot, effect, cleared, *, new_step=Fal
     `cleared` the call are those in force (runs.engine.gate)."""
     record_intent(claim, snapshot, effect, remember=not new_step, into=batch)
     if cleared.guard is not None:
-        batch.check(cleared.guard[0], cleared.guard[1], "approval rules changed")
+        read, expected = cleared.guard
+        batch.check(f"({batch.shared(read)}) = %s", [expected], "approval rules changed")
 
 
 def intent_written(effect: SideEffect) -> SideEffect:

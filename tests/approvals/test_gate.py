@@ -241,3 +241,101 @@ def test_a_workflow_that_found_no_approval_needed_is_gated_by_the_rules_only(san
     assert not ApprovalRequest.objects.filter(run=run).exists()
     assert fresh(run).status == "waiting" and refunds(sandbox) == [50]
     assert run.pk and Run.objects.get(pk=run.pk).status == "waiting"
+
+
+# -- the rules' stamp: what the hot path's statements check the cached rules against ---------
+
+
+def _stamp() -> str:
+    from django.db import connection
+
+    from approvals import gate
+
+    with connection.cursor() as cursor:
+        cursor.execute(gate.RULES_STAMP_SQL)
+        return cursor.fetchone()[0]
+
+
+class _Undone(Exception):
+    pass
+
+
+def test_the_rules_stamp_changes_with_every_change_by_any_path_and_is_never_reused(db):
+    from django.db import connection, transaction
+
+    from approvals.models import RulesStamp
+
+    seen = [_stamp()]
+    rule = EscalationRule.objects.create(
+        position=1, name="stamp", tool="payments.refund", action="approve"
+    )
+    seen.append(_stamp())
+    with connection.cursor() as cursor:  # plain SQL, and a change that changes nothing
+        cursor.execute(
+            "UPDATE approvals_escalationrule SET enabled = enabled WHERE id = %s", [rule.pk]
+        )
+    seen.append(_stamp())
+    with pytest.raises(_Undone), transaction.atomic():
+        EscalationRule.objects.filter(pk=rule.pk).update(enabled=False)
+        assert _stamp() not in seen
+        raise _Undone
+    assert _stamp() == seen[-1]  # a change rolled back leaves the stamp as it was
+    # The rules in force back as they were at the start (a digest of the enabled approve
+    # rules would be the first one again).
+    EscalationRule.objects.filter(pk=rule.pk).update(enabled=False)
+    seen.append(_stamp())
+    assert all(seen) and len(set(seen)) == len(seen)
+
+    # Without its row the stamp reads '' (never NULL, which would let a guard pass), unlike
+    # any stamp; the next change of rules writes it again.
+    RulesStamp.objects.all().delete()
+    assert _stamp() == ""
+    EscalationRule.objects.create(name="again", action="approve")
+    assert _stamp() not in ("", *seen)
+
+
+def test_a_statement_cleared_by_rules_changed_since_is_refused_whatever_changed_them(sandbox):
+    # The guard the hot path adds to its statement (runs.engine.ledger.batch_intent): rules a
+    # worker cached are those in force, or nothing is written; here changed by plain SQL
+    # between the worker's read and its statement.
+    from django.db import connection
+
+    from approvals import gate
+    from runs.batch import Batch, Refused
+    from taskpilots.evidence import bench_flows  # noqa: F401
+
+    run, _ = engine.start_run("bench.five", {"n": 1})
+    cached = gate.approve_rules()
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE approvals_escalationrule SET enabled = NOT enabled")
+    batch = Batch(run.pk, (run.event_seq, run.event_hash))
+    batch.event("run.note", {})
+    check = f"({batch.shared(gate.RULES_STAMP_SQL)}) = %s"
+    batch.check(check, [cached.digest], "approval rules changed")
+    with pytest.raises(Refused, match="approval rules changed"):
+        batch.commit()
+    assert not TimelineEvent.objects.filter(run=run, verb="run.note").exists()
+
+    batch = Batch(run.pk, (run.event_seq, run.event_hash))
+    batch.event("run.note", {})
+    batch.check(check, [gate.approve_rules().digest], "approval rules changed")
+    batch.value(batch.shared(gate.RULES_STAMP_SQL), [])
+    assert batch.commit() == [gate.approve_rules().digest]
+
+
+def test_each_read_of_the_pauses_and_rules_is_made_once_per_statement(sandbox):
+    # The open pauses and the rules' stamp are read by several checks and values of one hot
+    # path statement; each is read once (Batch.shared), and the call still runs once.
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as seen:
+        run = start("test.gate_direct_refund", {"amount": 70, "payment": "pay_once"})
+    assert run.status == "succeeded" and refunds(sandbox) == [70]
+    statements = [q["sql"] for q in seen.captured_queries]
+    hot = [sql for sql in statements if "approvals_rulesstamp" in sql]
+    assert hot, statements
+    for sql in hot:
+        assert sql.count("FROM approvals_rulesstamp") == 1, sql
+        assert sql.count("FROM approvals_toolpause") <= 1, sql
+    assert not any("string_agg" in sql for sql in statements)

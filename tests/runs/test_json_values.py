@@ -196,3 +196,54 @@ def test_choices_and_other_str_subclasses_are_written_alike():
         assert canonical_json({"v": value}) == _python_canonical({"v": value}), value
     assert orjson_encodes_alike({"v": RunStatus.RUNNING})
     assert not orjson_encodes_alike(Odd.A)
+
+
+# -- reading: runs.models.json_loads gives what Python's decoder gives ---------------------------
+
+
+def _same(a, b) -> bool:
+    """Equal values of the same types all the way down (-0.0 is not 0.0, 1 is not 1.0)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return repr(a) == repr(b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _loads_alike(text: str) -> None:
+    import json
+
+    from runs.models import json_loads
+
+    assert _same(json_loads(text), json.loads(text)), text
+    assert _same(json_loads(text.encode()), json.loads(text)), text
+
+
+def test_numbers_are_read_alike_as_postgresql_writes_them():
+    # jsonb keeps numbers as numeric and writes them without an exponent: a float written as
+    # 1e300 comes back as 301 digits, an integer beyond 64 bits (orjson refuses it).
+    rng = random.Random(20261208)
+    for _ in range(20000):
+        value = _random_float(rng)
+        if value != value or value in (float("inf"), float("-inf")):
+            continue
+        _loads_alike(f"[{value!r}]")
+        _loads_alike(f"[{decimal.Decimal(repr(value)):f}]")
+    for text in ["0", "-0", "-0.0", "1.0", "2e3", "1E-7", "1e400", "-1e400", str(2**63 - 1),
+                 str(2**63), str(2**64), str(-(2**63) - 1), str(10**300), "0.30000000000000004",
+                 "123456789012345678901234567890.5", "4.9406564584124654e-324"]:  # fmt: skip
+        _loads_alike(f"[{text}]")
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_random_values_are_read_alike(seed):
+    _loads_alike(canonical_json(_random_value(random.Random(seed))))
+
+
+def test_text_orjson_refuses_is_read_by_python():
+    for text in ['"\\ud800"', '{"a": "\\udfff x"}', '{"a": 1, "a": 2}', " [1, 2] "]:
+        _loads_alike(text)
