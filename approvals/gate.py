@@ -64,7 +64,7 @@ def _because(rule: EscalationRule, approvers: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Rules:
-    digest: str
+    stamp: str
     rules: tuple[EscalationRule, ...]
 
 
@@ -72,7 +72,7 @@ _cached: _Rules | None = None
 
 
 def approve_rules(*, cached: bool = False) -> _Rules:
-    """The enabled `approve` rules in order, with the digest they had when read: as this
+    """The enabled `approve` rules in order, with the rules' stamp when read: as this
     process last read them when `cached` (no query, once read), else as they are now (one
     query while unchanged)."""
     global _cached
@@ -82,18 +82,18 @@ def approve_rules(*, cached: bool = False) -> _Rules:
     with connection.cursor() as cursor:
         cursor.execute(RULES_STAMP_SQL)
         current = cursor.fetchone()[0]
-    if known is None or known.digest != current:
+    if known is None or known.stamp != current:
         rules = EscalationRule.objects.filter(enabled=True, action=RuleAction.APPROVE)
         known = _cached = _Rules(current, tuple(rules))
     return known
 
 
-def rules_seen(digest: Any) -> None:
-    """The digest of the rules in force as a statement of the engine read it: rules this process
-    cached under another digest are dropped (read again at their next use), so the hot path
+def rules_seen(stamp: Any) -> None:
+    """The rules' stamp as a statement of the engine read it: rules this process
+    cached under another stamp are dropped (read again at their next use), so the hot path
     clears calls by the rules of the worker's last statement, and its guard seldom refuses."""
     global _cached
-    if _cached is not None and digest is not None and _cached.digest != digest:
+    if _cached is not None and stamp is not None and _cached.stamp != stamp:
         _cached = None
 
 
@@ -133,7 +133,7 @@ def requirement(
         rules.append(_because(rule, needed))
         if needed > approvers:
             approvers, queue, sla = needed, rule.queue, rule.approval_sla_seconds
-    guard = (RULES_STAMP_SQL, read.digest) if cached else None
+    guard = (RULES_STAMP_SQL, read.stamp) if cached else None
     return Requirement(approvers, tuple(reasons), tuple(rules), queue, sla, guard)
 
 

@@ -153,12 +153,13 @@ class People(Protocol):
         """The API scopes a person's role allows their tokens (runs.api.auth)."""
 
     def rules_statement(self) -> str | None:
-        """A SQL scalar: the digest of the approval rules in force, read by the engine's
-        one-round-trip statements (runs.engine.inline) so the rules a worker has cached are
-        those of its last statement; None when no rule can ask for approval."""
+        """A SQL scalar: the stamp of the approval rules in force (a new value with every
+        change), read by the engine's one-round-trip statements (runs.engine.inline) so the
+        rules a worker has cached are those of its last statement; None when no rule can ask
+        for approval."""
 
     def rules_seen(self, value: Any) -> None:
-        """What `rules_statement` read: cached rules with another digest are dropped."""
+        """What `rules_statement` read: cached rules with another stamp are dropped."""
 
     def grants(self, run_id: Any, tools: tuple[str, ...], step_id: int) -> list[Grant]:
         """The run's decided approvals of `tools` that may still cover a call of step

@@ -311,16 +311,16 @@ def test_a_statement_cleared_by_rules_changed_since_is_refused_whatever_changed_
     batch = Batch(run.pk, (run.event_seq, run.event_hash))
     batch.event("run.note", {})
     check = f"({batch.shared(gate.RULES_STAMP_SQL)}) = %s"
-    batch.check(check, [cached.digest], "approval rules changed")
+    batch.check(check, [cached.stamp], "approval rules changed")
     with pytest.raises(Refused, match="approval rules changed"):
         batch.commit()
     assert not TimelineEvent.objects.filter(run=run, verb="run.note").exists()
 
     batch = Batch(run.pk, (run.event_seq, run.event_hash))
     batch.event("run.note", {})
-    batch.check(check, [gate.approve_rules().digest], "approval rules changed")
+    batch.check(check, [gate.approve_rules().stamp], "approval rules changed")
     batch.value(batch.shared(gate.RULES_STAMP_SQL), [])
-    assert batch.commit() == [gate.approve_rules().digest]
+    assert batch.commit() == [gate.approve_rules().stamp]
 
 
 def test_each_read_of_the_pauses_and_rules_is_made_once_per_statement(sandbox):
