@@ -233,3 +233,18 @@ def test_large_payloads_go_through_the_statement_unchanged_and_compressed(sandbo
             [run.pk],
         )
         assert cursor.fetchall() == [(method,)]
+
+
+@pytest.mark.parametrize("condition", ["false", "NULL", "NULL = 'a'", "NOT (NULL::jsonb ? 'a')"])
+def test_a_guard_that_is_not_true_refuses_the_statement(sandbox, condition):
+    # A guard whose read found nothing compares NULL, and NULL is not true: the statement is
+    # refused as for a false one, nothing written.
+    from taskpilots.evidence import bench_flows  # noqa: F401
+
+    run, _ = engine.start_run("bench.five", {"n": 5})
+    batch = Batch(run.pk, (run.event_seq, run.event_hash))
+    batch.event("run.note", {})
+    batch.check(condition, [], "guard")
+    with pytest.raises(Refused, match="guard"):
+        batch.commit()
+    assert not run.events.filter(verb="run.note").exists()
