@@ -1,7 +1,8 @@
 """Where a step's CPU goes, reproducibly: the profiles docs/benchmarks.md may quote.
 
-    python manage.py profile_engine [--tool cpu|cprofile|callgrind|perf|workers] [--runs 300]
-                                    [--workflow bench.five] [--payload-kb 1,16] [--out DIR]
+    python manage.py profile_engine [--tool cpu|cprofile|callgrind|perf|postgres|workers]
+                                    [--runs 300] [--workflow bench.five] [--payload-kb 1,16]
+                                    [--out DIR]
 
 Runs `--runs` runs of the workflow through `engine.advance` in this one process (a worker's path
 without Celery, so the figures are the engine's own), after as many again to warm the caches and
@@ -14,6 +15,8 @@ plans, in a scratch database, and reports CPU per run of starting and of advanci
   deterministic across runs of the same commit; read with callgrind_annotate or kcachegrind);
 - `perf`: the measured loop under `perf record -g` (a sampled profile including PostgreSQL's
   side when run as root: `perf report`);
+- `postgres`: the measured loop while `perf record -a -g` samples the machine, PostgreSQL's
+  backends' samples split by what they were doing (taskpilots/evidence/profile_postgres.py);
 - `workers`: not this process but two Celery workers under `bench engine`'s load, one of them
   sampled by py-spy, its samples split into Celery's share and the engine's
   (taskpilots/evidence/profile_workers.py; `--runs` is the measurement's size, 3,000 or more).
@@ -127,6 +130,12 @@ def profile(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if tool in ("callgrind", "perf"):
         return _under(tool, workflow, runs, payload_kb, out, stamp, repeat)
+    if tool == "postgres":
+        from taskpilots.evidence.profile_postgres import profile_postgres
+
+        figures = profile_postgres(workflow, runs, payload_kb, repeat, out)
+        artifacts.write(record, "profile", figures, [], started_in)
+        return figures
     if tool == "workers":
         from taskpilots.evidence.profile_workers import profile_workers
 

@@ -28,6 +28,7 @@ RENDERERS = {
     "recovery": "taskpilots.evidence.bench_recovery:render_recovery",
     "profile": "taskpilots.evidence.profile:render_profile",
     "workers": "taskpilots.evidence.profile_workers:render_workers",
+    "postgres": "taskpilots.evidence.profile_postgres:render_postgres",
 }
 
 BLOCK = re.compile(

@@ -133,3 +133,110 @@ def test_the_workers_table_is_rendered_from_its_record():
     text = render_workers([env, result])
     assert "624 steps/s" in text and "spent 8% of that worker's CPU" in text
     assert "| consumer | 10% |" in text and "| engine: rest | 90% |" in text
+
+
+# --- profile_engine --tool postgres: the split of PostgreSQL's samples by part
+
+# `perf script -F comm,pid,ip,sym` as perf writes it: a header (the command right-aligned, the
+# pid), then the sample's frames, leaf first, each on a line starting with a tab.
+PERF_SCRIPT = """\
+        postgres  4242
+\t          4ef218 [unknown]
+\t          5f5fcb pg_parse_json
+\t          4f0252 jsonb_in
+\t          47e8fa PostgresMain
+
+        postgres  4242
+\t          6a0001 heap_lock_tuple
+\t          6a0002 RI_FKey_check_ins
+\t          6a0003 AfterTriggerFireDeferred
+\t          6a0004 CommitTransaction
+
+        postgres  4242
+\t          7b0001 pglz_compress+0x12
+\t          7b0002 toast_compress_datum
+\t          7b0003 heap_insert
+\t          7b0004 ExecInsertIndexTuples
+
+        postgres  4242
+\t          8c0001 _bt_compare
+\t          8c0002 ExecInsertIndexTuples
+         swapper     0
+        postgres  4242
+\t          9d0001 hash_search_with_hash_value
+\t          9d0002 PostgresMain
+        postgres  5151
+\t          9d0003 XLogBackgroundFlush
+          python  4240
+\t          9d0004 _PyEval_EvalFrameDefault
+"""
+
+
+def test_postgres_samples_are_read_from_perf_script_text():
+    from taskpilots.evidence.profile_postgres import read_samples
+
+    samples = read_samples(PERF_SCRIPT.splitlines())
+    assert [(command, pid) for command, pid, _ in samples] == [
+        ("postgres", 4242),
+        ("postgres", 4242),
+        ("postgres", 4242),
+        ("postgres", 4242),
+        ("swapper", 0),
+        ("postgres", 4242),
+        ("postgres", 5151),
+        ("python", 4240),
+    ]
+    # Frames without a name are dropped; an offset is not part of the name.
+    assert samples[0][2] == ["pg_parse_json", "jsonb_in", "PostgresMain"]
+    assert samples[2][2][0] == "pglz_compress"
+
+
+def test_postgres_samples_go_to_the_first_part_on_their_stack():
+    from taskpilots.evidence.profile_postgres import part_of, read_samples, split
+
+    samples = read_samples(PERF_SCRIPT.splitlines())
+    # The foreign-key check's row lock counts as the check, the compression inside an INSERT
+    # (itself inside index maintenance's caller) as compression.
+    assert [part_of(stack) for _, pid, stack in samples if pid == 4242] == [
+        "json_input",
+        "foreign_keys",
+        "compression",
+        "index_inserts",
+        "other",
+    ]
+    figures = split(samples, {4242})
+    assert figures["backend_samples"] == 5 and figures["other_postgres_samples"] == 1
+    assert figures["parts"] == {
+        "foreign_keys": 0.2,
+        "compression": 0.2,
+        "index_inserts": 0.2,
+        "json_input": 0.2,
+        "other": 0.2,
+    }
+    assert figures["top_functions"][0] == {"function": "pg_parse_json", "share": 0.2}
+    with pytest.raises(RuntimeError, match="no sample of this process's PostgreSQL backends"):
+        split(samples, {9999})
+
+
+def test_the_postgres_table_is_rendered_from_its_record():
+    from taskpilots.evidence.profile_postgres import read_samples, render_postgres, split
+
+    figures = split(read_samples(PERF_SCRIPT.splitlines()), {4242})
+    result = {
+        **figures,
+        "kind": "result",
+        "tool": "postgres",
+        "workflow": "bench.five",
+        "runs": 300,
+        "repeat": 4,
+        "payload_kb": [1, 16],
+        "frequency_hz": 999,
+    }
+    env = {"kind": "environment", "commit": "abc", "recorded_at": "2026-12-07T00:00:00+00:00"}
+    text = render_postgres([env, result])
+    assert "`bench.five`, 4 rounds of 300 runs with 1–16 KB payloads" in text
+    assert "5 samples of the backends at 999 Hz (1 more in other PostgreSQL processes)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
+    assert len(rows) == 5 and rows[-1].startswith("| everything else")
+    assert "| foreign-key checks at commit (a row lock on the parent each) | 20.0% |" in rows
+    assert render_postgres([env]) == "_No PostgreSQL profile recorded yet._\n"

@@ -12,7 +12,9 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--tool", choices=["cpu", "cprofile", "callgrind", "perf", "workers"], default="cpu"
+            "--tool",
+            choices=["cpu", "cprofile", "callgrind", "perf", "postgres", "workers"],
+            default="cpu",
         )
         parser.add_argument("--runs", type=int, default=300)
         parser.add_argument("--repeat", type=int, default=5, help="rounds, each with and without")
