@@ -228,39 +228,47 @@ def profile_postgres(workflow: str, runs: int, payload_kb, repeat: int, out: Pat
 
 def render_postgres(records: list[dict]) -> str:
     """docs/benchmarks.md's table of PostgreSQL's CPU by part, from docs/results/postgres.jsonl:
-    the last result recorded there, under its environment."""
+    the last result recorded there for each workflow, a column each, under the environment of
+    the last of them."""
     from taskpilots.evidence.bench_engine_report import describe_environment
 
-    env, last = None, None
+    current, env, last = None, None, {}
     for record in records:
         if record["kind"] == "environment":
             current = record
         elif record["kind"] == "result" and record.get("tool") == "postgres":
-            env, last = current, record
-    if last is None:
+            env, last[record["workflow"]] = current, record
+    if not last:
         return "_No PostgreSQL profile recorded yet._\n"
-    low, high = last["payload_kb"]
-    lines = [
-        describe_environment(env),
-        "",
-        f"`{last['workflow']}`, {last['repeat']} rounds of {last['runs']} runs with {low}–{high} "
-        f"KB payloads and {last['runs']} without, after one warm-up round; "
-        f"{last['backend_samples']:,} samples of the backends at {last['frequency_hz']} Hz "
-        f"({last['other_postgres_samples']:,} more in other PostgreSQL processes).",
-        "",
-        "| part of PostgreSQL's CPU | share |",
-        "|---|---|",
-    ]
-    parts = sorted(last["parts"].items(), key=lambda item: (item[0] == "other", -item[1]))
-    for key, share in parts:
-        label = PART_LABELS.get(key, "everything else (no marked function on the stack)")
-        lines.append(f"| {label} | {share * 100:.1f}% |")
+    results = list(last.values())
+    keys = {key for result in results for key in result["parts"]}
+    order = [key for key, _, _ in PARTS if key in keys] + (["other"] if "other" in keys else [])
+    first = results[0]["parts"]
+    order.sort(key=lambda key: (key == "other", -first.get(key, 0)))
+    lines = [describe_environment(env), ""]
+    for result in results:
+        low, high = result["payload_kb"]
+        lines.append(
+            f"- `{result['workflow']}`: {result['repeat']} rounds of {result['runs']} runs with "
+            f"{low}–{high} KB payloads and {result['runs']} without, after one warm-up round; "
+            f"{result['backend_samples']:,} samples of the backends at {result['frequency_hz']} "
+            f"Hz ({result['other_postgres_samples']:,} more in other PostgreSQL processes); "
+            "most often at the top of the stack: "
+            + ", ".join(
+                f"`{top['function']}` {top['share'] * 100:.1f}%"
+                for top in result["top_functions"][:5]
+            )
+            + "."
+        )
     lines += [
         "",
-        "Functions most often at the top of the stack: "
-        + ", ".join(
-            f"`{top['function']}` {top['share'] * 100:.1f}%" for top in last["top_functions"][:8]
-        )
-        + ".",
+        "| part of PostgreSQL's CPU | "
+        + " | ".join(f"`{result['workflow']}`" for result in results)
+        + " |",
+        "|---|" + "---|" * len(results),
     ]
+    for key in order:
+        label = PART_LABELS.get(key, "everything else (no marked function on the stack)")
+        shares = [result["parts"].get(key, 0) for result in results]
+        lines.append(f"| {label} | " + " | ".join(f"{v * 100:.1f}%" for v in shares) + " |")
     return "\n".join(lines) + "\n"

@@ -232,11 +232,16 @@ def test_the_postgres_table_is_rendered_from_its_record():
         "payload_kb": [1, 16],
         "frequency_hz": 999,
     }
+    older = {**result, "parts": {"other": 1.0}}
+    verified = {**result, "workflow": "bench.verified", "parts": {"wal_flush": 0.5, "other": 0.5}}
     env = {"kind": "environment", "commit": "abc", "recorded_at": "2026-12-07T00:00:00+00:00"}
-    text = render_postgres([env, result])
-    assert "`bench.five`, 4 rounds of 300 runs with 1–16 KB payloads" in text
+    text = render_postgres([env, older, env, result, env, verified])
+    assert "`bench.five`: 4 rounds of 300 runs with 1–16 KB payloads" in text
     assert "5 samples of the backends at 999 Hz (1 more in other PostgreSQL processes)" in text
+    assert "| part of PostgreSQL's CPU | `bench.five` | `bench.verified` |" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "%" in line]
-    assert len(rows) == 5 and rows[-1].startswith("| everything else")
-    assert "| foreign-key checks at commit (a row lock on the parent each) | 20.0% |" in rows
+    # The last result of each workflow, a column each; a part one of them lacks is 0.
+    assert len(rows) == 6 and rows[-1].startswith("| everything else")
+    assert "| foreign-key checks at commit (a row lock on the parent each) | 20.0% | 0.0% |" in rows
+    assert "| flushing WAL at commit (fdatasync) | 0.0% | 50.0% |" in rows
     assert render_postgres([env]) == "_No PostgreSQL profile recorded yet._\n"
