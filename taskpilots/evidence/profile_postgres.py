@@ -189,15 +189,20 @@ def profile_postgres(workflow: str, runs: int, payload_kb, repeat: int, out: Pat
     if shutil.which("perf") is None:
         raise RuntimeError("perf is not installed (apt-get install linux-perf)")
     path = out / f"postgres-{time.strftime('%Y%m%d-%H%M%S')}.perf"
-    connection.ensure_connection()
+    # perf's messages go to a file: a pipe nobody reads while the loop runs could fill and stop it.
+    log = path.with_suffix(".log").open("w+b")
     recorder = subprocess.Popen(
         ["perf", "record", "-a", "-g", "-F", str(FREQUENCY), "-o", str(path)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
     )
     time.sleep(1)  # perf attaches to every CPU before the loop starts
     if recorder.poll() is not None:
-        raise RuntimeError(f"perf record failed: {recorder.stderr.read().decode()[-300:]}")
+        log.seek(0)
+        raise RuntimeError(
+            f"perf record failed ({log.read().decode(errors='replace')[-300:].strip()}): sampling "
+            "the whole machine needs root or kernel.perf_event_paranoid at most 0"
+        )
     try:
         figures = measure(workflow, runs, payload_kb, repeat)
         with connection.cursor() as cursor:
@@ -209,6 +214,7 @@ def profile_postgres(workflow: str, runs: int, payload_kb, repeat: int, out: Pat
     finally:
         recorder.send_signal(signal.SIGINT)
         recorder.wait(timeout=120)
+        log.close()
     script = subprocess.run(
         ["perf", "script", "-i", str(path), "-F", "comm,pid,ip,sym"],
         capture_output=True,
