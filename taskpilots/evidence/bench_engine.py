@@ -24,7 +24,8 @@ What is compared (docs/benchmarks.md, "Engine throughput", says why each choice 
   measurement: writing transactions only), statements per run (counted on the client: Django's
   cursor in-process for TaskPilots, SQLAlchemy's for DBOS), WAL bytes per run
   (`pg_current_wal_lsn()` before and after) and, where pg_walinspect can be had, WAL records per
-  run by kind: row inserts, updates and HOT updates, index entries, row locks, full-page images.
+  run by kind: row inserts, updates and HOT updates, index entries, row locks, full-page images,
+  and the TOAST chunks (values still over about 2 KB once compressed) with their index entries.
 - **A baseline that means something.** Single-row INSERT commits per second at each system's
   connection count, and `pg_test_fsync`'s one-8 KB-write rate where it is installed.
 """
@@ -117,8 +118,9 @@ def _walinspect() -> bool:
 
 def _wal_records(start: str, end: str, runs: int) -> dict | None:
     """WAL records per run between two LSNs, by kind (heap inserts, updates and HOT updates,
-    index insertions, row locks, full-page images): what each run made PostgreSQL do, which the
-    bytes alone do not say. Cluster-wide, as the bytes are; None without pg_walinspect."""
+    index insertions, row locks, full-page images; the tables' rows and index entries apart from
+    TOAST's chunks and their index entries): what each run made PostgreSQL do, which the bytes
+    alone do not say. Cluster-wide, as the bytes are; None without pg_walinspect."""
     import psycopg
 
     try:
@@ -129,6 +131,7 @@ def _wal_records(start: str, end: str, runs: int) -> dict | None:
                 " LEAST(%s::pg_lsn, pg_current_wal_flush_lsn()), true)",
                 [start, end],
             ).fetchall()
+        toast_rows, toast_entries = _toast_inserts(start, end)
     except psycopg.Error:
         return None
     counts = {kind: count for kind, count, _ in rows}
@@ -136,8 +139,52 @@ def _wal_records(start: str, end: str, runs: int) -> dict | None:
         name: round(sum(counts.get(kind, 0) for kind in kinds) / runs, 1)
         for name, kinds in _WAL_KINDS.items()
     }
+    # The rows and index entries of the tables themselves; TOAST's apart (see _toast_inserts).
+    figures["heap_inserts"] = round(figures["heap_inserts"] - toast_rows / runs, 1)
+    figures["index_inserts"] = round(figures["index_inserts"] - toast_entries / runs, 1)
+    figures["toast_chunks"] = round(toast_rows / runs, 1)
+    figures["toast_index_entries"] = round(toast_entries / runs, 1)
     figures["full_page_image_bytes"] = round(sum(fpi for _, _, fpi in rows) / runs)
     return figures
+
+
+def _toast_inserts(start: str, end: str) -> tuple[int, int]:
+    """Rows and index entries inserted between two LSNs into TOAST tables and their indexes:
+    the out-of-line chunks of values still over about 2 KB once compressed, in whichever
+    database wrote them (each record names its database and relation file, looked up in that
+    database's catalog)."""
+    import psycopg
+
+    with _owner() as conn:
+        rows = conn.execute(
+            "SELECT m[1]::oid, m[2]::oid, count(*) FROM ("
+            " SELECT regexp_match(block_ref, 'rel \\d+/(\\d+)/(\\d+)') AS m"
+            " FROM pg_get_wal_records_info(%s::pg_lsn,"
+            " LEAST(%s::pg_lsn, pg_current_wal_flush_lsn()))"
+            " WHERE (resource_manager = 'Heap' AND record_type LIKE 'INSERT%%')"
+            " OR (resource_manager = 'Btree' AND record_type LIKE 'INSERT%%')) AS r"
+            " WHERE m IS NOT NULL GROUP BY 1, 2",
+            [start, end],
+        ).fetchall()
+        names = dict(conn.execute("SELECT oid, datname FROM pg_database").fetchall())
+    by_database: dict[int, dict[int, int]] = {}
+    for database, node, count in rows:
+        by_database.setdefault(database, {})[node] = count
+    toast_rows = toast_entries = 0
+    for database, counts in by_database.items():
+        if database not in names:
+            continue  # dropped since
+        with psycopg.connect(database_url(names[database], owner=True), autocommit=True) as db:
+            toast = db.execute(
+                "SELECT relfilenode, relkind FROM pg_class"
+                " WHERE relnamespace = 'pg_toast'::regnamespace AND relfilenode <> 0"
+            ).fetchall()
+        for node, kind in toast:
+            if kind == "t":
+                toast_rows += counts.get(node, 0)
+            else:
+                toast_entries += counts.get(node, 0)
+    return toast_rows, toast_entries
 
 
 def _checkpoint() -> bool:

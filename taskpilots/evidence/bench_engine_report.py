@@ -50,10 +50,16 @@ def _ratio(ratio: dict | None) -> str:
 def _records(kinds: dict | None) -> str:
     if not kinds:
         return "—"
+    toast = (
+        f"; TOAST {kinds['toast_chunks']:g} chunks, {kinds['toast_index_entries']:g} index entries"
+        if "toast_chunks" in kinds  # records before 2026-12-07 counted them with the rest
+        else ""
+    )
     return (
         f"{kinds['heap_inserts']:g} row inserts, {kinds['heap_updates']:g} updates "
         f"(+{kinds['hot_updates']:g} HOT), {kinds['index_inserts']:g} index entries, "
-        f"{kinds['row_locks']:g} row locks; full-page images {kinds['full_page_image_bytes']:,} B"
+        f"{kinds['row_locks']:g} row locks{toast}; full-page images "
+        f"{kinds['full_page_image_bytes']:,} B"
     )
 
 
