@@ -131,7 +131,7 @@ def _wal_records(start: str, end: str, runs: int) -> dict | None:
                 " LEAST(%s::pg_lsn, pg_current_wal_flush_lsn()), true)",
                 [start, end],
             ).fetchall()
-        toast_rows, toast_entries = _toast_inserts(start, end)
+            toast_rows, toast_entries = _toast_inserts(conn, start, end)
     except psycopg.Error:
         return None
     counts = {kind: count for kind, count, _ in rows}
@@ -148,25 +148,23 @@ def _wal_records(start: str, end: str, runs: int) -> dict | None:
     return figures
 
 
-def _toast_inserts(start: str, end: str) -> tuple[int, int]:
+def _toast_inserts(conn, start: str, end: str) -> tuple[int, int]:
     """Rows and index entries inserted between two LSNs into TOAST tables and their indexes:
     the out-of-line chunks of values still over about 2 KB once compressed, in whichever
     database wrote them (each record names its database and relation file, looked up in that
-    database's catalog)."""
+    database's catalog). `conn` is the owner's connection _wal_records holds."""
     import psycopg
 
-    with _owner() as conn:
-        rows = conn.execute(
-            "SELECT m[1]::oid, m[2]::oid, count(*) FROM ("
-            " SELECT regexp_match(block_ref, 'rel \\d+/(\\d+)/(\\d+)') AS m"
-            " FROM pg_get_wal_records_info(%s::pg_lsn,"
-            " LEAST(%s::pg_lsn, pg_current_wal_flush_lsn()))"
-            " WHERE (resource_manager = 'Heap' AND record_type LIKE 'INSERT%%')"
-            " OR (resource_manager = 'Btree' AND record_type LIKE 'INSERT%%')) AS r"
-            " WHERE m IS NOT NULL GROUP BY 1, 2",
-            [start, end],
-        ).fetchall()
-        names = dict(conn.execute("SELECT oid, datname FROM pg_database").fetchall())
+    rows = conn.execute(
+        "SELECT m[1]::oid, m[2]::oid, count(*) FROM ("
+        " SELECT regexp_match(block_ref, 'rel \\d+/(\\d+)/(\\d+)') AS m"
+        " FROM pg_get_wal_records_info(%s::pg_lsn,"
+        " LEAST(%s::pg_lsn, pg_current_wal_flush_lsn()))"
+        " WHERE resource_manager IN ('Heap', 'Btree') AND record_type LIKE 'INSERT%%') AS r"
+        " WHERE m IS NOT NULL GROUP BY 1, 2",
+        [start, end],
+    ).fetchall()
+    names = dict(conn.execute("SELECT oid, datname FROM pg_database").fetchall())
     by_database: dict[int, dict[int, int]] = {}
     for database, node, count in rows:
         by_database.setdefault(database, {})[node] = count

@@ -134,16 +134,11 @@ def profile(
         from taskpilots.evidence.profile_postgres import profile_postgres
 
         figures = profile_postgres(workflow, runs, payload_kb, repeat, out)
-        artifacts.write(record, "profile", figures, [], started_in)
-        return figures
-    if tool == "workers":
+    elif tool == "workers":
         from taskpilots.evidence.profile_workers import profile_workers
 
         figures = profile_workers(workflow, runs, payload_kb, out)
-        figures["tool"] = tool
-        artifacts.write(record, "profile", figures, [], started_in)
-        return figures
-    if tool == "cprofile":
+    elif tool == "cprofile":
         import cProfile
         import pstats
 
