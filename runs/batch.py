@@ -290,7 +290,8 @@ def _json_default(value):
 _python_row_json = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), default=_json_default, check_circular=False
 ).encode
-_ROW_LEAVES = (datetime, uuid.UUID)
+# A column of these types needs no look inside (what most columns hold).
+_ROW_LEAVES = frozenset({datetime, uuid.UUID, str, int, bool, type(None)})
 
 
 def _row_json(row: dict) -> str:

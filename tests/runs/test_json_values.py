@@ -247,3 +247,17 @@ def test_random_values_are_read_alike(seed):
 def test_text_orjson_refuses_is_read_by_python():
     for text in ['"\\ud800"', '{"a": "\\udfff x"}', '{"a": 1, "a": 2}', " [1, 2] "]:
         _loads_alike(text)
+
+
+def test_long_integers_are_found_among_any_characters():
+    # The digit runs are found on the text's bytes: characters beyond ASCII (several bytes
+    # each), digits of other scripts and digits in strings beside the integer change nothing.
+    big = str(2**64 + 7)
+    for text in [
+        f'{{"a":"ü€𝄞","n":{big}}}',
+        f'{{"a":"٣٤٥٦٧٨٩٠١٢٣٤٥٦٧٨٩٠١٢","n":{big}}}',
+        f'[{big},"{"9" * 18}x"]',
+        f'["{"9" * 30}"]',
+        f"[-{big}]",
+    ]:
+        _loads_alike(text)
