@@ -8,7 +8,8 @@ Runs `--runs` runs of the workflow through `engine.advance` in this one process 
 without Celery, so the figures are the engine's own), after as many again to warm the caches and
 plans, in a scratch database, and reports CPU per run of starting and of advancing them:
 
-- `cpu` (the default): CPU seconds of this process per run, start and advance apart;
+- `cpu` (the default): CPU seconds per run of this process and of the PostgreSQL backends that
+  served it (from /proc, where the server is on this machine), start and advance apart;
 - `cprofile`: the same under cProfile timed by CPU (not wall) time, the 30 functions with most
   own time, and the stats file;
 - `callgrind`: the measured loop again under `valgrind --tool=callgrind` (instruction counts,
@@ -48,8 +49,19 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _postgres_cpu_s() -> float | None:
+    """CPU seconds of PostgreSQL's processes serving this database's connections (this process's
+    pool: the engine's statements), None where they cannot be read (workers.backend_cpu_s)."""
+    from django.db import connection
+
+    from taskpilots.evidence.workers import backend_cpu_s
+
+    return backend_cpu_s(connection.settings_dict["NAME"], own=True)
+
+
 def _block(workflow: str, numbers: range, payload_kb: tuple[int, int], profiler=None):
-    """Start, then advance, one run per number: CPU ms per run of each (documents made first)."""
+    """Start, then advance, one run per number: CPU ms per run of each, this process's and its
+    PostgreSQL backends' (None where those cannot be read); documents made first."""
     from runs import engine
     from taskpilots.evidence.bench_payloads import document
 
@@ -58,19 +70,31 @@ def _block(workflow: str, numbers: range, payload_kb: tuple[int, int], profiler=
     inputs = [{"n": n, "doc": document(n, low, high)} if high else {"n": n} for n in numbers]
     if profiler is not None:
         profiler.enable()
+    server = [_postgres_cpu_s()]
     began = _cpu_s()
     ids = [
         engine.start_run(workflow, data, business_key=f"prof-{tag}-{data['n']}")[0].pk
         for data in inputs
     ]
     started = _cpu_s()
+    server.append(_postgres_cpu_s())
     for pk in ids:
         engine.advance(pk, budget=60)
     advanced = _cpu_s()
+    server.append(_postgres_cpu_s())
     if profiler is not None:
         profiler.disable()
     count = len(numbers)
-    return (started - began) * 1000 / count, (advanced - started) * 1000 / count
+
+    def per_run(before, after):
+        return None if before is None or after is None else (after - before) * 1000 / count
+
+    return (
+        per_run(began, started),
+        per_run(started, advanced),
+        per_run(server[0], server[1]),
+        per_run(server[1], server[2]),
+    )
 
 
 def _spread(values: list[float]) -> dict:
@@ -97,7 +121,7 @@ def measure(
         if payload_kb[1]
         else {"without_payload": (0, 0)}
     )
-    taken: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
+    taken: dict[str, list[tuple]] = {kind: [] for kind in kinds}
     numbers = iter(range(10**9))
     for round_ in range(repeat + 1):
         order = list(kinds) if round_ % 2 == 0 else list(reversed(kinds))
@@ -108,10 +132,17 @@ def measure(
             if round_:  # the first round warms the caches and plans
                 taken[kind].append(figures)
     result = {"workflow": workflow, "runs": runs, "repeat": repeat, "payload_kb": list(payload_kb)}
-    for kind, pairs in taken.items():
+    names = (
+        "start_cpu_ms_per_run",
+        "advance_cpu_ms_per_run",
+        "start_postgres_cpu_ms_per_run",
+        "advance_postgres_cpu_ms_per_run",
+    )
+    for kind, rounds in taken.items():
         result[kind] = {
-            "start_cpu_ms_per_run": _spread([start for start, _ in pairs]),
-            "advance_cpu_ms_per_run": _spread([advance for _, advance in pairs]),
+            name: _spread(list(values))
+            for name, values in zip(names, zip(*rounds, strict=True), strict=True)
+            if None not in values
         }
     return result
 
@@ -201,7 +232,8 @@ def main_json(figures: dict) -> str:
 
 def render_profile(records: list[dict]) -> str:
     """docs/benchmarks.md's table of CPU per run, from docs/results/profile.jsonl: every `cpu`
-    result recorded there, in order, under the environment of the last."""
+    result recorded there, in order, each row naming the commit it was measured at, under the
+    environment of the last."""
     from taskpilots.evidence.bench_engine_report import describe_environment
 
     pairs, env = [], None
@@ -213,25 +245,30 @@ def render_profile(records: list[dict]) -> str:
     if not pairs:
         return "_No profile recorded yet._\n"
 
-    def cell(figure: dict) -> str:
+    def cell(figures: dict, name: str) -> str:
+        figure = figures.get(name)
+        if figure is None:  # recorded before PostgreSQL's side was measured, or not readable
+            return "—"
         return f"{figure['median']:.2f} ({figure['min']:.2f}–{figure['max']:.2f})"
 
     lines = [
         describe_environment(pairs[-1][0]),
         "",
-        "| workflow | payloads | start, CPU ms per run | advance (its 5 steps), CPU ms per run "
-        "| rounds × runs |",
-        "|---|---|---|---|---|",
+        "| commit | workflow | payloads | start, CPU ms per run | advance (its 5 steps), CPU ms "
+        "per run | advance, PostgreSQL's CPU ms per run | rounds × runs |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for _, result in pairs:
+    for env, result in pairs:
         low, high = result["payload_kb"]
+        commit = f"`{env['commit'][:7]}`" if env and env.get("commit") else "—"
         for kind, label in (("with_payload", f"{low}–{high} KB"), ("without_payload", "none")):
             if kind in result:
                 figures = result[kind]
                 lines.append(
-                    f"| `{result['workflow']}` | {label} | "
-                    f"{cell(figures['start_cpu_ms_per_run'])} | "
-                    f"{cell(figures['advance_cpu_ms_per_run'])} | "
+                    f"| {commit} | `{result['workflow']}` | {label} | "
+                    f"{cell(figures, 'start_cpu_ms_per_run')} | "
+                    f"{cell(figures, 'advance_cpu_ms_per_run')} | "
+                    f"{cell(figures, 'advance_postgres_cpu_ms_per_run')} | "
                     f"{result['repeat']} × {result['runs']} |"
                 )
     return "\n".join(lines) + "\n"

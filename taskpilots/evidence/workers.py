@@ -244,16 +244,18 @@ def process_groups_cpu_s(process_groups: list[int]) -> float | None:
     return _proc_cpu_s(lambda pid, group: group in wanted)
 
 
-def backend_cpu_s(database: str) -> float | None:
+def backend_cpu_s(database: str, *, own: bool = False) -> float | None:
     """CPU seconds PostgreSQL's server processes have spent for the connections to `database`
-    that are open now (pg_stat_activity, then /proc): what the statements cost the server. None
+    that are open now (pg_stat_activity, then /proc): what the statements cost the server. The
+    connection asking is left out unless `own` (a process measuring its own statements). None
     when the server is not on this machine or its processes cannot be read."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-            [database],
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = %s AND (%s OR pid <> pg_backend_pid())",
+            [database, own],
         )
         pids = {pid for (pid,) in cursor.fetchall()}
     host = connection.settings_dict.get("HOST") or ""

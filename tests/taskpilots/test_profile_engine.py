@@ -22,6 +22,11 @@ def test_profile_engine_measures_start_and_advance_and_records_them(tmp_path, ca
         for part in ("start_cpu_ms_per_run", "advance_cpu_ms_per_run"):
             spread = figures[kind][part]
             assert 0 < spread["min"] <= spread["median"] <= spread["max"], (kind, part)
+        # PostgreSQL is on this machine in the tests: its backends' CPU is read from /proc (in
+        # ticks: a round of 3 runs may read 0).
+        for part in ("start_postgres_cpu_ms_per_run", "advance_postgres_cpu_ms_per_run"):
+            spread = figures[kind][part]
+            assert 0 <= spread["min"] <= spread["median"] <= spread["max"], (kind, part)
     # Every run it made (a warm-up round and 2 measured, 3 runs with and 3 without each) ended.
     runs = Run.objects.filter(business_key__startswith="prof-")
     assert runs.count() == 18 and set(runs.values_list("status", flat=True)) == {"succeeded"}
@@ -30,7 +35,11 @@ def test_profile_engine_measures_start_and_advance_and_records_them(tmp_path, ca
     assert [line["kind"] for line in record] == ["environment", "result"]
     assert record[0]["commit"] and record[1]["with_payload"]["advance_cpu_ms_per_run"]
     text = render_profile(record)
-    assert "| `bench.five` | 1–16 KB |" in text and "| `bench.five` | none |" in text
+    commit = f"| `{record[0]['commit'][:7]}` | `bench.five` |"
+    assert f"{commit} 1–16 KB |" in text and f"{commit} none |" in text
+    # A result recorded before PostgreSQL's side was measured shows a dash in that column.
+    del record[1]["with_payload"]["advance_postgres_cpu_ms_per_run"]
+    assert " | — | 2 × 3 |" in render_profile(record)
 
 
 def test_profile_engine_refuses_a_bad_payload_range():
