@@ -231,9 +231,9 @@ def main_json(figures: dict) -> str:
 
 
 def render_profile(records: list[dict]) -> str:
-    """docs/benchmarks.md's table of CPU per run, from docs/results/profile.jsonl: every `cpu`
-    result recorded there, in order, each row naming the commit it was measured at, under the
-    environment of the last."""
+    """docs/benchmarks.md's table of CPU per run, from docs/results/profile.jsonl: the last `cpu`
+    result of each workflow recorded there (earlier ones stay in the file), each row naming the
+    commit it was measured at, under the environment of the last."""
     from taskpilots.evidence.bench_engine_report import describe_environment
 
     pairs, env = [], None
@@ -244,6 +244,8 @@ def render_profile(records: list[dict]) -> str:
             pairs.append((env, record))
     if not pairs:
         return "_No profile recorded yet._\n"
+    last = {result["workflow"]: result for _, result in pairs}
+    pairs = [(env, result) for env, result in pairs if last[result["workflow"]] is result]
 
     def cell(figures: dict, name: str) -> str:
         figure = figures.get(name)

@@ -37,9 +37,14 @@ def test_profile_engine_measures_start_and_advance_and_records_them(tmp_path, ca
     text = render_profile(record)
     commit = f"| `{record[0]['commit'][:7]}` | `bench.five` |"
     assert f"{commit} 1–16 KB |" in text and f"{commit} none |" in text
-    # A result recorded before PostgreSQL's side was measured shows a dash in that column.
-    del record[1]["with_payload"]["advance_postgres_cpu_ms_per_run"]
-    assert " | — | 2 × 3 |" in render_profile(record)
+    # A result recorded before PostgreSQL's side was measured shows a dash in that column; of
+    # a workflow recorded again, the last result is shown.
+    earlier = json.loads(json.dumps(record[1]))
+    del earlier["with_payload"]["advance_postgres_cpu_ms_per_run"]
+    assert " | — | 2 × 3 |" in render_profile([record[0], earlier])
+    later = {**record[1], "repeat": 7}
+    text = render_profile([record[0], earlier, record[0], later])
+    assert " | — |" not in text and text.count("| 7 × 3 |") == 2 and "| 2 × 3 |" not in text
 
 
 def test_profile_engine_refuses_a_bad_payload_range():
