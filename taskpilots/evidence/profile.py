@@ -1,6 +1,7 @@
 """Where a step's CPU goes, reproducibly: the profiles docs/benchmarks.md may quote.
 
-    python manage.py profile_engine [--tool cpu|cprofile|callgrind|perf|postgres|workers]
+    python manage.py profile_engine [--tool cpu|cprofile|callgrind|instructions|perf|postgres|
+                                            workers]
                                     [--runs 300] [--workflow bench.five] [--payload-kb 1,16]
                                     [--out DIR]
 
@@ -14,6 +15,8 @@ plans, in a scratch database, and reports CPU per run of starting and of advanci
   own time, and the stats file;
 - `callgrind`: the measured loop again under `valgrind --tool=callgrind` (instruction counts,
   deterministic across runs of the same commit; read with callgrind_annotate or kcachegrind);
+- `instructions`: the loop's instructions per run by callgrind (the loop at `--runs` and at
+  twice as many, subtracted): the figure that does not drift with the host's speed;
 - `perf`: the measured loop under `perf record -g` (a sampled profile including PostgreSQL's
   side when run as root: `perf report`);
 - `postgres`: the measured loop while `perf record -a -g` samples the machine, PostgreSQL's
@@ -161,6 +164,10 @@ def profile(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     if tool in ("callgrind", "perf"):
         return _under(tool, workflow, runs, payload_kb, out, stamp, repeat)
+    if tool == "instructions":
+        figures = instructions(workflow, runs, payload_kb, out, stamp)
+        artifacts.write(record, "profile", figures, [], started_in)
+        return figures
     if tool == "postgres":
         from taskpilots.evidence.profile_postgres import profile_postgres
 
@@ -186,6 +193,38 @@ def profile(
     figures["tool"] = tool
     artifacts.write(record, "profile", figures, [], started_in)
     return figures
+
+
+def instructions(workflow: str, runs: int, payload_kb, out: Path, stamp: str) -> dict:
+    """The in-process loop's instructions per run, by callgrind: the loop (`--tool cpu`, one
+    measured round after the warm-up) at `runs` and at twice as many, the difference divided by
+    the runs it adds — the process's start, Django's setup and the scratch database's
+    connections cancel out. Deterministic for a commit on one Python build, so two commits
+    compare on any host, however its speed drifts (CPU seconds do not)."""
+    totals = {}
+    for size in (runs, 2 * runs):
+        print(f"callgrind: the loop at {size} runs (about 50 times slower)…", file=sys.stderr)
+        result = _under("callgrind", workflow, size, payload_kb, out, f"{stamp}-{size}", 1)
+        totals[size] = callgrind_total(Path(result["file"]))
+    # A round's blocks: with and without payloads (or only without), each `size` runs, and the
+    # warm-up round before the measured one.
+    blocks = (2 if payload_kb[1] else 1) * 2
+    added = blocks * runs
+    return {
+        "workflow": workflow,
+        "runs": runs,
+        "payload_kb": list(payload_kb),
+        "instructions": totals,
+        "instructions_per_run": round((totals[2 * runs] - totals[runs]) / added),
+    }
+
+
+def callgrind_total(path: Path) -> int:
+    """The instructions a callgrind output file counts in all (its `totals:` line)."""
+    for line in path.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise ValueError(f"{path} has no totals line")
 
 
 def _under(

@@ -259,3 +259,31 @@ def test_the_postgres_table_is_rendered_from_its_record():
     assert "| foreign-key checks at commit (a row lock on the parent each) | 20.0% | 0.0% |" in rows
     assert "| flushing WAL at commit (fdatasync) | 0.0% | 50.0% |" in rows
     assert render_postgres([env]) == "_No PostgreSQL profile recorded yet._\n"
+
+
+# --- profile_engine --tool instructions: callgrind's totals at two sizes, subtracted
+
+
+def test_instructions_per_run_are_the_difference_the_added_runs_make(tmp_path, monkeypatch):
+    from taskpilots.evidence import profile
+
+    totals = {100: 9_000_000_000, 200: 12_400_000_000}  # 100 more runs in each of 4 blocks
+
+    def under(tool, workflow, runs, payload_kb, out, stamp, repeat):
+        assert tool == "callgrind" and repeat == 1
+        path = tmp_path / f"{runs}.callgrind"
+        path.write_text(f"events: Ir\nsummary: {totals[runs]}\nfn=x\n1 5\ntotals: {totals[runs]}\n")
+        return {"file": str(path)}
+
+    monkeypatch.setattr(profile, "_under", under)
+    figures = profile.instructions("bench.five", 100, (1, 16), tmp_path, "s")
+    assert figures["instructions_per_run"] == 8_500_000
+    assert figures["instructions"] == totals
+    # Without payloads a round is one block, not two.
+    assert (
+        profile.instructions("bench.five", 100, (0, 0), tmp_path, "s")["instructions_per_run"]
+        == 17_000_000
+    )
+    (tmp_path / "empty.callgrind").write_text("events: Ir\n")
+    with pytest.raises(ValueError, match="no totals"):
+        profile.callgrind_total(tmp_path / "empty.callgrind")

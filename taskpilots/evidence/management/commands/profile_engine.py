@@ -13,7 +13,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--tool",
-            choices=["cpu", "cprofile", "callgrind", "perf", "postgres", "workers"],
+            choices=["cpu", "cprofile", "callgrind", "instructions", "perf", "postgres", "workers"],
             default="cpu",
         )
         parser.add_argument("--runs", type=int, default=300)
