@@ -211,6 +211,7 @@ def instructions(workflow: str, runs: int, payload_kb, out: Path, stamp: str) ->
     blocks = (2 if payload_kb[1] else 1) * 2
     added = blocks * runs
     return {
+        "tool": "instructions",
         "workflow": workflow,
         "runs": runs,
         "payload_kb": list(payload_kb),

@@ -278,7 +278,7 @@ def test_instructions_per_run_are_the_difference_the_added_runs_make(tmp_path, m
     monkeypatch.setattr(profile, "_under", under)
     figures = profile.instructions("bench.five", 100, (1, 16), tmp_path, "s")
     assert figures["instructions_per_run"] == 8_500_000
-    assert figures["instructions"] == totals
+    assert figures["instructions"] == totals and figures["tool"] == "instructions"
     # Without payloads a round is one block, not two.
     assert (
         profile.instructions("bench.five", 100, (0, 0), tmp_path, "s")["instructions_per_run"]
