@@ -40,6 +40,7 @@ from psycopg.types.json import JsonLoader
 
 from runs import hooks, statements
 from runs.models import (
+    ALIKE_LEAVES,
     LEASE_UNEXPIRED,
     SqlValue,
     TimelineEvent,
@@ -290,8 +291,9 @@ def _json_default(value):
 _python_row_json = json.JSONEncoder(
     ensure_ascii=False, separators=(",", ":"), default=_json_default, check_circular=False
 ).encode
-# A column of these types needs no look inside (what most columns hold).
-_ROW_LEAVES = frozenset({datetime, uuid.UUID, str, int, bool, type(None)})
+# A column of these types needs no look inside (what most columns hold): the times and ids
+# `_json_default` writes, and the plain values orjson writes alike.
+_ROW_LEAVES = ALIKE_LEAVES | {datetime, uuid.UUID}
 
 
 def _row_json(row: dict) -> str:

@@ -60,6 +60,7 @@ from runs.models.timeline import (
     chain_heads,
 )
 from runs.models.values import (
+    ALIKE_LEAVES,
     READ_PARAMS_MAX_CHARS,
     READ_PREVIEW_CHARS,
     SHOWN_CHARS,
@@ -89,6 +90,7 @@ __all__ = [
     "json_string",
     "canonical_json",
     "orjson_encodes_alike",
+    "ALIKE_LEAVES",
     "to_json_value",
     "from_canonical_json",
     "json_loads",

@@ -92,18 +92,18 @@ def orjson_encodes_alike(value: Any) -> bool:
     Every value the engine writes goes through this (a row's columns, each event's data): the
     leaves are told apart where they stand, without a call of their own for each."""
     kind = type(value)
-    if kind in _ALIKE_LEAVES:
+    if kind in ALIKE_LEAVES:
         return True
     if kind is dict:
         for key, item in value.items():
             if type(key) is not str:
                 return False
-            if type(item) not in _ALIKE_LEAVES and not orjson_encodes_alike(item):
+            if type(item) not in ALIKE_LEAVES and not orjson_encodes_alike(item):
                 return False
         return True
     if kind is list or kind is tuple:
         for item in value:
-            if type(item) not in _ALIKE_LEAVES and not orjson_encodes_alike(item):
+            if type(item) not in ALIKE_LEAVES and not orjson_encodes_alike(item):
                 return False
         return True
     if kind is float:
@@ -117,7 +117,7 @@ def orjson_encodes_alike(value: Any) -> bool:
 
 # The types orjson and Python's encoder write alike whatever their value (exactly these: bool
 # is not taken for int, a subclass of either is not either).
-_ALIKE_LEAVES = frozenset({str, int, bool, type(None)})
+ALIKE_LEAVES = frozenset({str, int, bool, type(None)})
 
 
 def to_json_value(value: Any) -> Any:
